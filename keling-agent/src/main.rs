@@ -1,0 +1,67 @@
+//! `keling`: the Keling agent. See `keling --help`.
+mod btf;
+mod decode;
+mod model;
+mod output;
+mod probes;
+mod run;
+mod spawn;
+mod sys;
+mod trace;
+
+use clap::{Parser, Subcommand};
+
+/// Keling: exact per-process tracing of GPU jobs with eBPF, and a preemptive
+/// scheduler over them.
+///
+/// Needs root (or CAP_BPF and CAP_PERFMON): it loads eBPF programs into the kernel.
+#[derive(Debug, Parser)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    /// Log level for the agent's own messages on standard error (error, warn,
+    /// info, debug, trace); RUST_LOG overrides it.
+    #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
+    log_level: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Trace one command, or one running process, and every process it starts:
+    /// forks, execs, exits with their codes, and each thread's context switches.
+    ///
+    /// Examples:
+    ///   keling trace -- make -j8
+    ///   keling trace --format jsonl --output trace.jsonl -- python train.py
+    ///   keling trace --pid 4242
+    ///
+    /// `keling trace -- CMD` exits with CMD's exit code (128 + N if a signal N
+    /// killed it).
+    #[command(verbatim_doc_comment)]
+    Trace(trace::TraceArgs),
+    /// Run the long-running agent: watch every process's lifecycle and print a
+    /// status line until Ctrl-C or SIGTERM.
+    Run(run::RunArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    env_logger::Builder::new()
+        .parse_filters(&cli.log_level)
+        .parse_env("RUST_LOG")
+        .format_timestamp(None)
+        .format_target(false)
+        .init();
+    let result = match cli.command {
+        Command::Trace(args) => trace::trace(args),
+        Command::Run(args) => run::run(args),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("keling: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

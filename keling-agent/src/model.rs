@@ -1,0 +1,289 @@
+//! The agent's picture of the traced processes and their threads, built only from
+//! decoded events (plus what /proc says about processes that existed before the
+//! trace began). No I/O here: feed it events, read it back.
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::decode::{Event, ExitStatus, comm, cstr};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ThreadStats {
+    pub tid: u32,
+    pub comm: String,
+    /// Times the thread left the CPU.
+    pub switches: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    /// Time on the CPU between switch-in and switch-out, in ns. A thread already
+    /// running when tracing started counts from its first switch-in.
+    pub on_cpu_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip)]
+    on_cpu_since_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcessStats {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    /// Exit code (128 + signal when killed, as a shell reports it); absent while alive.
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    pub switches: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub on_cpu_ns: u64,
+    pub threads: Vec<ThreadStats>,
+}
+
+#[derive(Default)]
+struct Process {
+    ppid: u32,
+    comm: String,
+    filename: Option<String>,
+    exit: Option<ExitStatus>,
+    /// Every thread the process ever had, in order of appearance.
+    tids: BTreeSet<u32>,
+}
+
+/// Processes and threads seen in a trace.
+#[derive(Default)]
+pub struct Model {
+    processes: BTreeMap<u32, Process>,
+    threads: BTreeMap<u32, ThreadStats>,
+    /// Thread id -> process, for every thread seen.
+    owner: BTreeMap<u32, u32>,
+    pub events: u64,
+}
+
+impl Model {
+    /// Registers a process that exists already (the traced command, or `--pid`).
+    pub fn add_process(&mut self, pid: u32, ppid: u32, comm: String, tids: &[u32]) {
+        let p = self.processes.entry(pid).or_default();
+        p.ppid = ppid;
+        p.comm = comm.clone();
+        for &tid in tids {
+            self.add_thread(pid, tid, &comm);
+        }
+    }
+
+    fn add_thread(&mut self, pid: u32, tid: u32, comm: &str) {
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.tids.insert(tid);
+        }
+        self.owner.insert(tid, pid);
+        self.threads.entry(tid).or_insert_with(|| ThreadStats {
+            tid,
+            comm: comm.to_owned(),
+            ..Default::default()
+        });
+    }
+
+    pub fn apply(&mut self, event: &Event) {
+        self.events += 1;
+        match event {
+            Event::Fork(e) if e.tracked != 0 => {
+                let parent = e.header.pid;
+                let comm = comm(&e.comm);
+                if e.child_pid != parent {
+                    let p = self.processes.entry(e.child_pid).or_default();
+                    p.ppid = parent;
+                    p.comm = comm.clone();
+                }
+                self.add_thread(e.child_pid, e.child_tid, &comm);
+            }
+            Event::Exec(e) if e.tracked != 0 => {
+                let (pid, tid) = (e.header.pid, e.header.tid);
+                let comm = comm(&e.comm);
+                if e.old_tid != tid {
+                    // A non-leader thread exec'd: it continues as the leader.
+                    self.threads.remove(&e.old_tid);
+                    if let Some(p) = self.processes.get_mut(&pid) {
+                        p.tids.remove(&e.old_tid);
+                    }
+                }
+                let p = self.processes.entry(pid).or_default();
+                p.comm = comm.clone();
+                p.filename = Some(cstr(&e.filename));
+                self.add_thread(pid, tid, &comm);
+                // Every thread of an exec'd process is its leader now.
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.comm = comm;
+                }
+            }
+            Event::Exit(e) if e.tracked != 0 => {
+                let status = ExitStatus::from_wait_status(e.exit_status);
+                let (pid, tid) = (e.header.pid, e.header.tid);
+                self.add_thread(pid, tid, &comm(&e.comm));
+                if let Some(t) = self.threads.get_mut(&tid) {
+                    t.exit_code = Some(status.code());
+                }
+                if e.group_dead != 0 {
+                    self.processes.entry(pid).or_default().exit = Some(status);
+                }
+            }
+            Event::Switch(e) => {
+                let ts = e.header.ts_ns;
+                if e.prev_pid != 0 {
+                    if let Some(t) = self.threads.get_mut(&e.prev_tid) {
+                        t.switches += 1;
+                        if e.voluntary() {
+                            t.voluntary_switches += 1;
+                        } else {
+                            t.involuntary_switches += 1;
+                        }
+                        if let Some(since) = t.on_cpu_since_ns.take() {
+                            t.on_cpu_ns += ts.saturating_sub(since);
+                        }
+                    }
+                }
+                if e.next_pid != 0 {
+                    if !self.threads.contains_key(&e.next_tid) {
+                        self.add_thread(e.next_pid, e.next_tid, "");
+                    }
+                    if let Some(t) = self.threads.get_mut(&e.next_tid) {
+                        t.on_cpu_since_ns = Some(ts);
+                    }
+                }
+            }
+            // System-wide events about untracked processes: counted, not modelled.
+            _ => {}
+        }
+    }
+
+    /// Per-process figures, each with its threads.
+    pub fn summary(&self) -> Vec<ProcessStats> {
+        self.processes
+            .iter()
+            .map(|(&pid, p)| {
+                let threads: Vec<ThreadStats> = p
+                    .tids
+                    .iter()
+                    .filter_map(|t| self.threads.get(t).cloned())
+                    .collect();
+                let sum = |f: fn(&ThreadStats) -> u64| threads.iter().map(f).sum();
+                ProcessStats {
+                    pid,
+                    ppid: p.ppid,
+                    comm: p.comm.clone(),
+                    filename: p.filename.clone(),
+                    exit_code: p.exit.map(ExitStatus::code),
+                    signal: p.exit.and_then(ExitStatus::signal),
+                    switches: sum(|t| t.switches),
+                    voluntary_switches: sum(|t| t.voluntary_switches),
+                    involuntary_switches: sum(|t| t.involuntary_switches),
+                    on_cpu_ns: sum(|t| t.on_cpu_ns),
+                    threads,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keling_common::*;
+
+    use super::*;
+
+    fn hdr(kind: EventKind, ts_ns: u64, pid: u32, tid: u32) -> EventHeader {
+        EventHeader {
+            kind: kind as u32,
+            cpu: 0,
+            ts_ns,
+            pid,
+            tid,
+        }
+    }
+
+    fn comm16(s: &str) -> [u8; COMM_LEN] {
+        let mut c = [0; COMM_LEN];
+        c[..s.len()].copy_from_slice(s.as_bytes());
+        c
+    }
+
+    fn fork(ts: u64, parent: u32, child_pid: u32, child_tid: u32) -> Event {
+        Event::Fork(ForkEvent {
+            header: hdr(EventKind::Fork, ts, parent, parent),
+            child_pid,
+            child_tid,
+            tracked: 1,
+            _reserved: 0,
+            comm: comm16("sh"),
+        })
+    }
+
+    fn switch(ts: u64, prev: (u32, u32), next: (u32, u32), prev_state: u64) -> Event {
+        Event::Switch(SwitchEvent {
+            header: hdr(EventKind::Switch, ts, prev.0, prev.1),
+            prev_tid: prev.1,
+            prev_pid: prev.0,
+            next_tid: next.1,
+            next_pid: next.0,
+            prev_state,
+        })
+    }
+
+    fn exit(ts: u64, pid: u32, tid: u32, status: u32, group_dead: bool) -> Event {
+        Event::Exit(ExitEvent {
+            header: hdr(EventKind::Exit, ts, pid, tid),
+            exit_status: status,
+            group_dead: group_dead as u32,
+            tracked: 1,
+            _reserved: 0,
+            comm: comm16("sh"),
+        })
+    }
+
+    #[test]
+    fn builds_tree_with_exit_codes_and_cpu_time() {
+        let mut m = Model::default();
+        m.add_process(100, 1, "keling".into(), &[100]);
+        m.apply(&fork(10, 100, 101, 101)); // a child process
+        m.apply(&fork(11, 100, 100, 102)); // a thread of 100
+        // 101 runs 5 ns, sleeps (voluntary); then is preempted after 3 more ns.
+        m.apply(&switch(20, (0, 999), (101, 101), 0));
+        m.apply(&switch(25, (101, 101), (0, 998), task_state::INTERRUPTIBLE));
+        m.apply(&switch(30, (0, 998), (101, 101), 0));
+        m.apply(&switch(33, (101, 101), (0, 997), task_state::PREEMPTED));
+        m.apply(&exit(40, 101, 101, 7 << 8, true));
+        m.apply(&exit(41, 100, 102, 0, false));
+        m.apply(&exit(42, 100, 100, 9, true));
+        let s = m.summary();
+        assert_eq!(s.len(), 2);
+        let parent = &s[0];
+        assert_eq!(
+            (parent.pid, parent.exit_code, parent.signal),
+            (100, Some(137), Some(9))
+        );
+        assert_eq!(parent.threads.len(), 2);
+        let child = &s[1];
+        assert_eq!(
+            (child.pid, child.ppid, child.exit_code),
+            (101, 100, Some(7))
+        );
+        assert_eq!(child.switches, 2);
+        assert_eq!(child.voluntary_switches, 1);
+        assert_eq!(child.involuntary_switches, 1);
+        assert_eq!(child.on_cpu_ns, 8);
+        assert_eq!(m.events, 9);
+    }
+
+    #[test]
+    fn untracked_events_are_counted_not_modelled() {
+        let mut m = Model::default();
+        let Event::Fork(mut f) = fork(1, 5, 6, 6) else {
+            unreachable!()
+        };
+        f.tracked = 0;
+        m.apply(&Event::Fork(f));
+        assert_eq!(m.summary().len(), 0);
+        assert_eq!(m.events, 1);
+    }
+}

@@ -1,0 +1,203 @@
+//! Loads Keling's eBPF programs into the kernel and owns them while they run.
+//!
+//! This module knows which programs exist, what they attach to, and what the
+//! kernel must provide for them; it hands out the maps the rest of the agent needs
+//! and nothing else. Dropping [`Probes`] detaches everything.
+use std::{collections::BTreeSet, fs};
+
+use anyhow::{Context, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{RawTracePoint, TracePoint},
+};
+use keling_common::{
+    DROP_COUNTERS, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
+    ProbeConfig, TrackedProcess,
+};
+
+use crate::{btf::Btf, sys};
+
+/// The compiled eBPF object (`cargo xtask build` puts it there; empty when the agent
+/// was built with a plain `cargo build`).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/keling.bpf.o"));
+
+/// What to load.
+pub struct LoadOptions {
+    /// Report fork/exec/exit of every process, not only tracked ones.
+    pub system_wide: bool,
+    /// Size of the event ring buffer (a power of two, multiple of the page size).
+    pub ringbuf_bytes: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            system_wide: false,
+            ringbuf_bytes: 4 << 20,
+        }
+    }
+}
+
+/// The loaded, attached programs and their maps.
+pub struct Probes {
+    ebpf: Ebpf,
+}
+
+/// (program name, kind): the raw tracepoint gets the fork arguments as
+/// `task_struct` pointers, the others are classic tracepoints.
+const PROGRAMS: &[(&str, Attach)] = &[
+    ("sched_process_fork", Attach::Raw("sched_process_fork")),
+    (
+        "sched_process_exec",
+        Attach::Tracepoint("sched", "sched_process_exec"),
+    ),
+    (
+        "sched_process_exit",
+        Attach::Tracepoint("sched", "sched_process_exit"),
+    ),
+    ("sched_switch", Attach::Tracepoint("sched", "sched_switch")),
+];
+
+enum Attach {
+    Raw(&'static str),
+    Tracepoint(&'static str, &'static str),
+}
+
+/// Offsets this kernel needs, from BTF and the tracepoints' format files.
+fn probe_config(system_wide: bool) -> anyhow::Result<ProbeConfig> {
+    let tracefs = sys::ensure_tracefs()?;
+    let btf = Btf::from_sys_fs()?;
+    let task = |m: &str| {
+        btf.member_offset("task_struct", m)
+            .with_context(|| format!("task_struct.{m}"))
+    };
+    let exit = sys::TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
+    let switch = sys::TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
+    let exec = sys::TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
+    Ok(ProbeConfig {
+        task_pid_off: task("pid")?,
+        task_tgid_off: task("tgid")?,
+        task_exit_code_off: task("exit_code")?,
+        exit_group_dead_off: exit.offset("group_dead").unwrap_or(0),
+        switch_prev_pid_off: switch.require("sched_switch", "prev_pid")?,
+        switch_prev_state_off: switch.require("sched_switch", "prev_state")?,
+        switch_next_pid_off: switch.require("sched_switch", "next_pid")?,
+        exec_filename_off: exec.require("sched_process_exec", "filename")?,
+        exec_old_pid_off: exec.require("sched_process_exec", "old_pid")?,
+        system_wide: system_wide as u32,
+    })
+}
+
+impl Probes {
+    pub fn load(opts: &LoadOptions) -> anyhow::Result<Self> {
+        if EBPF_OBJECT.is_empty() {
+            bail!(
+                "this keling binary was built without its eBPF programs (a plain `cargo build`); \
+                 build it with `cargo xtask build` or run it with `cargo xtask run`"
+            );
+        }
+        sys::check_privileges()?;
+        sys::raise_memlock();
+        let config = probe_config(opts.system_wide)?;
+        log::debug!("probe config: {config:?}");
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_CONFIG, &config, true)
+            .map_max_entries(MAP_EVENTS, opts.ringbuf_bytes)
+            .load(EBPF_OBJECT)
+            .context("loading Keling's eBPF object into the kernel")?;
+        for (name, attach) in PROGRAMS {
+            let prog = ebpf
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing"))?;
+            let what = match attach {
+                Attach::Raw(tp) => {
+                    let p: &mut RawTracePoint = prog.try_into()?;
+                    p.load()
+                        .with_context(|| format!("verifier rejected {name}"))?;
+                    p.attach(tp).map(drop)
+                }
+                Attach::Tracepoint(cat, tp) => {
+                    let p: &mut TracePoint = prog.try_into()?;
+                    p.load()
+                        .with_context(|| format!("verifier rejected {name}"))?;
+                    p.attach(cat, tp).map(drop)
+                }
+            };
+            what.with_context(|| format!("attaching {name}"))?;
+        }
+        Ok(Self { ebpf })
+    }
+
+    /// Takes the event ring buffer (once) for the reader task.
+    pub fn take_events(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(MAP_EVENTS)
+            .context("EVENTS map already taken")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Tracks `pid` and every thread it has now; its future children are tracked by
+    /// the kernel from their fork. `root` is the process the user asked for.
+    pub fn track(&mut self, pid: u32, root: u32) -> anyhow::Result<()> {
+        let mut pids: HashMap<_, u32, TrackedProcess> = HashMap::try_from(
+            self.ebpf
+                .map_mut(MAP_TRACKED_PIDS)
+                .context("TRACKED_PIDS")?,
+        )?;
+        pids.insert(
+            pid,
+            TrackedProcess {
+                root_pid: root,
+                flags: 0,
+            },
+            0,
+        )?;
+        // Listed after the pid is in the map: a thread created from now on is added
+        // by the fork probe, so none falls between the two.
+        let threads = threads_of(pid)?;
+        let mut tids: HashMap<_, u32, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut(MAP_TRACKED_TIDS)
+                .context("TRACKED_TIDS")?,
+        )?;
+        for tid in threads {
+            tids.insert(tid, pid, 0)?;
+        }
+        Ok(())
+    }
+
+    /// How many processes the kernel still tracks (it removes them as they exit).
+    pub fn tracked_processes(&self) -> anyhow::Result<usize> {
+        let pids: HashMap<_, u32, TrackedProcess> =
+            HashMap::try_from(self.ebpf.map(MAP_TRACKED_PIDS).context("TRACKED_PIDS")?)?;
+        Ok(pids.keys().filter(|k| k.is_ok()).count())
+    }
+
+    /// Events lost because the ring buffer was full, per CPU.
+    pub fn drops_per_cpu(&self) -> anyhow::Result<Vec<u64>> {
+        let drops: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_DROPS).context("DROPS")?)?;
+        let mut per_cpu: Vec<u64> = Vec::new();
+        for reason in 0..DROP_COUNTERS {
+            let values = drops.get(&reason, 0)?;
+            if per_cpu.len() < values.len() {
+                per_cpu.resize(values.len(), 0);
+            }
+            for (cpu, v) in values.iter().enumerate() {
+                per_cpu[cpu] += v;
+            }
+        }
+        Ok(per_cpu)
+    }
+}
+
+/// Thread ids of a live process, from /proc.
+fn threads_of(pid: u32) -> anyhow::Result<BTreeSet<u32>> {
+    let dir = format!("/proc/{pid}/task");
+    let entries = fs::read_dir(&dir).with_context(|| format!("no process {pid} ({dir})"))?;
+    Ok(entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect())
+}

@@ -1,0 +1,99 @@
+//! `keling run`: the long-running agent. For now it watches every process's
+//! lifecycle and prints a status line; the scheduler and GPU tracing build on it.
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    decode::{self, Event},
+    probes::{LoadOptions, Probes},
+};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Seconds between status lines on standard error (0: only the final one).
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub status_interval: u64,
+    /// Size of the kernel ring buffer in KiB (a power of two, at least 4).
+    #[arg(long, default_value_t = 4096, value_name = "KIB")]
+    pub ringbuf_kib: u32,
+}
+
+#[derive(Default)]
+struct Counters {
+    forks: u64,
+    execs: u64,
+    exits: u64,
+    switches: u64,
+    decode_errors: u64,
+}
+
+impl Counters {
+    fn count(&mut self, event: &Event) {
+        match event {
+            Event::Fork(_) => self.forks += 1,
+            Event::Exec(_) => self.execs += 1,
+            Event::Exit(_) => self.exits += 1,
+            Event::Switch(_) => self.switches += 1,
+        }
+    }
+}
+
+fn status_line(started: Instant, c: &Counters, drops: u64, tracked: usize) -> String {
+    format!(
+        "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} switches traced; \
+         {tracked} tracked; {drops} events lost; {} undecodable",
+        started.elapsed().as_secs(),
+        c.forks,
+        c.execs,
+        c.exits,
+        c.switches,
+        c.decode_errors
+    )
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let mut probes = Probes::load(&LoadOptions {
+        system_wide: true,
+        ringbuf_bytes: args.ringbuf_kib.saturating_mul(1024),
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let mut ring = crate::sys::async_fd(probes.take_events()?)?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let period = Duration::from_secs(args.status_interval.max(1));
+        let mut status = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let started = Instant::now();
+        let mut c = Counters::default();
+        eprintln!("keling: ready: probes attached, watching every process (Ctrl-C to stop)");
+        loop {
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard?;
+                    while let Some(item) = guard.get_inner_mut().next() {
+                        match decode::decode(&item) {
+                            Ok(event) => c.count(&event),
+                            Err(_) => c.decode_errors += 1,
+                        }
+                    }
+                    guard.clear_ready();
+                }
+                _ = status.tick(), if args.status_interval > 0 => {
+                    let drops = probes.drops_per_cpu()?.iter().sum();
+                    eprintln!("{}", status_line(started, &c, drops, probes.tracked_processes()?));
+                }
+                _ = sigint.recv() => break,
+                _ = sigterm.recv() => break,
+            }
+        }
+        let drops = probes.drops_per_cpu()?.iter().sum();
+        eprintln!(
+            "{} (stopped)",
+            status_line(started, &c, drops, probes.tracked_processes()?)
+        );
+        Ok(0)
+    })
+}

@@ -1,0 +1,87 @@
+//! Shared maps and load-time configuration (user -> kernel).
+//!
+//! Map names are the symbols the probes define; the agent looks them up by these
+//! constants so a rename breaks the build, not the run.
+
+/// Ring buffer of events (kernel -> user). Size set by the agent at load time.
+pub const MAP_EVENTS: &str = "EVENTS";
+/// Per-CPU `u64` array, index [`DROP_RINGBUF_FULL`]: events the ring buffer could not take.
+pub const MAP_DROPS: &str = "DROPS";
+/// Hash `pid -> TrackedProcess`: the processes being traced. Children are added by
+/// the fork probe in the kernel, so none is missed; the exit probe removes them.
+pub const MAP_TRACKED_PIDS: &str = "TRACKED_PIDS";
+/// Hash `tid -> pid` of every thread of a tracked process, so `sched_switch` can
+/// filter both sides of a switch with one lookup each.
+pub const MAP_TRACKED_TIDS: &str = "TRACKED_TIDS";
+/// Name of the [`ProbeConfig`] global the agent sets at load time.
+pub const GLOBAL_CONFIG: &str = "KELING_CONFIG";
+
+/// Index into `DROPS`: the ring buffer was full.
+pub const DROP_RINGBUF_FULL: u32 = 0;
+/// Number of drop counters in `DROPS`.
+pub const DROP_COUNTERS: u32 = 1;
+
+/// Most processes / threads that can be tracked at once.
+pub const MAX_TRACKED_PIDS: u32 = 16384;
+pub const MAX_TRACKED_TIDS: u32 = 65536;
+
+/// Value of `TRACKED_PIDS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackedProcess {
+    /// The process the agent asked to track (the root of this tree).
+    pub root_pid: u32,
+    /// Reserved for per-process flags; keeps the value 8 bytes with no padding.
+    pub flags: u32,
+}
+
+/// Load-time configuration, written into the programs' read-only global
+/// [`GLOBAL_CONFIG`] by the agent. The offsets differ between kernels, so the agent
+/// reads them from `/sys/kernel/btf/vmlinux` and the tracepoints' `format` files
+/// instead of compiling them in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeConfig {
+    /// Byte offsets inside `struct task_struct`.
+    pub task_pid_off: u32,
+    pub task_tgid_off: u32,
+    pub task_exit_code_off: u32,
+    /// `sched_process_exit`'s `group_dead` field; 0 when this kernel's tracepoint
+    /// has none (before 6.17): the probe then treats the leader's exit as the
+    /// process's.
+    pub exit_group_dead_off: u32,
+    /// `sched_switch` fields.
+    pub switch_prev_pid_off: u32,
+    pub switch_prev_state_off: u32,
+    pub switch_next_pid_off: u32,
+    /// `sched_process_exec` fields (`filename` is a `__data_loc`).
+    pub exec_filename_off: u32,
+    pub exec_old_pid_off: u32,
+    /// 1: report fork/exec/exit of every process (the long-running agent);
+    /// 0: only of tracked ones (`keling trace`).
+    pub system_wide: u32,
+}
+
+impl ProbeConfig {
+    pub const ZERO: Self = Self {
+        task_pid_off: 0,
+        task_tgid_off: 0,
+        task_exit_code_off: 0,
+        exit_group_dead_off: 0,
+        switch_prev_pid_off: 0,
+        switch_prev_state_off: 0,
+        switch_next_pid_off: 0,
+        exec_filename_off: 0,
+        exec_old_pid_off: 0,
+        system_wide: 0,
+    };
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: #[repr(C)], u32 fields only, no padding (checked by the layout tests).
+    unsafe impl aya::Pod for TrackedProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for ProbeConfig {}
+}

@@ -1,0 +1,111 @@
+//! Keling's eBPF programs (built for `bpfel-unknown-none` by `cargo xtask build`).
+//!
+//! One module per subsystem under `probes/`; the maps and the helpers every probe
+//! shares are here. The event layouts and map contracts are in `keling-common`.
+#![no_std]
+#![no_main]
+
+mod probes;
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use keling_common::{
+    DROP_COUNTERS, DROP_RINGBUF_FULL, EventHeader, EventKind, MAX_TRACKED_PIDS, MAX_TRACKED_TIDS,
+    ProbeConfig, TrackedProcess,
+};
+
+/// Events to the agent. 256 KiB unless the agent sets another size at load time.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Events lost because `EVENTS` was full, per CPU and per reason.
+#[map]
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_COUNTERS, 0);
+
+/// Tracked processes: pid -> who asked.
+#[map]
+static TRACKED_PIDS: HashMap<u32, TrackedProcess> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
+
+/// Threads of tracked processes: tid -> pid.
+#[map]
+static TRACKED_TIDS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACKED_TIDS, 0);
+
+/// Load-time configuration (offsets for this kernel), written by the agent.
+#[unsafe(no_mangle)]
+static KELING_CONFIG: ProbeConfig = ProbeConfig::ZERO;
+
+/// Reads the load-time configuration. Volatile so the compiler cannot fold the
+/// all-zero initial value into the code.
+#[inline(always)]
+fn config() -> ProbeConfig {
+    // SAFETY: a plain read of a static the loader filled in before loading.
+    unsafe { core::ptr::read_volatile(&KELING_CONFIG) }
+}
+
+/// (pid, tid) of the current task.
+#[inline(always)]
+fn current_ids() -> (u32, u32) {
+    let id = bpf_get_current_pid_tgid();
+    ((id >> 32) as u32, id as u32)
+}
+
+#[inline(always)]
+fn header(kind: EventKind, pid: u32, tid: u32) -> EventHeader {
+    EventHeader {
+        kind: kind as u32,
+        // SAFETY: these helpers have no preconditions.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        // SAFETY: as above.
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        pid,
+        tid,
+    }
+}
+
+#[inline(always)]
+fn is_tracked_pid(pid: u32) -> bool {
+    TRACKED_PIDS.get_ptr(pid).is_some()
+}
+
+/// Pid of a tracked thread, or `None`.
+#[inline(always)]
+fn tracked_tid(tid: u32) -> Option<u32> {
+    // SAFETY: the value is copied out at once; a concurrent delete cannot free it
+    // under us because hash-map values are RCU-protected for the program's run.
+    unsafe { TRACKED_TIDS.get(tid).copied() }
+}
+
+/// Counts one event lost for `reason` on this CPU.
+#[inline(always)]
+fn count_drop(reason: u32) {
+    if let Some(counter) = DROPS.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot: no other program writes it concurrently.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Writes `event` to the ring buffer, or counts it as dropped.
+#[inline(always)]
+fn emit<T: 'static>(event: T) {
+    match EVENTS.reserve::<T>(0) {
+        Some(mut entry) => {
+            entry.write(event);
+            entry.submit(0);
+        }
+        None => count_drop(DROP_RINGBUF_FULL),
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+// bpf_probe_read_kernel is GPL-only.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

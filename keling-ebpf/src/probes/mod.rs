@@ -1,0 +1,3 @@
+//! Probes, one module per subsystem.
+pub mod process;
+pub mod sched;
