@@ -1,0 +1,213 @@
+//! Small, predictable processes for Keling's tests and benchmarks.
+//!
+//! Each subcommand does one thing whose trace the tests know in advance; `--report
+//! FILE` writes the pids it created as JSON so a test can match them to the trace.
+use std::{
+    hint::black_box,
+    io::{Read, Write},
+    time::{Duration, Instant},
+};
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: keling-workload <command>\n\
+         forktree REPORT     fork 3 children: one execs /bin/true, one exits 7, one sleeps 20 times\n\
+         sleeper N MS        sleep N times for MS milliseconds\n\
+         busy MS             spin on the CPU for MS milliseconds\n\
+         threads N MS REPORT N threads that each spin MS ms; REPORT gets each thread's CPU time\n\
+         syscalls N          N getppid calls; prints ns per call\n\
+         ioctls N            N ioctl(FIONREAD) calls on a pipe; prints ns per call\n\
+         pingpong N          two processes bounce a byte N times over pipes; prints round trips/s\n\
+         \n\
+         KELING_WL_CPU=N pins the process to CPU N first."
+    );
+    std::process::exit(2)
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> T {
+    args.get(i)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| usage())
+}
+
+fn fork() -> i32 {
+    // SAFETY: this program is single-threaded where it forks.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    pid
+}
+
+fn wait(pid: i32) -> i32 {
+    let mut status = 0;
+    // SAFETY: our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    status
+}
+
+fn spin(ms: u64) {
+    let end = Instant::now() + Duration::from_millis(ms);
+    let mut x = 0u64;
+    while Instant::now() < end {
+        for _ in 0..1000 {
+            x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
+fn forktree(report: &str) {
+    let exec_true = fork();
+    if exec_true == 0 {
+        let err =
+            std::os::unix::process::CommandExt::exec(&mut std::process::Command::new("/bin/true"));
+        panic!("exec /bin/true: {err}");
+    }
+    let exit7 = fork();
+    if exit7 == 0 {
+        // SAFETY: exiting the child at once.
+        unsafe { libc::_exit(7) };
+    }
+    let sleeper = fork();
+    if sleeper == 0 {
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    for pid in [exec_true, exit7, sleeper] {
+        wait(pid);
+    }
+    let json = format!(
+        "{{\"parent\":{},\"exec_true\":{exec_true},\"exit7\":{exit7},\"sleeper\":{sleeper}}}\n",
+        std::process::id()
+    );
+    std::fs::write(report, json).expect("write report");
+}
+
+fn per_call_ns(n: u64, mut f: impl FnMut()) -> f64 {
+    let start = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn pingpong(n: u64) {
+    let mut a = [0; 2];
+    let mut b = [0; 2];
+    // SAFETY: valid 2-int arrays.
+    unsafe {
+        assert_eq!(libc::pipe(a.as_mut_ptr()), 0);
+        assert_eq!(libc::pipe(b.as_mut_ptr()), 0);
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: fresh fds from pipe().
+    let (mut a_r, mut a_w, mut b_r, mut b_w) = unsafe {
+        (
+            std::fs::File::from_raw_fd(a[0]),
+            std::fs::File::from_raw_fd(a[1]),
+            std::fs::File::from_raw_fd(b[0]),
+            std::fs::File::from_raw_fd(b[1]),
+        )
+    };
+    let start = Instant::now();
+    let child = fork();
+    let mut byte = [0u8];
+    if child == 0 {
+        for _ in 0..n {
+            a_r.read_exact(&mut byte).unwrap();
+            b_w.write_all(&byte).unwrap();
+        }
+        // SAFETY: exiting the child.
+        unsafe { libc::_exit(0) };
+    }
+    for _ in 0..n {
+        a_w.write_all(&byte).unwrap();
+        b_r.read_exact(&mut byte).unwrap();
+    }
+    wait(child);
+    println!("{:.0}", n as f64 / start.elapsed().as_secs_f64());
+}
+
+/// CPU time this thread has used, by the kernel's own clock.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays in bounds for cpu < 1024.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin to CPU {cpu}"
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(cpu) = std::env::var("KELING_WL_CPU")
+        .ok()
+        .and_then(|c| c.parse().ok())
+    {
+        pin_to_cpu(cpu);
+    }
+    match args.get(1).map(String::as_str) {
+        Some("forktree") => forktree(args.get(2).map(String::as_str).unwrap_or_else(|| usage())),
+        Some("sleeper") => {
+            let (n, ms): (u32, u64) = (arg(&args, 2), arg(&args, 3));
+            for _ in 0..n {
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+        }
+        Some("busy") => spin(arg(&args, 2)),
+        Some("threads") => {
+            let (n, ms): (usize, u64) = (arg(&args, 2), arg(&args, 3));
+            let report: String = arg(&args, 4);
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    std::thread::spawn(move || {
+                        spin(ms);
+                        // SAFETY: gettid has no preconditions.
+                        (unsafe { libc::gettid() }, thread_cpu_ns())
+                    })
+                })
+                .collect();
+            let entries: Vec<String> = handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .map(|(tid, ns)| format!("{{\"tid\":{tid},\"cpu_ns\":{ns}}}"))
+                .collect();
+            std::fs::write(report, format!("[{}]\n", entries.join(","))).expect("write report");
+        }
+        Some("syscalls") => {
+            // SAFETY: getppid has no preconditions.
+            let ns = per_call_ns(arg(&args, 2), || unsafe {
+                black_box(libc::getppid());
+            });
+            println!("{ns:.1}");
+        }
+        Some("ioctls") => {
+            let mut fds = [0; 2];
+            // SAFETY: valid array.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            let mut avail = 0i32;
+            // SAFETY: FIONREAD writes an int to a valid pointer.
+            let ns = per_call_ns(arg(&args, 2), || unsafe {
+                black_box(libc::ioctl(fds[0], libc::FIONREAD, &mut avail));
+            });
+            println!("{ns:.1}");
+        }
+        Some("pingpong") => pingpong(arg(&args, 2)),
+        _ => usage(),
+    }
+}

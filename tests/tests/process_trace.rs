@@ -1,0 +1,253 @@
+//! `keling trace` against the real kernel: real eBPF programs, real processes.
+use keling_tests::{ChildGuard, can_load_ebpf, tempdir, trace, workload_bin};
+use serde_json::Value;
+
+fn wl() -> String {
+    workload_bin().to_string_lossy().into_owned()
+}
+
+#[test]
+fn fork_exec_exit_tree_is_exact() {
+    if !can_load_ebpf("fork_exec_exit_tree_is_exact") {
+        return;
+    }
+    let dir = tempdir();
+    let report = dir.join("pids.json");
+    let t = trace(&[], &[&wl(), "forktree", report.to_str().unwrap()]);
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let pids: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let (parent, exec_true, exit7, sleeper) = (
+        pids["parent"].as_u64().unwrap(),
+        pids["exec_true"].as_u64().unwrap(),
+        pids["exit7"].as_u64().unwrap(),
+        pids["sleeper"].as_u64().unwrap(),
+    );
+
+    // Every fork appears, from the right parent, as a new process.
+    for child in [exec_true, exit7, sleeper] {
+        let forks: Vec<_> = t
+            .of_type("fork")
+            .filter(|f| f["child_pid"] == child)
+            .collect();
+        assert_eq!(forks.len(), 1, "fork of {child}: {forks:?}");
+        assert_eq!(forks[0]["pid"], parent);
+        assert_eq!(forks[0]["thread"], false);
+    }
+    // The exec of /bin/true by the first child (and of the workload by the parent).
+    let execs: Vec<_> = t
+        .of_type("exec")
+        .filter(|e| e["pid"] == exec_true)
+        .collect();
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert_eq!(execs[0]["filename"], "/bin/true");
+    assert_eq!(execs[0]["comm"], "true");
+    assert_eq!(t.of_type("exec").filter(|e| e["pid"] == parent).count(), 1);
+    // Exactly one process exit each, with the right codes.
+    for (pid, code) in [(parent, 0), (exec_true, 0), (exit7, 7), (sleeper, 0)] {
+        let exits: Vec<_> = t.of_type("exit").filter(|e| e["pid"] == pid).collect();
+        assert_eq!(exits.len(), 1, "exit of {pid}: {exits:?}");
+        assert_eq!(exits[0]["exit_code"], code, "exit of {pid}");
+    }
+    // The summary agrees, with parents.
+    for (pid, ppid, code) in [
+        (exec_true, parent, 0),
+        (exit7, parent, 7),
+        (sleeper, parent, 0),
+    ] {
+        let p = t.process(pid);
+        assert_eq!(p["ppid"], ppid);
+        assert_eq!(p["exit_code"], code);
+    }
+    assert_eq!(t.process(exec_true)["comm"], "true");
+    // The sleeper slept 20 times: at least 20 voluntary switches.
+    let s = t.process(sleeper);
+    assert!(
+        s["voluntary_switches"].as_u64().unwrap() >= 20,
+        "sleeper: {s}"
+    );
+    assert!(s["on_cpu_ns"].as_u64().unwrap() > 0, "sleeper: {s}");
+    // Nothing lost at this rate.
+    assert_eq!(t.summary()["drops"], 0);
+    assert_eq!(t.summary()["decode_errors"], 0);
+    let drops: Vec<_> = t.of_type("drops").collect();
+    assert!(!drops.is_empty(), "a drops line is always written");
+    assert!(drops.iter().all(|d| d["total"] == 0), "{drops:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exit_code_of_command_is_keling_exit_code() {
+    if !can_load_ebpf("exit_code_of_command_is_keling_exit_code") {
+        return;
+    }
+    let t = trace(&[], &["sh", "-c", "sleep 0.1; exit 3"]);
+    assert_eq!(t.exit_code, 3, "keling: {}", t.stderr);
+    let root = &t.summary()["processes"][0];
+    assert_eq!(root["exit_code"], 3);
+    assert_eq!(root["comm"], "sh");
+
+    let t = trace(&[], &["sh", "-c", "kill -9 $$"]);
+    assert_eq!(t.exit_code, 128 + 9);
+    let root = &t.summary()["processes"][0];
+    assert_eq!(root["signal"], 9);
+}
+
+#[test]
+fn missing_command_is_a_clear_error() {
+    if !can_load_ebpf("missing_command_is_a_clear_error") {
+        return;
+    }
+    let out = std::process::Command::new(keling_tests::keling_bin())
+        .args(["trace", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot execute /nonexistent/program"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn untracked_busy_process_produces_no_switch_events() {
+    if !can_load_ebpf("untracked_busy_process_produces_no_switch_events") {
+        return;
+    }
+    // Both pinned to CPU 0, so the busy process and the traced one must take turns.
+    let busy = ChildGuard(
+        std::process::Command::new(wl())
+            .args(["busy", "5000"])
+            .env("KELING_WL_CPU", "0")
+            .spawn()
+            .unwrap(),
+    );
+    let busy_pid = busy.0.id() as u64;
+    let t = trace(
+        &[],
+        &["env", "KELING_WL_CPU=0", &wl(), "sleeper", "30", "5"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let switches: Vec<_> = t.of_type("switch").collect();
+    assert!(
+        switches.len() >= 30,
+        "the sleeper's own switches are traced"
+    );
+    for s in &switches {
+        assert!(
+            !s["prev_pid"].is_null() || !s["next_pid"].is_null(),
+            "switch with no tracked side: {s}"
+        );
+        assert_ne!(s["prev_pid"], busy_pid, "{s}");
+        assert_ne!(s["next_pid"], busy_pid, "{s}");
+    }
+    // The busy process really did share the CPU with the traced one (else this test
+    // would prove nothing), and appears only as the untracked side of a switch.
+    assert!(
+        switches
+            .iter()
+            .any(|s| s["prev_tid"] == busy_pid || s["next_tid"] == busy_pid),
+        "busy process never met the traced one on CPU 0"
+    );
+    drop(busy);
+}
+
+#[test]
+fn threads_are_traced_from_their_creation() {
+    if !can_load_ebpf("threads_are_traced_from_their_creation") {
+        return;
+    }
+    let dir = tempdir();
+    let report = dir.join("threads.json");
+    let t = trace(
+        &[],
+        &[&wl(), "threads", "4", "30", report.to_str().unwrap()],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let root = &t.summary()["processes"][0];
+    let threads = root["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 5, "main + 4 threads: {root}");
+    assert_eq!(t.of_type("fork").filter(|f| f["thread"] == true).count(), 4);
+    // Keling's on-CPU time per thread matches the kernel's own CPU clock, read by each
+    // thread just before it ended (Keling also counts the few instructions after).
+    let own: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    for o in &own {
+        let th = threads
+            .iter()
+            .find(|th| th["tid"] == o["tid"])
+            .expect("thread in summary");
+        let keling = th["on_cpu_ns"].as_u64().unwrap() as i64;
+        let own_ns = o["cpu_ns"].as_u64().unwrap() as i64;
+        let diff = keling - own_ns;
+        assert!(
+            (-200_000..=2_000_000).contains(&diff),
+            "thread {}: keling says {keling} ns on CPU, the thread's own clock {own_ns} ns",
+            o["tid"]
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attach_to_running_process_by_pid() {
+    if !can_load_ebpf("attach_to_running_process_by_pid") {
+        return;
+    }
+    // A shell that waits for a file, then forks a child that exits 5, then exits.
+    let dir = tempdir();
+    let go = dir.join("go");
+    let script = format!(
+        "while [ ! -e {go} ]; do sleep 0.02; done; sh -c 'exit 5'; exit 0",
+        go = go.display()
+    );
+    let target = ChildGuard(
+        std::process::Command::new("sh")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap(),
+    );
+    let pid = target.0.id();
+    let out_path = dir.join("trace.jsonl");
+    let mut keling = ChildGuard(
+        std::process::Command::new(keling_tests::keling_bin())
+            .args(["trace", "--format", "jsonl", "--output"])
+            .arg(&out_path)
+            .args(["--pid", &pid.to_string()])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Wait until keling has attached: its output file exists once probes are loaded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !out_path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keling never attached"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::fs::write(&go, b"").unwrap();
+    let status = keling.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary");
+    let procs = summary["processes"].as_array().unwrap();
+    let root = procs
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .expect("attached process");
+    assert_eq!(root["exit_code"], 0);
+    // The `sh -c 'exit 5'` it forked after we attached (besides its `sleep`s).
+    let child = procs
+        .iter()
+        .find(|p| p["ppid"] == pid && p["exit_code"] == 5)
+        .unwrap_or_else(|| panic!("no child with exit code 5: {procs:?}"));
+    assert_eq!(child["comm"], "sh");
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+}
