@@ -130,17 +130,17 @@ impl Model {
             }
             Event::Switch(e) => {
                 let ts = e.header.ts_ns;
-                if e.prev_pid != 0 {
-                    if let Some(t) = self.threads.get_mut(&e.prev_tid) {
-                        t.switches += 1;
-                        if e.voluntary() {
-                            t.voluntary_switches += 1;
-                        } else {
-                            t.involuntary_switches += 1;
-                        }
-                        if let Some(since) = t.on_cpu_since_ns.take() {
-                            t.on_cpu_ns += ts.saturating_sub(since);
-                        }
+                if e.prev_pid != 0
+                    && let Some(t) = self.threads.get_mut(&e.prev_tid)
+                {
+                    t.switches += 1;
+                    if e.voluntary() {
+                        t.voluntary_switches += 1;
+                    } else {
+                        t.involuntary_switches += 1;
+                    }
+                    if let Some(since) = t.on_cpu_since_ns.take() {
+                        t.on_cpu_ns += ts.saturating_sub(since);
                     }
                 }
                 if e.next_pid != 0 {

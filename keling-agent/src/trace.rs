@@ -240,7 +240,7 @@ async fn event_loop(
             }
             _ = tick.tick() => {
                 ticks += 1;
-                if ticks % 20 == 0 {
+                if ticks.is_multiple_of(20) {
                     let per_cpu = probes.drops_per_cpu()?;
                     let total: u64 = per_cpu.iter().sum();
                     if total > reported_drops {

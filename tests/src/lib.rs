@@ -40,14 +40,13 @@ pub fn workload_bin() -> PathBuf {
 /// `$KELING_SKIP_LOG`, which `cargo xtask test` counts and reports.
 pub fn skip(test: &str, reason: &str) {
     eprintln!("skipping: {test}: {reason}");
-    if let Some(path) = std::env::var_os("KELING_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new()
+    if let Some(path) = std::env::var_os("KELING_SKIP_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-        {
-            let _ = writeln!(f, "{test}: {reason}");
-        }
+    {
+        let _ = writeln!(f, "{test}: {reason}");
     }
 }
 

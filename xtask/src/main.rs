@@ -1,1 +1,308 @@
-fn main() {}
+//! `cargo xtask`: set up, build, run, test and benchmark Keling on a fresh machine.
+//!
+//! Every command first runs `setup`, which installs only what is missing, so the
+//! same command works on a fresh machine and costs nothing on a prepared one.
+mod bench;
+mod setup;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Build, run, test and benchmark Keling (installs what a fresh machine lacks)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing: nightly rust-src, bpf-linker 0.10.4, Debian packages.
+    Setup,
+    /// Build the eBPF programs (nightly) and the agent with them embedded.
+    Build {
+        /// Build the optimised release profile.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build (release) and run `keling` as root with ARGS (default: `run`).
+    Run {
+        /// Arguments for `keling`, after `--`.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: unit, property and root integration tests with real eBPF,
+    /// then rustfmt and clippy (both passes). Prints skipped tests and a total.
+    Test {
+        /// Skip `cargo fmt --check` and clippy.
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run clippy on the host crates and on the eBPF crate (bpf target).
+    Clippy,
+    /// Measure probe overhead and ring-buffer throughput, as ratios from one run.
+    Bench {
+        /// Repetitions of each interleaved measurement.
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+    },
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Runs a command in the workspace root, failing with its name if it fails.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed: {status}");
+    }
+    Ok(())
+}
+
+/// The cargo of the toolchain running xtask (stable).
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Nightly cargo, through rustup (needed only for the eBPF crate).
+fn cargo_nightly() -> Command {
+    let mut c = Command::new("rustup");
+    c.args(["run", "nightly", "cargo"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC");
+    c
+}
+
+/// The compiled eBPF object.
+fn ebpf_object() -> PathBuf {
+    root().join("target/bpf/bpfel-unknown-none/release/keling-ebpf")
+}
+
+fn build_ebpf() -> anyhow::Result<PathBuf> {
+    eprintln!("xtask: building eBPF programs (nightly, bpfel-unknown-none)");
+    // The eBPF crate gets its own target dir so the host build's flags never mix
+    // with build-std's.
+    run(cargo_nightly().args([
+        "build",
+        "--package",
+        "keling-ebpf",
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--target-dir",
+        "target/bpf",
+    ]))?;
+    Ok(ebpf_object())
+}
+
+/// Builds the eBPF object and the host binaries (agent, tests' helpers, simulator):
+/// the workspace's default members, which leave the eBPF crate out.
+fn build(release: bool) -> anyhow::Result<PathBuf> {
+    let obj = build_ebpf()?;
+    eprintln!("xtask: building the agent with its eBPF programs embedded");
+    let mut c = cargo();
+    c.args(["build", "--bins"]).env("KELING_EBPF_OBJ", &obj);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    Ok(root()
+        .join("target")
+        .join(if release { "release" } else { "debug" }))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `prog args` as root: directly when we are root, else through `sudo -E`.
+fn as_root(prog: &Path, args: &[String]) -> Command {
+    if is_root() {
+        let mut c = Command::new(prog);
+        c.args(args);
+        c
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg("-E").arg(prog).args(args);
+        c
+    }
+}
+
+fn cmd_run(args: Vec<String>) -> anyhow::Result<()> {
+    let dir = build(true)?;
+    let args = if args.is_empty() {
+        vec!["run".to_string()]
+    } else {
+        args
+    };
+    if !Path::new("/dev/nvidiactl").exists() && args.first().map(String::as_str) == Some("run") {
+        eprintln!(
+            "xtask: no NVIDIA GPU on this host (/dev/nvidiactl is absent): the agent watches \
+             process lifecycles only; GPU tracing against the simulated driver is not built yet"
+        );
+    }
+    let status = as_root(&dir.join("keling"), &args)
+        .status()
+        .context("start keling")?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// Totals parsed from `cargo test` output.
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    /// Adds one "test result: ok. 3 passed; 0 failed; 1 ignored; ..." line.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.split_once("test result:").map(|(_, r)| r) else {
+            return;
+        };
+        for part in rest.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next()) {
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn cmd_test(no_lint: bool, extra: Vec<String>) -> anyhow::Result<()> {
+    let dir = build(false)?;
+    let skip_log = root().join("target/test-skips.log");
+    let _ = std::fs::remove_file(&skip_log);
+    if !is_root() {
+        eprintln!("xtask: not root: the integration tests that load eBPF will be skipped");
+    }
+    eprintln!("xtask: running tests");
+    let mut c = cargo();
+    c.arg("test")
+        .env("KELING_EBPF_OBJ", ebpf_object())
+        .env("KELING_BIN", dir.join("keling"))
+        .env("KELING_SKIP_LOG", &skip_log)
+        .current_dir(root())
+        .stdout(Stdio::piped());
+    if !extra.is_empty() {
+        c.arg("--").args(&extra);
+    }
+    let mut child = c.spawn().context("start cargo test")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    let status = child.wait()?;
+    let skips = std::fs::read_to_string(&skip_log).unwrap_or_default();
+    let skipped = skips.lines().count() as u64;
+    if skipped > 0 {
+        println!("\nxtask: {skipped} skipped:");
+        for s in skips.lines() {
+            println!("  skipping: {s}");
+        }
+    }
+    // Tests that skip still count as "passed" in cargo's totals; report them apart.
+    println!(
+        "\ntests: {} passed, {} failed, {} skipped",
+        totals.passed - skipped.min(totals.passed),
+        totals.failed,
+        skipped + totals.ignored
+    );
+    if !status.success() {
+        bail!("cargo test failed");
+    }
+    if !no_lint {
+        eprintln!("xtask: cargo fmt --check");
+        run(cargo().args(["fmt", "--all", "--check"]))?;
+        cmd_clippy()?;
+    }
+    Ok(())
+}
+
+fn cmd_clippy() -> anyhow::Result<()> {
+    eprintln!("xtask: clippy (host crates)");
+    run(cargo()
+        .args(["clippy", "--all-targets", "--", "-D", "warnings"])
+        .env("KELING_EBPF_OBJ", ebpf_object()))?;
+    eprintln!("xtask: clippy (eBPF crate, bpf target)");
+    run(cargo_nightly().args([
+        "clippy",
+        "--package",
+        "keling-ebpf",
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+        "--target-dir",
+        "target/bpf",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Cmd::Setup) {
+        setup::setup()?;
+    }
+    match cli.command {
+        Cmd::Setup => setup::setup(),
+        Cmd::Build { release } => build(release).map(drop),
+        Cmd::Run { args } => cmd_run(args),
+        Cmd::Test { no_lint, args } => cmd_test(no_lint, args),
+        Cmd::Clippy => cmd_clippy(),
+        Cmd::Bench { rounds } => {
+            let dir = build(true)?;
+            bench::bench(&dir, rounds)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn sums_cargo_test_result_lines() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s");
+        t.add_line(
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        );
+        t.add_line("running 3 tests");
+        assert_eq!((t.passed, t.failed, t.ignored), (5, 1, 1));
+    }
+}

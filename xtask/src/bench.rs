@@ -1,0 +1,130 @@
+//! `cargo xtask bench`: what Keling's probes cost, measured side by side in one run.
+//!
+//! These machines are noisy, so every figure is a ratio between measurements taken
+//! interleaved in the same run (A, B, A, B, ...), reported as medians. Absolute
+//! nanoseconds are shown for context only.
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+
+/// `keling run` in the background; stopped (SIGINT, by pid) and reaped on drop.
+struct Agent(Child);
+
+impl Agent {
+    fn start(keling: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(keling)
+            .args(["run", "--status-interval", "0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("start keling run")?;
+        let stderr = child.stderr.take().expect("piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let agent = Agent(child);
+        // Wait for "ready" so measurements only start once the probes are attached.
+        for line in lines.by_ref() {
+            let line = line?;
+            if line.contains("ready") {
+                std::thread::spawn(move || lines.for_each(drop));
+                return Ok(agent);
+            }
+            eprintln!("{line}");
+        }
+        bail!("keling run exited before it was ready")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let _ = self.0.wait();
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs the workload and parses the one number it prints.
+fn workload(dir: &Path, args: &[&str]) -> anyhow::Result<f64> {
+    let out = Command::new(dir.join("keling-workload"))
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        bail!("keling-workload {args:?} failed");
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the benchmark loads eBPF programs: run it as root");
+    }
+    let keling = dir.join("keling");
+    const CALLS: &str = "2000000";
+    println!(
+        "Keling bench: {rounds} interleaved rounds, medians; ratios are the figures to compare.\n"
+    );
+
+    // 1. A tight syscall loop with and without the agent (system-wide probes
+    //    on fork/exec/exit and sched_switch) loaded.
+    let (mut bare, mut loaded) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        bare.push(workload(dir, &["syscalls", CALLS])?);
+        let agent = Agent::start(&keling)?;
+        loaded.push(workload(dir, &["syscalls", CALLS])?);
+        drop(agent);
+    }
+    let (b, l) = (median(&mut bare), median(&mut loaded));
+    println!("syscall loop (getppid x {CALLS}):");
+    println!("  without agent  {b:8.1} ns/call");
+    println!("  agent loaded   {l:8.1} ns/call   ratio {:.3}", l / b);
+
+    // 2. Ring-buffer throughput: two traced processes ping-pong over pipes; every
+    //    round trip is four context switches of tracked threads, all reported.
+    let mut rates = Vec::new();
+    let mut drops_total = 0u64;
+    for _ in 0..rounds.min(3) {
+        let tmp = std::env::temp_dir().join(format!("keling-bench-{}.jsonl", std::process::id()));
+        let start = std::time::Instant::now();
+        let status = Command::new(&keling)
+            .args(["trace", "--format", "jsonl", "--output"])
+            .arg(&tmp)
+            .arg("--")
+            .arg(dir.join("keling-workload"))
+            .args(["pingpong", "200000"])
+            .stdout(Stdio::null())
+            .status()?;
+        let wall = start.elapsed();
+        let text = std::fs::read_to_string(&tmp)?;
+        let _ = std::fs::remove_file(&tmp);
+        if !status.success() {
+            bail!("traced pingpong failed");
+        }
+        let summary: serde_json::Value =
+            serde_json::from_str(text.lines().last().context("empty trace")?)?;
+        let events = summary["events"].as_u64().unwrap_or(0);
+        let drops = summary["drops"].as_u64().unwrap_or(0);
+        let dur = Duration::from_nanos(summary["duration_ns"].as_u64().unwrap_or(1));
+        drops_total += drops;
+        rates.push(events as f64 / dur.as_secs_f64());
+        println!(
+            "ring buffer: {events} events in {:.2} s ({:.0} events/s), {drops} dropped (wall {:.2} s)",
+            dur.as_secs_f64(),
+            events as f64 / dur.as_secs_f64(),
+            wall.as_secs_f64()
+        );
+    }
+    println!(
+        "ring buffer median {:.0} events/s carried, {drops_total} dropped in all",
+        median(&mut rates)
+    );
+    Ok(())
+}
