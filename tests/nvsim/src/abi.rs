@@ -1,0 +1,455 @@
+//! NVIDIA driver ABI facts used by the simulator and the workload generator.
+//!
+//! Every number here comes from `/work/shared/NVIDIA-RM-ABI.md` (read from
+//! open-gpu-kernel-modules 595.45.04) unless its comment names another source.
+//! Offsets are byte offsets into the parameter structs (x86_64, natural alignment).
+//! The unit tests in `driver.rs` do NOT use these constants to build requests:
+//! they spell the offsets out literally, so a wrong constant here is caught.
+
+/// `_IOC` type byte of every RM escape: `'F'`.
+pub const NV_IOCTL_MAGIC: u32 = 0x46;
+
+/// `_IOWR('F', nr, size)`: the full command of an RM escape.
+pub const fn iowr(nr: u8, size: usize) -> u32 {
+    (3 << 30) | ((size as u32 & 0x3fff) << 16) | (NV_IOCTL_MAGIC << 8) | nr as u32
+}
+
+/// `_IOC_NR(cmd)`: all the kernel (`nvidia_ioctl`) looks at besides the size.
+pub const fn ioc_nr(cmd: u32) -> u8 {
+    (cmd & 0xff) as u8
+}
+
+/// `_IOC_SIZE(cmd)`.
+pub const fn ioc_size(cmd: u32) -> usize {
+    ((cmd >> 16) & 0x3fff) as usize
+}
+
+/// `_IOC_DIR(cmd)`: bit 0 = write (user to kernel), bit 1 = read (kernel to user).
+pub const fn ioc_dir(cmd: u32) -> u32 {
+    cmd >> 30
+}
+
+/// RM escape numbers (`_IOC_NR`), from the ABI file's table and
+/// `kernel-open/common/inc/nv-ioctl-numbers.h` (NV_IOCTL_BASE = 200).
+pub mod esc {
+    pub const RM_ALLOC_MEMORY: u8 = 0x27;
+    pub const RM_FREE: u8 = 0x29;
+    pub const RM_CONTROL: u8 = 0x2A;
+    pub const RM_ALLOC: u8 = 0x2B;
+    pub const RM_DUP_OBJECT: u8 = 0x34;
+    pub const RM_SHARE: u8 = 0x35;
+    pub const RM_VID_HEAP_CONTROL: u8 = 0x4A;
+    pub const RM_MAP_MEMORY: u8 = 0x4E;
+    pub const RM_UNMAP_MEMORY: u8 = 0x4F;
+    pub const RM_ALLOC_CONTEXT_DMA2: u8 = 0x54;
+    pub const RM_MAP_MEMORY_DMA: u8 = 0x57;
+    pub const RM_UNMAP_MEMORY_DMA: u8 = 0x58;
+    pub const CARD_INFO: u8 = 200;
+    pub const REGISTER_FD: u8 = 201;
+    pub const ALLOC_OS_EVENT: u8 = 206;
+    pub const FREE_OS_EVENT: u8 = 207;
+    pub const STATUS_CODE: u8 = 209;
+    pub const CHECK_VERSION_STR: u8 = 210;
+    pub const IOCTL_XFER_CMD: u8 = 211;
+    pub const ATTACH_GPUS_TO_FD: u8 = 212;
+    pub const QUERY_DEVICE_INTR: u8 = 213;
+    pub const SYS_PARAMS: u8 = 214;
+    pub const NUMA_INFO: u8 = 215;
+    pub const SET_NUMA_STATUS: u8 = 216;
+    pub const EXPORT_TO_DMABUF_FD: u8 = 217;
+    pub const WAIT_OPEN_COMPLETE: u8 = 218;
+}
+
+/// Parameter struct sizes (bytes) that `RmValidateIoctl` insists on.
+pub mod size {
+    pub const NVOS00: usize = 16;
+    pub const NVOS21: usize = 32;
+    pub const NVOS64: usize = 48;
+    /// NVOS64 before driver 535 (no `paramsSize`).
+    pub const NVOS64_LEGACY: usize = 40;
+    pub const NVOS54: usize = 32;
+    pub const NVOS02_WITH_FD: usize = 56;
+    pub const NVOS32: usize = 184;
+    pub const NVOS33_WITH_FD: usize = 56;
+    pub const NVOS34: usize = 32;
+    pub const NVOS39: usize = 56;
+    pub const NVOS46: usize = 64;
+    pub const NVOS47: usize = 48;
+    pub const NVOS55: usize = 28;
+    pub const NVOS57: usize = 24;
+    pub const XFER: usize = 16;
+    pub const CARD_INFO_ENTRY: usize = 72;
+    /// `nv_ioctl_rm_api_version_t`: cmd u32, reply u32, versionString[64].
+    pub const RM_API_VERSION: usize = 72;
+    pub const NV0080_ALLOC: usize = 56;
+    pub const NV2080_ALLOC: usize = 4;
+    pub const MEMORY_ALLOCATION_PARAMS: usize = 128;
+    /// Class 0x71 (`NV01_MEMORY_SYSTEM_OS_DESCRIPTOR`) alloc params.
+    pub const OS_DESCRIPTOR_PARAMS: usize = 40;
+    pub const TSG_ALLOC: usize = 20;
+    pub const CHANNEL_ALLOC: usize = 368;
+}
+
+/// NVOS00 (RM_FREE).
+pub mod nvos00 {
+    pub const H_ROOT: usize = 0;
+    pub const H_OBJECT_PARENT: usize = 4;
+    pub const H_OBJECT_OLD: usize = 8;
+    pub const STATUS: usize = 12;
+}
+
+/// NVOS21 / NVOS64 (RM_ALLOC) common prefix.
+pub mod nvos21 {
+    pub const H_ROOT: usize = 0;
+    pub const H_OBJECT_PARENT: usize = 4;
+    pub const H_OBJECT_NEW: usize = 8;
+    pub const H_CLASS: usize = 12;
+    pub const P_ALLOC_PARMS: usize = 16;
+    /// NVOS21 from 535 on.
+    pub const PARAMS_SIZE: usize = 24;
+    pub const STATUS: usize = 28;
+    /// NVOS21 before 535: no paramsSize, status moved down.
+    pub const LEGACY_STATUS: usize = 24;
+}
+
+/// NVOS64 (RM_ALLOC, 48 bytes from 535 on; 40 bytes before).
+pub mod nvos64 {
+    pub const P_RIGHTS_REQUESTED: usize = 24;
+    pub const PARAMS_SIZE: usize = 32;
+    pub const FLAGS: usize = 36;
+    pub const STATUS: usize = 40;
+    /// 40-byte layout (525-530): pRightsRequested@24, flags@32, status@36.
+    /// The ABI file gives only the total; this layout is the 535 one minus
+    /// `paramsSize` (documented interpretation, see the crate docs).
+    pub const LEGACY_FLAGS: usize = 32;
+    pub const LEGACY_STATUS: usize = 36;
+    pub const FLAGS_FINN_SERIALIZED: u32 = 1;
+}
+
+/// NVOS54 (RM_CONTROL).
+pub mod nvos54 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_OBJECT: usize = 4;
+    pub const CMD: usize = 8;
+    pub const FLAGS: usize = 12;
+    pub const PARAMS: usize = 16;
+    pub const PARAMS_SIZE: usize = 24;
+    pub const STATUS: usize = 28;
+}
+
+/// NVOS02 + fd (RM_ALLOC_MEMORY).
+pub mod nvos02 {
+    pub const H_ROOT: usize = 0;
+    pub const H_OBJECT_PARENT: usize = 4;
+    pub const H_OBJECT_NEW: usize = 8;
+    pub const H_CLASS: usize = 12;
+    pub const FLAGS: usize = 16;
+    pub const P_MEMORY: usize = 24;
+    pub const LIMIT: usize = 32;
+    pub const STATUS: usize = 40;
+    pub const FD: usize = 48;
+}
+
+/// NVOS32 (RM_VID_HEAP_CONTROL).
+pub mod nvos32 {
+    pub const H_ROOT: usize = 0;
+    pub const H_OBJECT_PARENT: usize = 4;
+    pub const FUNCTION: usize = 8;
+    pub const H_VASPACE: usize = 12;
+    pub const STATUS: usize = 20;
+    pub const TOTAL: usize = 24;
+    pub const FREE: usize = 32;
+    pub const OWNER: usize = 40;
+    pub const H_MEMORY: usize = 44;
+    pub const TYPE: usize = 48;
+    pub const ALLOC_FLAGS: usize = 52;
+    pub const SIZE: usize = 88;
+    pub const OFFSET: usize = 104;
+    pub const LIMIT: usize = 112;
+    pub const ADDRESS: usize = 120;
+    pub const FUNCTION_ALLOC_SIZE: u32 = 2;
+    pub const FUNCTION_FREE: u32 = 3;
+}
+
+/// NVOS33 + fd (RM_MAP_MEMORY).
+pub mod nvos33 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_DEVICE: usize = 4;
+    pub const H_MEMORY: usize = 8;
+    pub const OFFSET: usize = 16;
+    pub const LENGTH: usize = 24;
+    pub const P_LINEAR_ADDRESS: usize = 32;
+    pub const STATUS: usize = 40;
+    pub const FLAGS: usize = 44;
+    pub const FD: usize = 48;
+}
+
+/// NVOS34 (RM_UNMAP_MEMORY). Not in the ABI file: from `nvos.h`
+/// (hClient, hDevice, hMemory, NvP64 pLinearAddress, status, flags).
+pub mod nvos34 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_DEVICE: usize = 4;
+    pub const H_MEMORY: usize = 8;
+    pub const P_LINEAR_ADDRESS: usize = 16;
+    pub const STATUS: usize = 24;
+    pub const FLAGS: usize = 28;
+}
+
+/// NVOS46 (RM_MAP_MEMORY_DMA).
+pub mod nvos46 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_DEVICE: usize = 4;
+    pub const H_DMA: usize = 8;
+    pub const H_MEMORY: usize = 12;
+    pub const STATUS: usize = 56;
+}
+
+/// NVOS47 (RM_UNMAP_MEMORY_DMA). Not in the ABI file: from `nvos.h`
+/// (hClient, hDevice, hDma, hMemory, flags, u64 dmaOffset, u64 size, status).
+pub mod nvos47 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_MEMORY: usize = 12;
+    pub const STATUS: usize = 40;
+}
+
+/// NVOS39 (RM_ALLOC_CONTEXT_DMA2). Not in the ABI file: from `nvos.h`
+/// (hObjectParent, hSubDevice, hObjectNew, hClass, flags, selector, hMemory,
+/// u64 offset, u64 limit, status).
+pub mod nvos39 {
+    pub const STATUS: usize = 48;
+}
+
+/// NVOS55 (RM_DUP_OBJECT): status is the last field (@24 of 28).
+pub mod nvos55 {
+    pub const STATUS: usize = 24;
+}
+
+/// NVOS57 (RM_SHARE): status is the last field (@20 of 24).
+pub mod nvos57 {
+    pub const STATUS: usize = 20;
+}
+
+/// `nv_ioctl_xfer_t`.
+pub mod xfer {
+    pub const CMD: usize = 0;
+    pub const SIZE: usize = 4;
+    pub const PTR: usize = 8;
+    /// `NV_ABSOLUTE_MAX_IOCTL_SIZE` in `nv.c`: larger XFER sizes get -EINVAL.
+    pub const MAX_SIZE: usize = 16384;
+}
+
+/// `nv_ioctl_card_info_t` (72 bytes per entry), from `nv-ioctl.h`.
+pub mod card_info {
+    pub const VALID: usize = 0;
+    pub const PCI_DOMAIN: usize = 4;
+    pub const PCI_BUS: usize = 8;
+    pub const PCI_SLOT: usize = 9;
+    pub const PCI_VENDOR_ID: usize = 12;
+    pub const PCI_DEVICE_ID: usize = 14;
+    pub const GPU_ID: usize = 16;
+    pub const FB_SIZE: usize = 48;
+    pub const MINOR_NUMBER: usize = 56;
+}
+
+/// `nv_ioctl_rm_api_version_t`: reply@4, 1 = NV_RM_API_VERSION_REPLY_RECOGNIZED.
+pub mod rm_api_version {
+    pub const REPLY: usize = 4;
+    pub const REPLY_RECOGNIZED: u32 = 1;
+}
+
+/// `NV0080_ALLOC_PARAMETERS`.
+pub mod nv0080 {
+    pub const DEVICE_ID: usize = 0;
+    pub const H_CLIENT_SHARE: usize = 4;
+}
+
+/// `NV_MEMORY_ALLOCATION_PARAMS` (128 bytes).
+pub mod mem_alloc {
+    pub const OWNER: usize = 0;
+    pub const TYPE: usize = 4;
+    pub const FLAGS: usize = 8;
+    pub const SIZE: usize = 64;
+    pub const ALIGNMENT: usize = 72;
+    pub const OFFSET: usize = 80;
+    pub const LIMIT: usize = 88;
+    pub const ADDRESS: usize = 96;
+    pub const H_VASPACE: usize = 108;
+}
+
+/// Class 0x71 alloc params (40 bytes).
+pub mod os_descriptor {
+    pub const DESCRIPTOR: usize = 16;
+    pub const LIMIT: usize = 24;
+}
+
+/// TSG (0xA06C) alloc params (20 bytes).
+pub mod tsg_alloc {
+    pub const H_VASPACE: usize = 8;
+    pub const ENGINE_TYPE: usize = 12;
+}
+
+/// GPFIFO channel alloc params (368 bytes).
+pub mod channel_alloc {
+    pub const GP_FIFO_OFFSET: usize = 8;
+    pub const GP_FIFO_ENTRIES: usize = 16;
+    pub const H_CONTEXT_SHARE: usize = 24;
+    pub const H_VASPACE: usize = 28;
+    pub const ENGINE_TYPE: usize = 128;
+}
+
+/// RM classes (`g_allclasses.h`).
+pub mod class {
+    pub const NV01_ROOT: u32 = 0x0;
+    pub const NV01_ROOT_NON_PRIV: u32 = 0x1;
+    pub const NV01_ROOT_CLIENT: u32 = 0x41;
+    pub const NV01_DEVICE_0: u32 = 0x80;
+    pub const NV20_SUBDEVICE_0: u32 = 0x2080;
+    pub const NV01_MEMORY_SYSTEM: u32 = 0x3E;
+    pub const NV01_MEMORY_LOCAL_USER: u32 = 0x40;
+    pub const NV01_MEMORY_VIRTUAL: u32 = 0x70;
+    pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
+    pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;
+    pub const NV50_MEMORY_VIRTUAL: u32 = 0x50A0;
+    pub const NV_MEMORY_FABRIC: u32 = 0xF8;
+    pub const FERMI_VASPACE_A: u32 = 0x90F1;
+    pub const KEPLER_CHANNEL_GROUP_A: u32 = 0xA06C;
+    pub const FERMI_CONTEXT_SHARE_A: u32 = 0x9067;
+    pub const CHANNELS: [u32; 6] = [0xC36F, 0xC46F, 0xC56F, 0xC86F, 0xC96F, 0xCA6F];
+    pub const HOPPER_CHANNEL_GPFIFO_A: u32 = 0xC86F;
+    pub const COMPUTE: [u32; 7] = [0xC5C0, 0xC6C0, 0xC7C0, 0xC9C0, 0xCBC0, 0xCDC0, 0xCEC0];
+    pub const HOPPER_COMPUTE_A: u32 = 0xCBC0;
+    pub const COPY: [u32; 2] = [0xC7B5, 0xC8B5];
+    pub const HOPPER_DMA_COPY_A: u32 = 0xC8B5;
+}
+
+/// `NV_STATUS` codes, from `src/common/sdk/nvidia/inc/nvstatuscodes.h`.
+pub mod status {
+    pub const NV_OK: u32 = 0x00;
+    pub const NV_ERR_INSERT_DUPLICATE_NAME: u32 = 0x19;
+    pub const NV_ERR_INVALID_ADDRESS: u32 = 0x1E;
+    pub const NV_ERR_INVALID_ARGUMENT: u32 = 0x1F;
+    pub const NV_ERR_INVALID_CLASS: u32 = 0x22;
+    pub const NV_ERR_INVALID_CLIENT: u32 = 0x23;
+    pub const NV_ERR_INVALID_FUNCTION: u32 = 0x2A;
+    pub const NV_ERR_INVALID_LIMIT: u32 = 0x2E;
+    pub const NV_ERR_INVALID_OBJECT_HANDLE: u32 = 0x33;
+    pub const NV_ERR_INVALID_OBJECT_PARENT: u32 = 0x36;
+    pub const NV_ERR_NO_MEMORY: u32 = 0x51;
+    pub const NV_ERR_NOT_SUPPORTED: u32 = 0x56;
+    pub const NV_ERR_OBJECT_NOT_FOUND: u32 = 0x57;
+}
+
+/// nvidia-uvm commands (plain numbers, `_IOC_DIR` = NONE) and the byte
+/// offsets of their parameters. INITIALIZE/DEINITIALIZE and the base/length
+/// offsets are from the ABI file; the `rmStatus` offsets of the others are
+/// from `kernel-open/nvidia-uvm/uvm_ioctl.h` (see the crate docs).
+pub mod uvm {
+    pub const INITIALIZE: u32 = 0x3000_0001;
+    pub const DEINITIALIZE: u32 = 0x3000_0002;
+    pub const CREATE_RANGE_GROUP: u32 = 23;
+    pub const DESTROY_RANGE_GROUP: u32 = 24;
+    pub const REGISTER_GPU_VASPACE: u32 = 25;
+    pub const UNREGISTER_GPU_VASPACE: u32 = 26;
+    pub const REGISTER_CHANNEL: u32 = 27;
+    pub const UNREGISTER_CHANNEL: u32 = 28;
+    pub const MAP_EXTERNAL_ALLOCATION: u32 = 33;
+    pub const FREE: u32 = 34;
+    pub const REGISTER_GPU: u32 = 37;
+    pub const UNREGISTER_GPU: u32 = 38;
+    pub const PAGEABLE_MEM_ACCESS: u32 = 39;
+    pub const MIGRATE: u32 = 51;
+    pub const UNMAP_EXTERNAL: u32 = 66;
+    pub const ALLOC_SEMAPHORE_POOL: u32 = 68;
+    pub const VALIDATE_VA_RANGE: u32 = 72;
+    pub const CREATE_EXTERNAL_RANGE: u32 = 73;
+    pub const MM_INITIALIZE: u32 = 75;
+    /// Highest ordinary UVM ioctl number we accept without modelling it.
+    pub const MAX_PLAIN: u32 = 79;
+
+    /// `{u64 flags; NV_STATUS rmStatus}`.
+    pub const INITIALIZE_SIZE: usize = 16;
+    pub const INITIALIZE_RM_STATUS: usize = 8;
+    /// `{u64 rangeGroupId (out); NV_STATUS rmStatus}`.
+    pub const CREATE_RANGE_GROUP_SIZE: usize = 16;
+    pub const CREATE_RANGE_GROUP_ID: usize = 0;
+    pub const CREATE_RANGE_GROUP_RM_STATUS: usize = 8;
+    /// `{u64 rangeGroupId; NV_STATUS rmStatus}`.
+    pub const DESTROY_RANGE_GROUP_SIZE: usize = 16;
+    pub const DESTROY_RANGE_GROUP_RM_STATUS: usize = 8;
+    /// `{uuid[16]; s32 rmCtrlFd; u32 hClient; u32 hVaSpace; rmStatus}`.
+    pub const REGISTER_GPU_VASPACE_SIZE: usize = 32;
+    pub const REGISTER_GPU_VASPACE_RM_STATUS: usize = 28;
+    /// `{uuid[16]; rmStatus}` (UNREGISTER_GPU_VASPACE, UNREGISTER_GPU).
+    pub const UUID_STATUS_SIZE: usize = 20;
+    pub const UUID_STATUS_RM_STATUS: usize = 16;
+    /// `{uuid[16]; s32 rmCtrlFd; u32 hClient; u32 hChannel; u64 base; u64 length; rmStatus}`.
+    pub const REGISTER_CHANNEL_SIZE: usize = 56;
+    pub const REGISTER_CHANNEL_RM_STATUS: usize = 48;
+    /// `{uuid[16]; u32 hClient; u32 hChannel; rmStatus}`.
+    pub const UNREGISTER_CHANNEL_SIZE: usize = 28;
+    pub const UNREGISTER_CHANNEL_RM_STATUS: usize = 24;
+    /// MAP_EXTERNAL_ALLOCATION: base@0, length@8; its rmStatus moves with the
+    /// driver version (per-GPU array), so the simulator writes nothing.
+    pub const BASE: usize = 0;
+    pub const LENGTH: usize = 8;
+    /// `{u64 base; u64 length; NV_STATUS rmStatus}` (FREE, CREATE_EXTERNAL_RANGE,
+    /// VALIDATE_VA_RANGE).
+    pub const BASE_LENGTH_STATUS_SIZE: usize = 24;
+    pub const BASE_LENGTH_STATUS_RM_STATUS: usize = 16;
+    /// `{uuid[16]; bool numaEnabled; s32 numaNodeId; s32 rmCtrlFd; u32 hClient;
+    /// u32 hSmcPartRef; rmStatus}`.
+    pub const REGISTER_GPU_SIZE: usize = 40;
+    pub const REGISTER_GPU_RM_STATUS: usize = 36;
+    /// `{bool pageableMemAccess; NV_STATUS rmStatus}`.
+    pub const PAGEABLE_MEM_ACCESS_SIZE: usize = 8;
+    pub const PAGEABLE_MEM_ACCESS_RM_STATUS: usize = 4;
+    /// `{u64 base; u64 length; uuid[16]; rmStatus}`.
+    pub const UNMAP_EXTERNAL_SIZE: usize = 36;
+    pub const UNMAP_EXTERNAL_RM_STATUS: usize = 32;
+    /// `{s32 uvmFd; NV_STATUS rmStatus}`.
+    pub const MM_INITIALIZE_SIZE: usize = 8;
+    pub const MM_INITIALIZE_RM_STATUS: usize = 4;
+}
+
+/// Video memory granularity of the simulated driver.
+pub const VIDMEM_ROUND: u64 = 2 << 20;
+/// Host memory granularity of the simulated driver.
+pub const HOSTMEM_ROUND: u64 = 4 << 10;
+
+/// Driver versions before this have the legacy NVOS21 / 40-byte NVOS64 layouts.
+pub const PARAMS_SIZE_SINCE: u32 = 535;
+
+/// Major number of a driver version string such as `"580.159"`.
+pub fn version_major(version: &str) -> Option<u32> {
+    version.split('.').next()?.trim().parse().ok()
+}
+
+/// Little-endian field access on a parameter buffer. Out-of-range reads give 0
+/// and out-of-range writes are dropped; callers size their buffers first.
+pub mod le {
+    pub fn u32_at(b: &[u8], off: usize) -> u32 {
+        b.get(off..off + 4)
+            .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))
+            .unwrap_or(0)
+    }
+    pub fn u64_at(b: &[u8], off: usize) -> u64 {
+        b.get(off..off + 8)
+            .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+            .unwrap_or(0)
+    }
+    pub fn put_u32(b: &mut [u8], off: usize, v: u32) {
+        if let Some(s) = b.get_mut(off..off + 4) {
+            s.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    pub fn put_u64(b: &mut [u8], off: usize, v: u64) {
+        if let Some(s) = b.get_mut(off..off + 8) {
+            s.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    pub fn put_u16(b: &mut [u8], off: usize, v: u16) {
+        if let Some(s) = b.get_mut(off..off + 2) {
+            s.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
