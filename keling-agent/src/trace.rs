@@ -127,6 +127,7 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             "nothing to trace: give a command after `--` or --pid PID (see `keling trace --help`)"
         );
     }
+    crate::sys::check_privileges()?;
     // Fork first, before the probes and the runtime exist: a child that is only
     // forked (not exec'd) is cheap to throw away if loading fails.
     let held = if args.command.is_empty() {
