@@ -17,6 +17,14 @@ pub enum EventKind {
     Exec = 2,
     Exit = 3,
     Switch = 100,
+    GpuOpen = 200,
+    GpuClose = 201,
+    GpuDup = 202,
+    GpuAlloc = 210,
+    GpuFree = 211,
+    GpuObject = 212,
+    GpuTeardown = 213,
+    GpuIoctl = 214,
 }
 
 impl EventKind {
@@ -26,6 +34,14 @@ impl EventKind {
             2 => Some(Self::Exec),
             3 => Some(Self::Exit),
             100 => Some(Self::Switch),
+            200 => Some(Self::GpuOpen),
+            201 => Some(Self::GpuClose),
+            202 => Some(Self::GpuDup),
+            210 => Some(Self::GpuAlloc),
+            211 => Some(Self::GpuFree),
+            212 => Some(Self::GpuObject),
+            213 => Some(Self::GpuTeardown),
+            214 => Some(Self::GpuIoctl),
             _ => None,
         }
     }

@@ -40,7 +40,7 @@ pub struct TrackedProcess {
 /// reads them from `/sys/kernel/btf/vmlinux` and the tracepoints' `format` files
 /// instead of compiling them in.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProbeConfig {
     /// Byte offsets inside `struct task_struct`.
     pub task_pid_off: u32,
@@ -57,9 +57,17 @@ pub struct ProbeConfig {
     /// `sched_process_exec` fields (`filename` is a `__data_loc`).
     pub exec_filename_off: u32,
     pub exec_old_pid_off: u32,
-    /// 1: report fork/exec/exit of every process (the long-running agent);
-    /// 0: only of tracked ones (`keling trace`).
+    /// 1: report fork/exec/exit of every process, and track every process that
+    /// opens an NVIDIA device (the long-running agent); 0: only tracked ones
+    /// (`keling trace`).
     pub system_wide: u32,
+    /// Offset of NVOS21's `status` for the driver in use (28, or 24 before 535).
+    pub nvos21_status_off: u32,
+    /// Bytes of `dev_prefix` that are set.
+    pub dev_prefix_len: u32,
+    /// `<dev-dir>/nvidia`: the open probe matches `nvidiactl`, `nvidia-uvm` and
+    /// `nvidiaN` after it.
+    pub dev_prefix: [u8; crate::DEV_PREFIX_LEN],
 }
 
 impl ProbeConfig {
@@ -74,6 +82,9 @@ impl ProbeConfig {
         exec_filename_off: 0,
         exec_old_pid_off: 0,
         system_wide: 0,
+        nvos21_status_off: 28,
+        dev_prefix_len: 0,
+        dev_prefix: [0; crate::DEV_PREFIX_LEN],
     };
 }
 
@@ -84,4 +95,20 @@ mod pod {
     unsafe impl aya::Pod for TrackedProcess {}
     // SAFETY: as above.
     unsafe impl aya::Pod for ProbeConfig {}
+    // SAFETY: as above (the GPU map types: integer fields, no padding).
+    unsafe impl aya::Pod for crate::FdSlot {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::ProcFds {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::FileInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::ClientInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::ObjectKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::ObjectInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::TotalKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::Totals {}
 }
