@@ -1,6 +1,7 @@
 //! Ring-buffer bytes -> typed events. The only place that looks at raw event bytes.
 use keling_common::{
-    COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent, SwitchEvent,
+    COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent, GpuEvent, GpuFileEvent,
+    SwitchEvent,
 };
 use thiserror::Error;
 
@@ -25,6 +26,10 @@ pub enum Event {
     Exec(ExecEvent),
     Exit(ExitEvent),
     Switch(SwitchEvent),
+    /// Open, close or dup of an NVIDIA fd (`kind` in the header says which).
+    GpuFile(GpuFileEvent),
+    /// Allocation, free, object, teardown or other ioctl (`kind` says which).
+    Gpu(GpuEvent),
 }
 
 impl Event {
@@ -34,6 +39,8 @@ impl Event {
             Event::Exec(e) => &e.header,
             Event::Exit(e) => &e.header,
             Event::Switch(e) => &e.header,
+            Event::GpuFile(e) => &e.header,
+            Event::Gpu(e) => &e.header,
         }
     }
 }
@@ -54,6 +61,10 @@ unsafe impl Plain for ExecEvent {}
 unsafe impl Plain for ExitEvent {}
 // SAFETY: as above.
 unsafe impl Plain for SwitchEvent {}
+// SAFETY: as above.
+unsafe impl Plain for GpuFileEvent {}
+// SAFETY: as above.
+unsafe impl Plain for GpuEvent {}
 
 fn read<T: Plain>(bytes: &[u8]) -> Option<T> {
     (bytes.len() >= size_of::<T>())
@@ -80,6 +91,14 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Exec => Event::Exec(exact(kind, bytes)?),
         EventKind::Exit => Event::Exit(exact(kind, bytes)?),
         EventKind::Switch => Event::Switch(exact(kind, bytes)?),
+        EventKind::GpuOpen | EventKind::GpuClose | EventKind::GpuDup => {
+            Event::GpuFile(exact(kind, bytes)?)
+        }
+        EventKind::GpuAlloc
+        | EventKind::GpuFree
+        | EventKind::GpuObject
+        | EventKind::GpuTeardown
+        | EventKind::GpuIoctl => Event::Gpu(exact(kind, bytes)?),
     })
 }
 
@@ -261,7 +280,9 @@ mod tests {
 
         /// Any well-sized record with a valid kind round-trips.
         #[test]
-        fn well_sized_records_decode(kind in prop_oneof![Just(1u32), Just(2), Just(3), Just(100)],
+        fn well_sized_records_decode(kind in prop_oneof![Just(1u32), Just(2), Just(3), Just(100),
+                                                         Just(200), Just(201), Just(202), Just(210),
+                                                         Just(211), Just(212), Just(213), Just(214)],
                                      fill in any::<u8>()) {
             let k = EventKind::from_u32(kind).unwrap();
             let len = match k {
@@ -269,6 +290,8 @@ mod tests {
                 EventKind::Exec => size_of::<ExecEvent>(),
                 EventKind::Exit => size_of::<ExitEvent>(),
                 EventKind::Switch => size_of::<SwitchEvent>(),
+                EventKind::GpuOpen | EventKind::GpuClose | EventKind::GpuDup => size_of::<GpuFileEvent>(),
+                _ => size_of::<GpuEvent>(),
             };
             let mut bytes = vec![fill; len];
             bytes[..4].copy_from_slice(&kind.to_le_bytes());

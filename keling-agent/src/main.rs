@@ -1,6 +1,8 @@
 //! `keling`: the Keling agent. See `keling --help`.
 mod btf;
 mod decode;
+mod gpu_env;
+mod gpu_names;
 mod model;
 mod output;
 mod probes;

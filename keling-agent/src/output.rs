@@ -6,8 +6,11 @@ use std::io::{self, Write};
 
 use serde_json::{Value, json};
 
+use keling_common::EventKind;
+
 use crate::{
     decode::{Event, ExitStatus, comm, cstr},
+    gpu_names as names,
     model::ProcessStats,
 };
 
@@ -99,6 +102,23 @@ pub fn event_json(event: &Event) -> Value {
             "next_tid": e.next_tid,
             "next_pid": opt_pid(e.next_pid),
         }),
+        Event::GpuFile(e) => {
+            let ty = match EventKind::from_u32(h.kind) {
+                Some(EventKind::GpuOpen) => "gpu_open",
+                Some(EventKind::GpuDup) => "gpu_dup",
+                _ => "gpu_close",
+            };
+            let mut v = json!({
+                "type": ty, "fd": e.fd, "device": names::device(e.device), "file_id": e.file_id,
+            });
+            match ty {
+                "gpu_open" => v["cloexec"] = json!(e.arg != 0),
+                "gpu_dup" => v["src_fd"] = json!(e.arg as i32),
+                _ => v["released"] = json!(e.released != 0),
+            }
+            v
+        }
+        Event::Gpu(e) => gpu_json(h.kind, e),
     };
     let obj = v.as_object_mut().expect("object");
     obj.insert("ts_ns".into(), json!(h.ts_ns));
@@ -106,6 +126,105 @@ pub fn event_json(event: &Event) -> Value {
     obj.insert("pid".into(), json!(h.pid));
     obj.insert("tid".into(), json!(h.tid));
     v
+}
+
+fn gpu_json(kind: u32, e: &keling_common::GpuEvent) -> Value {
+    match EventKind::from_u32(kind) {
+        Some(EventKind::GpuAlloc) => json!({
+            "type": "gpu_alloc", "client": e.client, "parent": e.parent, "handle": e.handle,
+            "class": e.class, "kind": names::kind(e.kind), "gpu": names::gpu(e.gpu),
+            "bytes": e.bytes, "call": names::call(0, e.escape), "via_xfer": e.via_xfer != 0,
+        }),
+        Some(EventKind::GpuFree) => json!({
+            "type": "gpu_free", "client": e.client, "handle": e.handle, "class": e.class,
+            "kind": names::kind(e.kind), "gpu": names::gpu(e.gpu), "bytes": e.bytes,
+            "owner_pid": e.owner_pid, "call": names::call(0, e.escape),
+        }),
+        Some(EventKind::GpuObject) => json!({
+            "type": "gpu_object", "client": e.client, "parent": e.parent, "handle": e.handle,
+            "class": e.class, "kind": names::kind(e.kind), "gpu": names::gpu(e.gpu),
+        }),
+        Some(EventKind::GpuTeardown) => json!({
+            "type": "gpu_teardown", "client": e.client, "reason": names::teardown_reason(e.reason),
+            "owner_pid": e.owner_pid, "gpu": names::gpu(e.gpu), "device": e.handle,
+            "bytes": e.bytes, "host_bytes": e.host_bytes, "objects": e.control_cmd,
+        }),
+        _ => {
+            let device = if e.escape >= 0x3000_0000 || e.cmd == e.escape {
+                keling_common::device_file::UVM
+            } else {
+                0
+            };
+            let mut v = json!({
+                "type": "gpu_ioctl", "fd": e.fd, "call": names::call(device, e.escape),
+                "cmd": e.cmd, "status": e.status, "ret": e.ret, "via_xfer": e.via_xfer != 0,
+            });
+            if e.escape == keling_common::nvidia::escape::CONTROL && device == 0 {
+                v["control_cmd"] = json!(e.control_cmd);
+                v["client"] = json!(e.client);
+                v["object"] = json!(e.handle);
+            }
+            if e.reason != 0 {
+                v["undecoded"] = json!(names::undecoded_reason(e.reason - 1));
+            }
+            v
+        }
+    }
+}
+
+/// One line of text timeline for a GPU event.
+fn gpu_text(kind: u32, e: &keling_common::GpuEvent) -> String {
+    let gpu = names::gpu(e.gpu).map_or("gpu?".to_string(), |g| format!("gpu{g}"));
+    match EventKind::from_u32(kind) {
+        Some(EventKind::GpuAlloc) => format!(
+            "gpu alloc {} bytes {} on {gpu}: handle {:#x} class {:#x} ({})",
+            e.bytes,
+            names::kind(e.kind),
+            e.handle,
+            e.class,
+            names::call(0, e.escape)
+        ),
+        Some(EventKind::GpuFree) => format!(
+            "gpu free {} bytes {} on {gpu}: handle {:#x} (allocated by {})",
+            e.bytes,
+            names::kind(e.kind),
+            e.handle,
+            e.owner_pid
+        ),
+        Some(EventKind::GpuObject) => format!(
+            "gpu object {} {:#x} class {:#x} under {:#x} on {gpu}",
+            names::kind(e.kind),
+            e.handle,
+            e.class,
+            e.parent
+        ),
+        Some(EventKind::GpuTeardown) => format!(
+            "gpu teardown of client {:#x} ({}): {} bytes video, {} host, {} objects of pid {} on {gpu}",
+            e.client,
+            names::teardown_reason(e.reason),
+            e.bytes,
+            e.host_bytes,
+            e.control_cmd,
+            e.owner_pid
+        ),
+        _ => {
+            let device = if e.escape >= 0x3000_0000 || e.cmd == e.escape {
+                keling_common::device_file::UVM
+            } else {
+                0
+            };
+            let mut t = format!(
+                "gpu ioctl {} status {:#x} ret {}",
+                names::call(device, e.escape),
+                e.status,
+                e.ret
+            );
+            if e.reason != 0 {
+                t.push_str(&format!(" (undecoded: {})", names::undecoded_reason(e.reason - 1)));
+            }
+            t
+        }
+    }
 }
 
 impl Output {
@@ -166,13 +285,23 @@ impl Output {
                     e.next_tid
                 )
             }
+            Event::GpuFile(e) => {
+                let what = match EventKind::from_u32(h.kind) {
+                    Some(EventKind::GpuOpen) => "open",
+                    Some(EventKind::GpuDup) => "dup",
+                    _ if e.released != 0 => "close (file released)",
+                    _ => "close",
+                };
+                format!("gpu {what} fd {} {}", e.fd, names::device(e.device))
+            }
+            Event::Gpu(e) => gpu_text(h.kind, e),
         };
         let secs = h.ts_ns.saturating_sub(self.start_ns) as f64 / 1e9;
         let comm = match event {
             Event::Fork(e) => comm(&e.comm),
             Event::Exec(e) => comm(&e.comm),
             Event::Exit(e) => comm(&e.comm),
-            Event::Switch(_) => String::new(),
+            Event::Switch(_) | Event::GpuFile(_) | Event::Gpu(_) => String::new(),
         };
         writeln!(
             self.out,

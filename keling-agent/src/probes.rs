@@ -3,16 +3,16 @@
 //! This module knows which programs exist, what they attach to, and what the
 //! kernel must provide for them; it hands out the maps the rest of the agent needs
 //! and nothing else. Dropping [`Probes`] detaches everything.
-use std::{collections::BTreeSet, fs};
+use std::{collections::BTreeSet, fs, path::PathBuf};
 
 use anyhow::{Context, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{RawTracePoint, TracePoint},
 };
 use keling_common::{
-    DROP_COUNTERS, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
+    DEV_PREFIX_LEN, DROP_COUNTERS, nvidia, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
     ProbeConfig, TrackedProcess,
 };
 
@@ -24,19 +24,15 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 /// What to load.
 pub struct LoadOptions {
-    /// Report fork/exec/exit of every process, not only tracked ones.
+    /// Report fork/exec/exit of every process, not only tracked ones, and track
+    /// every process that opens an NVIDIA device.
     pub system_wide: bool,
     /// Size of the event ring buffer (a power of two, multiple of the page size).
     pub ringbuf_bytes: u32,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self {
-            system_wide: false,
-            ringbuf_bytes: 4 << 20,
-        }
-    }
+    /// Where the NVIDIA device files are (`/dev`, or a simulator's mount).
+    pub dev_dir: PathBuf,
+    /// The driver's major version, which selects the NVOS21 layout.
+    pub driver_major: u32,
 }
 
 /// The loaded, attached programs and their maps.
@@ -57,6 +53,20 @@ const PROGRAMS: &[(&str, Attach)] = &[
         Attach::Tracepoint("sched", "sched_process_exit"),
     ),
     ("sched_switch", Attach::Tracepoint("sched", "sched_switch")),
+    ("sys_enter_openat", Attach::Tracepoint("syscalls", "sys_enter_openat")),
+    ("sys_exit_openat", Attach::Tracepoint("syscalls", "sys_exit_openat")),
+    ("sys_enter_close", Attach::Tracepoint("syscalls", "sys_enter_close")),
+    ("sys_enter_close_range", Attach::Tracepoint("syscalls", "sys_enter_close_range")),
+    ("sys_enter_dup", Attach::Tracepoint("syscalls", "sys_enter_dup")),
+    ("sys_exit_dup", Attach::Tracepoint("syscalls", "sys_exit_dup")),
+    ("sys_enter_dup2", Attach::Tracepoint("syscalls", "sys_enter_dup2")),
+    ("sys_exit_dup2", Attach::Tracepoint("syscalls", "sys_exit_dup2")),
+    ("sys_enter_dup3", Attach::Tracepoint("syscalls", "sys_enter_dup3")),
+    ("sys_exit_dup3", Attach::Tracepoint("syscalls", "sys_exit_dup3")),
+    ("sys_enter_fcntl", Attach::Tracepoint("syscalls", "sys_enter_fcntl")),
+    ("sys_exit_fcntl", Attach::Tracepoint("syscalls", "sys_exit_fcntl")),
+    ("sys_enter_ioctl", Attach::Tracepoint("syscalls", "sys_enter_ioctl")),
+    ("sys_exit_ioctl", Attach::Tracepoint("syscalls", "sys_exit_ioctl")),
 ];
 
 enum Attach {
@@ -65,7 +75,7 @@ enum Attach {
 }
 
 /// Offsets this kernel needs, from BTF and the tracepoints' format files.
-fn probe_config(system_wide: bool) -> anyhow::Result<ProbeConfig> {
+fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
     let tracefs = sys::ensure_tracefs()?;
     let btf = Btf::from_sys_fs()?;
     let task = |m: &str| {
@@ -73,6 +83,18 @@ fn probe_config(system_wide: bool) -> anyhow::Result<ProbeConfig> {
             .with_context(|| format!("task_struct.{m}"))
     };
     let exit = sys::TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
+    let prefix = opts.dev_dir.join("nvidia");
+    let prefix = prefix.as_os_str().as_encoded_bytes();
+    if prefix.len() >= DEV_PREFIX_LEN {
+        bail!(
+            "--dev-dir {} is too long: the probes match device paths of at most {} bytes",
+            opts.dev_dir.display(),
+            DEV_PREFIX_LEN - 10
+        );
+    }
+    let mut dev_prefix = [0u8; DEV_PREFIX_LEN];
+    dev_prefix[..prefix.len()].copy_from_slice(prefix);
+    let dev_prefix_len = prefix.len() as u32;
     let switch = sys::TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
     let exec = sys::TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
     Ok(ProbeConfig {
@@ -85,7 +107,14 @@ fn probe_config(system_wide: bool) -> anyhow::Result<ProbeConfig> {
         switch_next_pid_off: switch.require("sched_switch", "next_pid")?,
         exec_filename_off: exec.require("sched_process_exec", "filename")?,
         exec_old_pid_off: exec.require("sched_process_exec", "old_pid")?,
-        system_wide: system_wide as u32,
+        system_wide: opts.system_wide as u32,
+        nvos21_status_off: if opts.driver_major >= nvidia::NVOS21_PARAMS_SIZE_SINCE_MAJOR {
+            nvidia::nvos21::STATUS as u32
+        } else {
+            nvidia::nvos21::STATUS_PRE_535 as u32
+        },
+        dev_prefix_len,
+        dev_prefix,
     })
 }
 
@@ -99,13 +128,27 @@ impl Probes {
         }
         sys::check_privileges()?;
         sys::raise_memlock();
-        let config = probe_config(opts.system_wide)?;
+        let config = probe_config(opts)?;
         log::debug!("probe config: {config:?}");
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_CONFIG, &config, true)
             .map_max_entries(MAP_EVENTS, opts.ringbuf_bytes)
             .load(EBPF_OBJECT)
             .context("loading Keling's eBPF object into the kernel")?;
+        // The file-release program is reached only by tail call: load it and put
+        // it in RELEASE_PROG before anything that can close a file is attached.
+        {
+            let prog: &mut TracePoint = ebpf
+                .program_mut("release_files")
+                .context("program release_files missing")?
+                .try_into()?;
+            prog.load().context("verifier rejected release_files")?;
+            let fd = prog.fd()?.try_clone()?;
+            let mut array = ProgramArray::try_from(
+                ebpf.map_mut("RELEASE_PROG").context("RELEASE_PROG map missing")?,
+            )?;
+            array.set(0, &fd, 0)?;
+        }
         for (name, attach) in PROGRAMS {
             let prog = ebpf
                 .program_mut(name)

@@ -17,6 +17,8 @@ pub struct RunArgs {
     /// Size of the kernel ring buffer in KiB (a power of two, at least 4).
     #[arg(long, default_value_t = 4096, value_name = "KIB")]
     pub ringbuf_kib: u32,
+    #[command(flatten)]
+    pub gpu: crate::gpu_env::GpuArgs,
 }
 
 #[derive(Default)]
@@ -25,6 +27,7 @@ struct Counters {
     execs: u64,
     exits: u64,
     switches: u64,
+    gpu: u64,
     decode_errors: u64,
 }
 
@@ -35,27 +38,33 @@ impl Counters {
             Event::Exec(_) => self.execs += 1,
             Event::Exit(_) => self.exits += 1,
             Event::Switch(_) => self.switches += 1,
+            Event::GpuFile(_) | Event::Gpu(_) => self.gpu += 1,
         }
     }
 }
 
 fn status_line(started: Instant, c: &Counters, drops: u64, tracked: usize) -> String {
     format!(
-        "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} switches traced; \
+        "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} switches and {} GPU events traced; \
          {tracked} tracked; {drops} events lost; {} undecodable",
         started.elapsed().as_secs(),
         c.forks,
         c.execs,
         c.exits,
         c.switches,
+        c.gpu,
         c.decode_errors
     )
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    args.gpu.check_dev_dir()?;
+    let driver_major = args.gpu.driver_major()?;
     let mut probes = Probes::load(&LoadOptions {
         system_wide: true,
         ringbuf_bytes: args.ringbuf_kib.saturating_mul(1024),
+        dev_dir: args.gpu.dev_dir.clone(),
+        driver_major,
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -46,6 +46,8 @@ pub struct TraceArgs {
     /// Size of the kernel ring buffer in KiB (a power of two, at least 4).
     #[arg(long, default_value_t = 4096, value_name = "KIB")]
     pub ringbuf_kib: u32,
+    #[command(flatten)]
+    pub gpu: crate::gpu_env::GpuArgs,
     /// The command to run and trace, after `--`. It is held before exec until the
     /// probes track it, so nothing it does is missed.
     #[arg(last = true, value_name = "CMD")]
@@ -135,9 +137,13 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
     } else {
         Some(HeldChild::spawn(&args.command)?)
     };
+    args.gpu.check_dev_dir()?;
+    let driver_major = args.gpu.driver_major()?;
     let mut probes = Probes::load(&LoadOptions {
         system_wide: false,
         ringbuf_bytes: args.ringbuf_kib.saturating_mul(1024),
+        dev_dir: args.gpu.dev_dir.clone(),
+        driver_major,
     })?;
     let out: Box<dyn Write + Send> = match &args.output {
         Some(path) => Box::new(BufWriter::new(

@@ -78,10 +78,11 @@ pub mod undecoded {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FdSlot {
-    /// The fd number; -1 when the slot is free.
+    /// The fd number.
     pub fd: i32,
     /// A [`device_file`] value.
     pub device: u32,
+    /// The open file description; 0 when the slot is free (ids are never 0).
     pub file_id: u64,
     /// 1 when the fd has FD_CLOEXEC (closed by exec).
     pub cloexec: u32,

@@ -85,6 +85,10 @@ pub mod nvos21 {
 pub mod nvos64 {
     pub const STATUS: usize = 40;
     pub const FLAGS: usize = 36;
+    /// Drivers 525-530: 40 bytes, no paramsSize.
+    pub const SIZE_PRE_535: u32 = 40;
+    pub const STATUS_PRE_535: usize = 36;
+    pub const FLAGS_PRE_535: usize = 32;
     /// `flags & 1`: params are FINN-serialized (not decoded).
     pub const FLAGS_FINN_SERIALIZED: u32 = 1;
 }
@@ -265,8 +269,9 @@ pub mod uvm {
     pub const MM_INITIALIZE: u32 = 75;
     /// `{u64 flags; u32 rmStatus}`.
     pub const INITIALIZE_RM_STATUS: usize = 8;
-    /// `{u64 base; u32 rmStatus}`.
-    pub const FREE_RM_STATUS: usize = 8;
+    /// `{u64 base; u64 length; u32 rmStatus}` (uvm_ioctl.h; shared/NVIDIA-RM-ABI.md
+    /// says `{u64 base; u32 rmStatus}`, which is wrong).
+    pub const FREE_RM_STATUS: usize = 16;
     /// CREATE_EXTERNAL_RANGE and MAP_EXTERNAL_ALLOCATION: base@0, length@8.
     pub const BASE: usize = 0;
     pub const LENGTH: usize = 8;

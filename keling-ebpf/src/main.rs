@@ -4,8 +4,11 @@
 //! shares are here. The event layouts and map contracts are in `keling-common`.
 #![no_std]
 #![no_main]
+// The bpf target has no `core::sync::atomic` read-modify-write methods; the
+// intrinsics compile to BPF atomic instructions (fetch-add, cmpxchg: BPF ISA v3).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
-mod probes;
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
@@ -37,13 +40,20 @@ static TRACKED_TIDS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_TRACKED_T
 #[unsafe(no_mangle)]
 static KELING_CONFIG: ProbeConfig = ProbeConfig::ZERO;
 
-/// Reads the load-time configuration. Volatile so the compiler cannot fold the
-/// all-zero initial value into the code.
-#[inline(always)]
-fn config() -> ProbeConfig {
-    // SAFETY: a plain read of a static the loader filled in before loading.
-    unsafe { core::ptr::read_volatile(&KELING_CONFIG) }
+/// Reads one field of the load-time configuration. Volatile so the compiler cannot
+/// fold the all-zero initial value into the code; one field at a time so the
+/// struct is never copied onto the 512-byte stack.
+macro_rules! config {
+    ($($field:tt)+) => {{
+        // Also used inside other unsafe blocks.
+        #[allow(unused_unsafe)]
+        // SAFETY: a plain read of a static the loader filled in before loading.
+        let value = unsafe { core::ptr::read_volatile(&raw const $crate::KELING_CONFIG.$($field)+) };
+        value
+    }};
 }
+
+mod probes;
 
 /// (pid, tid) of the current task.
 #[inline(always)]
@@ -97,6 +107,28 @@ fn emit<T: 'static>(event: T) {
         }
         None => count_drop(DROP_RINGBUF_FULL),
     }
+}
+
+/// Atomically adds `v` to `*p`; returns the old value.
+///
+/// # Safety
+/// `p` must point to a valid, 8-byte aligned `u64` (a map value field).
+#[inline(always)]
+pub unsafe fn atomic_add(p: *mut u64, v: u64) -> u64 {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SAFETY: upheld by the caller.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) }
+}
+
+/// Atomically replaces `*p` with `new` if it is `old`; returns (previous, replaced).
+///
+/// # Safety
+/// As [`atomic_add`].
+#[inline(always)]
+pub unsafe fn atomic_cas(p: *mut u64, old: u64, new: u64) -> (u64, bool) {
+    use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+    // SAFETY: upheld by the caller.
+    unsafe { atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(p, old, new) }
 }
 
 #[cfg(not(test))]

@@ -16,7 +16,7 @@ use keling_common::{
     COMM_LEN, EventKind, ExecEvent, ExitEvent, FILENAME_LEN, ForkEvent, TrackedProcess,
 };
 
-use crate::{TRACKED_PIDS, TRACKED_TIDS, config, current_ids, emit, header, is_tracked_pid};
+use crate::{TRACKED_PIDS, TRACKED_TIDS, current_ids, emit, header, is_tracked_pid};
 
 /// Reads a `u32` field of a `task_struct` at a byte offset found in BTF.
 #[inline(always)]
@@ -37,10 +37,9 @@ pub fn sched_process_fork(ctx: RawTracePointContext) -> i32 {
 }
 
 fn try_sched_process_fork(ctx: &RawTracePointContext) -> Result<(), i64> {
-    let cfg = config();
     let child: *const u8 = ctx.arg(1);
-    let child_tid = task_u32(child, cfg.task_pid_off)?;
-    let child_pid = task_u32(child, cfg.task_tgid_off)?;
+    let child_tid = task_u32(child, config!(task_pid_off))?;
+    let child_pid = task_u32(child, config!(task_tgid_off))?;
     let (pid, tid) = current_ids();
     let new_process = child_pid != pid;
 
@@ -56,8 +55,9 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Result<(), i64> {
                 flags: 0,
             };
             TRACKED_PIDS.insert(child_pid, proc, 0)?;
+            super::fds::on_fork(pid, child_pid);
         }
-    } else if !(new_process && cfg.system_wide != 0) {
+    } else if !(new_process && config!(system_wide) != 0) {
         return Ok(());
     }
     emit(ForkEvent {
@@ -73,22 +73,27 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Result<(), i64> {
 
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn sched_process_exec(ctx: TracePointContext) -> i32 {
-    match try_sched_process_exec(&ctx) {
+    let rc = match try_sched_process_exec(&ctx) {
         Ok(()) => 0,
         Err(_) => 1,
-    }
+    };
+    // Files whose last fd went away are released in a tail call, last.
+    super::accounting::run_releases(&ctx);
+    rc
 }
 
 fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
-    let cfg = config();
     let (pid, tid) = current_ids();
     let tracked = is_tracked_pid(pid);
-    if !tracked && cfg.system_wide == 0 {
+    if !tracked && config!(system_wide) == 0 {
         return Ok(());
     }
     // SAFETY: reads inside the tracepoint record at offsets from its format file.
     let old_tid: u32 =
-        unsafe { ctx.read_at(cfg.exec_old_pid_off as usize) }.map_err(|e| e as i64)?;
+        unsafe { ctx.read_at(config!(exec_old_pid_off) as usize) }.map_err(|e| e as i64)?;
+    if tracked {
+        super::fds::on_exec(pid, tid);
+    }
     if tracked && old_tid != tid {
         // A non-leader thread exec'd and took the leader's id.
         let _ = TRACKED_TIDS.remove(old_tid);
@@ -103,7 +108,7 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // __data_loc: low 16 bits are the offset of the string in the record.
     // SAFETY: as above.
-    let loc: u32 = unsafe { ctx.read_at(cfg.exec_filename_off as usize) }.map_err(|e| e as i64)?;
+    let loc: u32 = unsafe { ctx.read_at(config!(exec_filename_off) as usize) }.map_err(|e| e as i64)?;
     // SAFETY: the string lies inside the record; the helper bounds the copy.
     let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
     // SAFETY: as above.
@@ -114,19 +119,21 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
 
 #[tracepoint(category = "sched", name = "sched_process_exit")]
 pub fn sched_process_exit(ctx: TracePointContext) -> i32 {
-    match try_sched_process_exit(&ctx) {
+    let rc = match try_sched_process_exit(&ctx) {
         Ok(()) => 0,
         Err(_) => 1,
-    }
+    };
+    // Files whose last fd went away are released in a tail call, last.
+    super::accounting::run_releases(&ctx);
+    rc
 }
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Result<(), i64> {
-    let cfg = config();
     let (pid, tid) = current_ids();
-    let group_dead = if cfg.exit_group_dead_off != 0 {
+    let group_dead = if config!(exit_group_dead_off) != 0 {
         // SAFETY: reads inside the tracepoint record at an offset from its format.
         let dead: u8 =
-            unsafe { ctx.read_at(cfg.exit_group_dead_off as usize) }.map_err(|e| e as i64)?;
+            unsafe { ctx.read_at(config!(exit_group_dead_off) as usize) }.map_err(|e| e as i64)?;
         dead != 0
     } else {
         tid == pid
@@ -137,13 +144,14 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Result<(), i64> {
         // so its final slice on the CPU is still accounted.
         if group_dead {
             let _ = TRACKED_PIDS.remove(pid);
+            super::fds::on_exit(pid, tid);
         }
-    } else if !(group_dead && cfg.system_wide != 0) {
+    } else if !(group_dead && config!(system_wide) != 0) {
         return Ok(());
     }
     // SAFETY: current task pointer; the read is checked by the helper.
     let task = unsafe { bpf_get_current_task() } as *const u8;
-    let exit_status = task_u32(task, cfg.task_exit_code_off)?;
+    let exit_status = task_u32(task, config!(task_exit_code_off))?;
     emit(ExitEvent {
         header: header(EventKind::Exit, pid, tid),
         exit_status,

@@ -5,7 +5,7 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use keling_common::{EventKind, SwitchEvent, task_state};
 
-use crate::{TRACKED_TIDS, config, current_ids, emit, header, tracked_tid};
+use crate::{TRACKED_TIDS, current_ids, emit, header, tracked_tid};
 
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn sched_switch(ctx: TracePointContext) -> i32 {
@@ -16,13 +16,12 @@ pub fn sched_switch(ctx: TracePointContext) -> i32 {
 }
 
 fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
-    let cfg = config();
     // SAFETY: reads inside the tracepoint record at offsets from its format file.
     let prev_tid: u32 =
-        unsafe { ctx.read_at(cfg.switch_prev_pid_off as usize) }.map_err(|e| e as i64)?;
+        unsafe { ctx.read_at(config!(switch_prev_pid_off) as usize) }.map_err(|e| e as i64)?;
     // SAFETY: as above.
     let next_tid: u32 =
-        unsafe { ctx.read_at(cfg.switch_next_pid_off as usize) }.map_err(|e| e as i64)?;
+        unsafe { ctx.read_at(config!(switch_next_pid_off) as usize) }.map_err(|e| e as i64)?;
     let prev_pid = tracked_tid(prev_tid);
     let next_pid = tracked_tid(next_tid);
     if prev_pid.is_none() && next_pid.is_none() {
@@ -30,7 +29,7 @@ fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
     }
     // SAFETY: as above.
     let prev_state: u64 =
-        unsafe { ctx.read_at(cfg.switch_prev_state_off as usize) }.map_err(|e| e as i64)?;
+        unsafe { ctx.read_at(config!(switch_prev_state_off) as usize) }.map_err(|e| e as i64)?;
     if prev_pid.is_some() && prev_state & task_state::DEAD_MASK != 0 {
         // The thread's last switch: it will never run again.
         let _ = TRACKED_TIDS.remove(prev_tid);

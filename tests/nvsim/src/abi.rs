@@ -337,6 +337,7 @@ pub mod status {
     pub const NV_ERR_NO_MEMORY: u32 = 0x51;
     pub const NV_ERR_NOT_SUPPORTED: u32 = 0x56;
     pub const NV_ERR_OBJECT_NOT_FOUND: u32 = 0x57;
+    pub const NV_ERR_UVM_ADDRESS_IN_USE: u32 = 0x68;
 }
 
 /// nvidia-uvm commands (plain numbers, `_IOC_DIR` = NONE) and the byte

@@ -52,7 +52,9 @@ pub const HANDLE_BASE: u32 = 0xc1d0_0000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ObjKind {
-    Device { gpu: u32 },
+    Device {
+        gpu: u32,
+    },
     Subdevice,
     /// Memory that holds bytes (video or host).
     Memory(Mem),
@@ -499,7 +501,12 @@ impl Driver {
 
     fn account_alloc(&mut self, m: Mem) {
         let g = &mut self.gpus[m.gpu as usize];
-        let pg = self.procs.entry(m.pid).or_default().entry(m.gpu).or_default();
+        let pg = self
+            .procs
+            .entry(m.pid)
+            .or_default()
+            .entry(m.gpu)
+            .or_default();
         if m.host {
             g.host += m.bytes;
             pg.host_bytes += m.bytes;
@@ -513,7 +520,12 @@ impl Driver {
 
     fn account_free(&mut self, m: Mem) {
         let g = &mut self.gpus[m.gpu as usize];
-        let pg = self.procs.entry(m.pid).or_default().entry(m.gpu).or_default();
+        let pg = self
+            .procs
+            .entry(m.pid)
+            .or_default()
+            .entry(m.gpu)
+            .or_default();
         if m.host {
             g.host -= m.bytes;
             pg.host_bytes -= m.bytes;
@@ -633,7 +645,9 @@ impl Driver {
         let h_new = u32_at(p, nvos21::H_OBJECT_NEW);
         let h_class = u32_at(p, nvos21::H_CLASS);
         let p_params = u64_at(p, nvos21::P_ALLOC_PARMS);
-        let st = match self.alloc_object(fh, pid, h_root, h_parent, h_new, h_class, p_params, finn, mem)? {
+        let st = match self.alloc_object(
+            fh, pid, h_root, h_parent, h_new, h_class, p_params, finn, mem,
+        )? {
             Ok(handle) => {
                 put_u32(p, nvos21::H_OBJECT_NEW, handle);
                 NV_OK
@@ -713,7 +727,11 @@ impl Driver {
         if h_new != 0 && (h_new == h_root || c.objects.contains_key(&h_new)) {
             return Ok(Err(NV_ERR_INSERT_DUPLICATE_NAME));
         }
-        let dev_gpu = if parent_is_client { None } else { Self::device_gpu(c, h_parent) };
+        let dev_gpu = if parent_is_client {
+            None
+        } else {
+            Self::device_gpu(c, h_parent)
+        };
         let new = match h_class {
             class::NV01_DEVICE_0 => {
                 if !parent_is_client {
@@ -727,7 +745,10 @@ impl Driver {
                 if gpu >= self.cfg.gpus {
                     return Ok(Err(NV_ERR_INVALID_ARGUMENT));
                 }
-                NewObject { class: h_class, kind: ObjKind::Device { gpu } }
+                NewObject {
+                    class: h_class,
+                    kind: ObjKind::Device { gpu },
+                }
             }
             class::NV20_SUBDEVICE_0 => {
                 if !matches!(parent_kind, Some(ObjKind::Device { .. })) {
@@ -736,7 +757,10 @@ impl Driver {
                 if p_params != 0 {
                     mem.read(p_params, size::NV2080_ALLOC).ok_or(libc::EFAULT)?;
                 }
-                NewObject { class: h_class, kind: ObjKind::Subdevice }
+                NewObject {
+                    class: h_class,
+                    kind: ObjKind::Subdevice,
+                }
             }
             class::NV01_MEMORY_LOCAL_USER
             | class::NV01_MEMORY_LOCAL_PHYSICAL
@@ -750,25 +774,34 @@ impl Driver {
                 if finn {
                     return Ok(Err(NV_ERR_NOT_SUPPORTED));
                 }
-                let mut b = mem
+                let b = mem
                     .read(p_params, size::MEMORY_ALLOCATION_PARAMS)
                     .ok_or(libc::EFAULT)?;
                 let host = h_class == class::NV01_MEMORY_SYSTEM;
                 let req = u64_at(&b, abi::mem_alloc::SIZE);
-                let gran = if host { abi::HOSTMEM_ROUND } else { abi::VIDMEM_ROUND };
+                let gran = if host {
+                    abi::HOSTMEM_ROUND
+                } else {
+                    abi::VIDMEM_ROUND
+                };
                 let Some(bytes) = round_up(req, gran).filter(|&b| b > 0) else {
                     return Ok(Err(NV_ERR_INVALID_ARGUMENT));
                 };
                 if !host && self.gpus[gpu as usize].used + bytes > self.cfg.mem_per_gpu {
                     return Ok(Err(NV_ERR_NO_MEMORY));
                 }
-                put_u64(&mut b, abi::mem_alloc::SIZE, bytes);
+                // Write the real size back before committing anything.
                 if !mem.write(p_params + abi::mem_alloc::SIZE as u64, &bytes.to_le_bytes()) {
                     return Err(libc::EFAULT);
                 }
                 NewObject {
                     class: h_class,
-                    kind: ObjKind::Memory(Mem { gpu, bytes, host, pid }),
+                    kind: ObjKind::Memory(Mem {
+                        gpu,
+                        bytes,
+                        host,
+                        pid,
+                    }),
                 }
             }
             class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => {
@@ -790,23 +823,38 @@ impl Driver {
                 };
                 NewObject {
                     class: h_class,
-                    kind: ObjKind::Memory(Mem { gpu, bytes, host: true, pid }),
+                    kind: ObjKind::Memory(Mem {
+                        gpu,
+                        bytes,
+                        host: true,
+                        pid,
+                    }),
                 }
             }
             class::NV01_MEMORY_VIRTUAL | class::NV50_MEMORY_VIRTUAL | class::NV_MEMORY_FABRIC => {
                 if dev_gpu.is_none() {
                     return Ok(Err(NV_ERR_INVALID_OBJECT_PARENT));
                 }
-                NewObject { class: h_class, kind: ObjKind::VirtualMemory }
+                NewObject {
+                    class: h_class,
+                    kind: ObjKind::VirtualMemory,
+                }
             }
             _ => {
                 if dev_gpu.is_none() {
                     return Ok(Err(NV_ERR_INVALID_OBJECT_PARENT));
                 }
-                NewObject { class: h_class, kind: ObjKind::Other }
+                NewObject {
+                    class: h_class,
+                    kind: ObjKind::Other,
+                }
             }
         };
-        let handle = if h_new == 0 { self.pick_handle(Some(h_root)) } else { h_new };
+        let handle = if h_new == 0 {
+            self.pick_handle(Some(h_root))
+        } else {
+            h_new
+        };
         self.insert_object(h_root, h_parent, handle, new);
         Ok(Ok(handle))
     }
@@ -846,14 +894,23 @@ impl Driver {
                 .checked_add(1)
                 .and_then(|s| round_up(s, abi::HOSTMEM_ROUND))
                 .ok_or(NV_ERR_INVALID_LIMIT)?;
-            let handle = if h_new == 0 { self.pick_handle(Some(h_root)) } else { h_new };
+            let handle = if h_new == 0 {
+                self.pick_handle(Some(h_root))
+            } else {
+                h_new
+            };
             self.insert_object(
                 h_root,
                 h_parent,
                 handle,
                 NewObject {
                     class: h_class,
-                    kind: ObjKind::Memory(Mem { gpu, bytes, host: true, pid }),
+                    kind: ObjKind::Memory(Mem {
+                        gpu,
+                        bytes,
+                        host: true,
+                        pid,
+                    }),
                 },
             );
             put_u32(p, nvos02::H_OBJECT_NEW, handle);
@@ -934,20 +991,33 @@ impl Driver {
                 if used + bytes > self.cfg.mem_per_gpu {
                     return NV_ERR_NO_MEMORY;
                 }
-                let handle = if h_memory == 0 { self.pick_handle(Some(h_root)) } else { h_memory };
+                let handle = if h_memory == 0 {
+                    self.pick_handle(Some(h_root))
+                } else {
+                    h_memory
+                };
                 self.insert_object(
                     h_root,
                     h_parent,
                     handle,
                     NewObject {
                         class: class::NV01_MEMORY_LOCAL_USER,
-                        kind: ObjKind::Memory(Mem { gpu, bytes, host: false, pid }),
+                        kind: ObjKind::Memory(Mem {
+                            gpu,
+                            bytes,
+                            host: false,
+                            pid,
+                        }),
                     },
                 );
                 put_u32(p, nvos32::H_MEMORY, handle);
                 put_u64(p, nvos32::SIZE, bytes);
                 put_u64(p, nvos32::TOTAL, self.cfg.mem_per_gpu);
-                put_u64(p, nvos32::FREE, self.cfg.mem_per_gpu - self.gpus[gpu as usize].used);
+                put_u64(
+                    p,
+                    nvos32::FREE,
+                    self.cfg.mem_per_gpu - self.gpus[gpu as usize].used,
+                );
                 NV_OK
             }
             nvos32::FUNCTION_FREE => {
@@ -971,9 +1041,7 @@ impl Driver {
             INITIALIZE => Some((INITIALIZE_SIZE, INITIALIZE_RM_STATUS)),
             DEINITIALIZE => return Ok(None),
             CREATE_RANGE_GROUP => Some((CREATE_RANGE_GROUP_SIZE, CREATE_RANGE_GROUP_RM_STATUS)),
-            DESTROY_RANGE_GROUP => {
-                Some((DESTROY_RANGE_GROUP_SIZE, DESTROY_RANGE_GROUP_RM_STATUS))
-            }
+            DESTROY_RANGE_GROUP => Some((DESTROY_RANGE_GROUP_SIZE, DESTROY_RANGE_GROUP_RM_STATUS)),
             REGISTER_GPU_VASPACE => {
                 Some((REGISTER_GPU_VASPACE_SIZE, REGISTER_GPU_VASPACE_RM_STATUS))
             }
@@ -1018,8 +1086,12 @@ impl Driver {
                     .next_back()
                     .is_some_and(|(b, (l, _))| b.saturating_add(*l) > base);
                 if length == 0 || overlaps {
-                    // NV_ERR_UVM_ADDRESS_IN_USE (0x68) for overlaps, as uvm does.
-                    if length == 0 { NV_ERR_INVALID_ARGUMENT } else { 0x68 }
+                    // Overlaps: NV_ERR_UVM_ADDRESS_IN_USE, as uvm does.
+                    if length == 0 {
+                        NV_ERR_INVALID_ARGUMENT
+                    } else {
+                        NV_ERR_UVM_ADDRESS_IN_USE
+                    }
                 } else {
                     file.ranges.insert(base, (length, false));
                     NV_OK
@@ -1147,7 +1219,11 @@ impl Driver {
 
     /// Class of object `obj` in client `client`.
     pub fn object_class(&self, client: u32, obj: u32) -> Option<u32> {
-        self.clients.get(&client)?.objects.get(&obj).map(|o| o.class)
+        self.clients
+            .get(&client)?
+            .objects
+            .get(&obj)
+            .map(|o| o.class)
     }
 }
 

@@ -1,1 +1,319 @@
-fn main() {}
+//! # keling-nvsim: a simulated NVIDIA driver over FUSE
+//!
+//! Keling's tracer decodes the ioctls that processes make on fds opened from
+//! `<dir>/nvidiactl`, `<dir>/nvidiaN` and `<dir>/nvidia-uvm`. On machines
+//! without a GPU, `keling-nvsim mount DIR` provides those files, answers the
+//! ioctls at the ABI level of the real driver (facts from
+//! `/work/shared/NVIDIA-RM-ABI.md`), and keeps the ground truth the tracer's
+//! numbers are compared with in `DIR/nvsim-state.json`.
+//! `keling-gpu-workload` (`src/bin/keling-gpu-workload.rs`) is a CUDA-like
+//! process that drives it.
+//!
+//! ```text
+//! keling-nvsim mount DIR [--gpus N] [--mem-per-gpu BYTES] [--driver-version V]
+//!                        [--foreground] [--force]
+//! keling-nvsim umount DIR
+//! ```
+//! `mount` prints `nvsim: mounted DIR (N GPUs, B bytes each, driver V)` on
+//! stderr once the mount is live and serves until SIGTERM/SIGINT/SIGHUP, then
+//! unmounts and exits 0. Without `--foreground` it forks: the parent exits 0
+//! once the mount is live; stop the server with `keling-nvsim umount DIR`
+//! (or SIGTERM to its pid). A mount left by a crashed (SIGKILLed) server is
+//! reported, and removed with `--force` or `umount -l DIR`.
+//!
+//! ## Files
+//! `nvidiactl`, `nvidia0`..`nvidia{N-1}`, `nvidia-uvm` (regular files, mode
+//! 0666), `version` (`/proc/driver/nvidia/version` format) and
+//! `nvsim-state.json` (0444, generated from the current state on every open
+//! and on every read at offset 0):
+//! ```json
+//! {"driver_version":"580.159",
+//!  "gpus":[{"index":0,"capacity_bytes":N,"used_bytes":N,"host_bytes":N}],
+//!  "processes":[{"pid":1234,"gpus":[{"gpu":0,"bytes":N,"peak_bytes":N,
+//!                "host_bytes":N,"allocs":N,"frees":N}]}],
+//!  "clients":[{"handle":N,"fh":N,"creator_pid":N,"objects":N}],
+//!  "ioctls":{"total":N,"failed":N},
+//!  "uvm_ranges":N}
+//! ```
+//! * `bytes`: video memory currently held that the ioctls of that process
+//!   (tgid) allocated, attributed forever, even after it exits or another
+//!   process's close tears it down. `peak_bytes`: the maximum of `bytes`.
+//!   `host_bytes`: same for host memory (RM_ALLOC_MEMORY on `nvidiaN`: that
+//!   GPU; RM_ALLOC classes 0x3E/0x71: the GPU of the device ancestor).
+//!   `allocs`/`frees`: successful allocations/frees of memory objects that
+//!   hold bytes (video or host; virtual memory classes are not counted); a
+//!   teardown counts one free per memory object. A process appears once it
+//!   allocated memory on some GPU and stays listed. Sorted by pid and GPU.
+//! * `clients`: live RM clients; `fh` is the FUSE file handle of the open
+//!   file they were created through; `objects` excludes the client itself.
+//! * `ioctls.total`: every ioctl on a device file; `failed`: those that
+//!   returned an errno or wrote a non-zero RM/UVM status.
+//! * `uvm_ranges`: UVM external ranges currently created (not in the
+//!   original schema; extra).
+//!
+//! ## What is simulated
+//! * RM escapes with the exact `_IOC_SIZE` checks of `RmValidateIoctl`
+//!   (-EINVAL on mismatch or unknown escape), nvidiactl-only vs nvidiaN-only
+//!   escapes, `XFER_CMD` indirection, and the direction bits ignored like the
+//!   real driver (params the kernel did not copy are read/written at `arg`).
+//! * RM_ALLOC (NVOS21 32 B / NVOS64 48 B; before driver 535 NVOS21 has no
+//!   paramsSize with status@24 and NVOS64 is 40 B with flags@32, status@36),
+//!   RM_FREE (object subtree or whole client), RM_CONTROL (status 0 for any
+//!   cmd on a valid client/object), RM_VID_HEAP_CONTROL ALLOC_SIZE/FREE,
+//!   RM_ALLOC_MEMORY (NVOS02 on nvidiaN), RM_MAP/UNMAP_MEMORY(_DMA) (status 0
+//!   when the memory handle exists), RM_DUP_OBJECT/RM_SHARE (NOT_SUPPORTED),
+//!   RM_ALLOC_CONTEXT_DMA2 (status 0, no object), CARD_INFO (one valid entry
+//!   per GPU), CHECK_VERSION_STR (recognized), other misc escapes (0).
+//! * The object tree client -> device -> subdevice / memory / VA space /
+//!   TSG -> context share, channel -> compute/copy; driver-picked handles
+//!   `0xc1d00000 + counter` written back; duplicate handles; per-GPU capacity
+//!   with NV_ERR_NO_MEMORY; video sizes rounded up to 2 MiB, host to 4 KiB,
+//!   the real size written back to the params (`size@64`, VID_HEAP
+//!   `size@88`, NVOS02 `limit@32`).
+//! * Clients belong to the open file (FUSE fh): an ioctl naming a client of
+//!   another open file gets NV_ERR_INVALID_CLIENT, and the release of the
+//!   open file (its last close) tears down all its clients.
+//! * nvidia-uvm: INITIALIZE, DEINITIALIZE, range groups, REGISTER_GPU(_VASPACE),
+//!   REGISTER_CHANNEL, CREATE_EXTERNAL_RANGE, MAP_EXTERNAL_ALLOCATION, FREE,
+//!   PAGEABLE_MEM_ACCESS, MM_INITIALIZE, ... with rmStatus written where the
+//!   layout is known; ranges are tracked but do not change byte accounting.
+//!
+//! ## Status codes (`src/common/sdk/nvidia/inc/nvstatuscodes.h`)
+//! NV_OK 0; NV_ERR_INSERT_DUPLICATE_NAME 0x19 (handle in use);
+//! NV_ERR_INVALID_ADDRESS 0x1E (UVM FREE of an unknown range);
+//! NV_ERR_INVALID_ARGUMENT 0x1F (deviceId out of range, size 0, missing
+//! params); NV_ERR_INVALID_CLASS 0x22; NV_ERR_INVALID_CLIENT 0x23 (unknown
+//! client, or a client of another open file); NV_ERR_INVALID_LIMIT 0x2E
+//! (limit+1 overflows); NV_ERR_INVALID_OBJECT_HANDLE 0x33 (control/map on an
+//! unknown object); NV_ERR_INVALID_OBJECT_PARENT 0x36; NV_ERR_NO_MEMORY 0x51;
+//! NV_ERR_NOT_SUPPORTED 0x56 (DUP_OBJECT, SHARE, FINN params, other VID_HEAP
+//! functions); NV_ERR_OBJECT_NOT_FOUND 0x57 (free of an unknown handle, as
+//! resserv's `clientGetResourceRef`); NV_ERR_UVM_ADDRESS_IN_USE 0x68
+//! (overlapping UVM external range).
+//!
+//! ## What is not simulated
+//! * mmap of the device files, `cudaMallocManaged` faults, real control
+//!   command semantics (params of RM_CONTROL are never read or written),
+//!   FINN-serialized alloc params (NV_ERR_NOT_SUPPORTED for memory classes),
+//!   RM_DUP_OBJECT/RM_SHARE, events, MPS, privilege checks, per-class parent
+//!   rules beyond "has a device ancestor" (device: parent is the client;
+//!   subdevice: parent is a device).
+//! * REGISTER_FD: RM_ALLOC_MEMORY on nvidiaN accepts any existing client (the
+//!   real driver checks the nvidiactl file registered via REGISTER_FD, which a
+//!   FUSE server cannot resolve from the caller's fd number).
+//! * paramsSize of NVOS21/NVOS64 is not checked; the class's struct size is
+//!   read from pAllocParms (device 56 B, memory 128 B, 0x71 40 B).
+//! * An unreadable/unwritable pointer inside the params (pAllocParms, XFER
+//!   ptr, UVM arg) fails the ioctl with EFAULT and changes nothing (the real
+//!   driver returns EFAULT or NV_ERR_INVALID_ADDRESS depending on the path).
+//!   For XFER the inner escape is applied before the copy back to `ptr`, as in
+//!   the real driver.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use keling_nvsim::driver::{Config, Driver};
+use keling_nvsim::fuse::{Server, Stop};
+use keling_nvsim::mount::{self, MountGuard};
+
+#[derive(Parser)]
+#[command(name = "keling-nvsim", about = "A simulated NVIDIA driver over FUSE")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Mount the simulated device files at DIR and serve until SIGTERM/SIGINT.
+    Mount {
+        dir: PathBuf,
+        /// Number of simulated GPUs.
+        #[arg(long, default_value_t = 2)]
+        gpus: u32,
+        /// Video memory per GPU, in bytes.
+        #[arg(long, default_value_t = 80 << 30)]
+        mem_per_gpu: u64,
+        /// Driver version to report and whose struct layouts to use.
+        #[arg(long, default_value = "580.159")]
+        driver_version: String,
+        /// Stay in the foreground (otherwise fork once the mount is live).
+        #[arg(long)]
+        foreground: bool,
+        /// Lazily unmount a FUSE mount already at DIR (a crashed run) first.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Unmount DIR.
+    Umount { dir: PathBuf },
+}
+
+/// Writes to stderr, ignoring errors (a closed pipe must not kill us).
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Mount {
+            dir,
+            gpus,
+            mem_per_gpu,
+            driver_version,
+            foreground,
+            force,
+        } => cmd_mount(&dir, gpus, mem_per_gpu, driver_version, foreground, force),
+        Cmd::Umount { dir } => cmd_umount(&dir),
+    };
+    if let Err(e) = r {
+        say(&format!("nvsim: error: {e:#}"));
+        std::process::exit(1);
+    }
+}
+
+fn cmd_umount(dir: &Path) -> Result<()> {
+    let dir = mount::absolute(dir);
+    match mount::mounted_fstype(&dir) {
+        None => bail!("{} is not a mount point", dir.display()),
+        Some(t) if !t.starts_with("fuse") => {
+            bail!("{} is a {t} mount, not a FUSE mount", dir.display())
+        }
+        Some(_) => {}
+    }
+    if let Err(e) = mount::umount(&dir, 0) {
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(e).with_context(|| format!("umount {}", dir.display()));
+        }
+        mount::umount(&dir, libc::MNT_DETACH)
+            .with_context(|| format!("umount -l {}", dir.display()))?;
+    }
+    say(&format!("nvsim: unmounted {}", dir.display()));
+    Ok(())
+}
+
+fn cmd_mount(
+    dir: &Path,
+    gpus: u32,
+    mem_per_gpu: u64,
+    driver_version: String,
+    foreground: bool,
+    force: bool,
+) -> Result<()> {
+    if gpus == 0 || gpus > 248 {
+        bail!("--gpus must be 1..=248");
+    }
+    if keling_nvsim::abi::version_major(&driver_version).is_none() {
+        bail!("--driver-version {driver_version:?} does not start with a number");
+    }
+    let shown = dir.display().to_string();
+    let dir = mount::absolute(dir);
+    if let Some(fstype) = mount::mounted_fstype(&dir) {
+        if !fstype.starts_with("fuse") {
+            bail!("{} is already a {fstype} mount point", dir.display());
+        }
+        if !force {
+            // statfs always reaches the server (stat may be answered from
+            // the attribute cache); a dead one gives ENOTCONN.
+            let stale = mount::server_gone(&dir);
+            let what = if stale {
+                "a stale FUSE mount left by a crashed server"
+            } else {
+                "already a live FUSE mount (another keling-nvsim?)"
+            };
+            bail!(
+                "{d} is {what}: unmount it with `umount -l {d}` \
+                 (or `keling-nvsim umount {d}`), or pass --force",
+                d = dir.display()
+            );
+        }
+        say(&format!(
+            "nvsim: --force: lazily unmounting the FUSE mount at {}",
+            dir.display()
+        ));
+        mount::umount(&dir, libc::MNT_DETACH).context("umount -l")?;
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing (modprobe fuse?)");
+    }
+
+    // Without --foreground: fork now (single-threaded), the child serves and
+    // tells the parent through a pipe once the mount is live.
+    let mut ready_pipe: Option<i32> = None;
+    if !foreground {
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            bail!("pipe: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: the process is single-threaded here; the child only
+        // continues the normal program.
+        match unsafe { libc::fork() } {
+            -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+            0 => {
+                // SAFETY: closing our copy of the read end; setsid detaches
+                // from the terminal's process group.
+                unsafe {
+                    libc::close(fds[0]);
+                    libc::setsid();
+                }
+                ready_pipe = Some(fds[1]);
+            }
+            _child => {
+                // SAFETY: closing our copy of the write end.
+                unsafe { libc::close(fds[1]) };
+                let mut b = [0u8; 1];
+                // SAFETY: reading one byte into `b`.
+                let n = unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+                std::process::exit(if n == 1 { 0 } else { 1 });
+            }
+        }
+    }
+
+    let sigfd = mount::signal_fd().context("signalfd")?;
+    let dev =
+        mount::mount_fuse(&dir).with_context(|| format!("mounting FUSE at {}", dir.display()))?;
+    let _guard = MountGuard::new(dir.clone());
+    let driver = Driver::new(Config {
+        gpus,
+        mem_per_gpu,
+        driver_version: driver_version.clone(),
+    });
+    let mut server = Server::new(dev, driver);
+    let line = format!(
+        "nvsim: mounted {shown} ({gpus} GPUs, {mem_per_gpu} bytes each, driver {driver_version})"
+    );
+    use std::os::fd::AsRawFd;
+    let stop = server
+        .run(sigfd.as_raw_fd(), || {
+            say(&line);
+            if let Some(w) = ready_pipe.take() {
+                // Daemon: let go of the caller's stdio (so a caller waiting
+                // for EOF on our stderr does not hang), then tell the parent.
+                // SAFETY: plain fd operations on descriptors we own; the
+                // buffer is a static byte string.
+                unsafe {
+                    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                    if null >= 0 {
+                        libc::dup2(null, 0);
+                        libc::dup2(null, 1);
+                        libc::dup2(null, 2);
+                        libc::close(null);
+                    }
+                    libc::write(w, b"1".as_ptr().cast(), 1);
+                    libc::close(w);
+                }
+            }
+        })
+        .context("serving FUSE requests")?;
+    match stop {
+        Stop::Signal => log::info!("signal: unmounting {}", dir.display()),
+        Stop::Unmounted => log::info!("{} was unmounted", dir.display()),
+    }
+    Ok(())
+}

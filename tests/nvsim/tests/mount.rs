@@ -1,0 +1,513 @@
+//! Root integration tests: mount the simulator in a temp dir, talk to it with
+//! real ioctl(2) calls and the workload generator, and check the ground truth.
+//! Skipped (with `skipping: <reason>`) when not root or without /dev/fuse.
+//! Every mount is undone by a Drop guard, even when an assertion fails.
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const NVSIM: &str = env!("CARGO_BIN_EXE_keling-nvsim");
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_keling-gpu-workload");
+const MIB: u64 = 1 << 20;
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    None
+}
+
+macro_rules! require_root {
+    () => {
+        if let Some(r) = skip_reason() {
+            println!("skipping: {r}");
+            return;
+        }
+    };
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "keling-nvsim-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let want = dir.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
+
+fn lazy_umount(dir: &Path) {
+    let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
+/// A running `keling-nvsim mount --foreground`; Drop stops it and makes sure
+/// nothing stays mounted.
+struct Sim {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Sim {
+    fn start(tag: &str, extra: &[&str]) -> Sim {
+        let dir = temp_dir(tag);
+        Self::start_at(dir, extra).unwrap()
+    }
+
+    fn start_at(dir: PathBuf, extra: &[&str]) -> Result<Sim, String> {
+        let mut child = Command::new(NVSIM)
+            .arg("mount")
+            .arg(&dir)
+            .arg("--foreground")
+            .args(extra)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            // keep draining stderr so the server never blocks on it
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut sim = Sim {
+            child: Some(child),
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if l.starts_with("nvsim: mounted ") => return Ok(sim),
+                Ok(l) => seen.push(l),
+                Err(_) => {
+                    let status = sim.child.as_mut().unwrap().try_wait().ok().flatten();
+                    drop(sim);
+                    return Err(format!("no mount line (exit {status:?}): {seen:?}"));
+                }
+            }
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.path("nvsim-state.json")).unwrap())
+            .unwrap()
+    }
+
+    fn proc_gpu(&self, pid: u32, gpu: u64) -> Option<serde_json::Value> {
+        let s = self.state();
+        let p = s["processes"]
+            .as_array()?
+            .iter()
+            .find(|p| p["pid"] == pid)?
+            .clone();
+        p["gpus"]
+            .as_array()?
+            .iter()
+            .find(|g| g["gpu"] == gpu)
+            .cloned()
+    }
+
+    /// SIGTERM, wait; returns the exit status.
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.stop();
+        if is_mounted(&self.dir) {
+            lazy_umount(&self.dir);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn w32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn w64(b: &mut [u8], off: usize, v: u64) {
+    b[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn r32(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+}
+fn r64(b: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+}
+
+fn ioctl(fd: i32, cmd: u32, arg: *mut u8) -> i32 {
+    // SAFETY: `arg` points at a live buffer of the size encoded in `cmd`.
+    let r = unsafe { libc::ioctl(fd, cmd as libc::c_ulong, arg) };
+    if r < 0 {
+        -std::io::Error::last_os_error().raw_os_error().unwrap()
+    } else {
+        r
+    }
+}
+
+fn open(p: &Path) -> i32 {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR) };
+    assert!(fd >= 0, "open {}", p.display());
+    fd
+}
+
+/// NVOS21 (32 bytes): hRoot@0 hObjectParent@4 hObjectNew@8 hClass@12
+/// pAllocParms@16 paramsSize@24 status@28.
+fn rm_alloc(
+    fd: i32,
+    root: u32,
+    parent: u32,
+    new: u32,
+    class: u32,
+    params: &mut [u8],
+) -> (u32, u32) {
+    let mut b = [0u8; 32];
+    w32(&mut b, 0, root);
+    w32(&mut b, 4, parent);
+    w32(&mut b, 8, new);
+    w32(&mut b, 12, class);
+    if !params.is_empty() {
+        w64(&mut b, 16, params.as_mut_ptr() as u64);
+        w32(&mut b, 24, params.len() as u32);
+    }
+    w32(&mut b, 28, 0xffff_ffff);
+    assert_eq!(ioctl(fd, 0xC020_462B, b.as_mut_ptr()), 0);
+    (r32(&b, 28), r32(&b, 8))
+}
+
+#[test]
+fn real_ioctls_reach_the_simulator() {
+    require_root!();
+    let sim = Sim::start("ioctl", &["--gpus", "2", "--mem-per-gpu", "1073741824"]);
+    let me = std::process::id();
+    let names: Vec<String> = std::fs::read_dir(&sim.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for n in [
+        "nvidiactl",
+        "nvidia0",
+        "nvidia1",
+        "nvidia-uvm",
+        "version",
+        "nvsim-state.json",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} in {names:?}");
+    }
+    let version = std::fs::read_to_string(sim.path("version")).unwrap();
+    assert!(
+        version.starts_with("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159  ")
+    );
+
+    let fd = open(&sim.path("nvidiactl"));
+    let (st, client) = rm_alloc(fd, 0, 0, 0, 0x41, &mut []);
+    assert_eq!(st, 0);
+    assert_ne!(client, 0);
+    let mut dp = [0u8; 56];
+    w32(&mut dp, 0, 1); // deviceId
+    let (st, dev) = rm_alloc(fd, client, client, 0xd0, 0x80, &mut dp);
+    assert_eq!((st, dev), (0, 0xd0));
+    let mut mp = [0u8; 128];
+    w64(&mut mp, 64, 3 * MIB + 5);
+    let (st, mem) = rm_alloc(fd, client, dev, 0, 0x40, &mut mp);
+    assert_eq!(st, 0);
+    assert_ne!(mem, 0);
+    assert_eq!(
+        r64(&mp, 64),
+        4 * MIB,
+        "real size written back through pAllocParms"
+    );
+
+    // a bad pAllocParms is EFAULT
+    let mut b = [0u8; 32];
+    w32(&mut b, 0, client);
+    w32(&mut b, 4, dev);
+    w32(&mut b, 12, 0x40);
+    w64(&mut b, 16, 0x10);
+    assert_eq!(ioctl(fd, 0xC020_462B, b.as_mut_ptr()), -libc::EFAULT);
+    // a wrong size is EINVAL
+    let mut b = [0u8; 40];
+    assert_eq!(ioctl(fd, 0xC028_462B, b.as_mut_ptr()), -libc::EINVAL);
+    // UVM_INITIALIZE: params through the plain arg pointer
+    let ufd = open(&sim.path("nvidia-uvm"));
+    let mut up = [0u8; 16];
+    w32(&mut up, 8, 0xffff_ffff);
+    assert_eq!(ioctl(ufd, 0x3000_0001, up.as_mut_ptr()), 0);
+    assert_eq!(r32(&up, 8), 0);
+
+    let s = sim.state();
+    assert_eq!(s["gpus"][1]["used_bytes"], 4 * MIB);
+    assert_eq!(s["gpus"][1]["capacity_bytes"], 1u64 << 30);
+    let c = s["clients"].as_array().unwrap();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0]["handle"], client);
+    assert_eq!(c[0]["creator_pid"], me);
+    assert_eq!(c[0]["objects"], 2);
+    let g = sim.proc_gpu(me, 1).unwrap();
+    assert_eq!(
+        (g["bytes"].as_u64(), g["allocs"].as_u64()),
+        (Some(4 * MIB), Some(1))
+    );
+    assert_eq!(s["ioctls"]["total"], 6);
+    assert_eq!(s["ioctls"]["failed"], 2);
+
+    // the last close of the file tears the client down
+    // SAFETY: closing descriptors we opened.
+    unsafe {
+        libc::close(fd);
+        libc::close(ufd);
+    }
+    let g = sim.proc_gpu(me, 1).unwrap();
+    assert_eq!(
+        (
+            g["bytes"].as_u64(),
+            g["peak_bytes"].as_u64(),
+            g["frees"].as_u64()
+        ),
+        (Some(0), Some(4 * MIB), Some(1))
+    );
+    assert_eq!(sim.state()["clients"].as_array().unwrap().len(), 0);
+}
+
+fn workload(sim: &Sim, args: &[&str]) -> std::process::Output {
+    Command::new(WORKLOAD)
+        .arg("--dev-dir")
+        .arg(&sim.dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn workload_scenarios_keep_the_truth_consistent() {
+    require_root!();
+    let sim = Sim::start("workload", &["--gpus", "2", "--mem-per-gpu", "4294967296"]);
+    for scenario in ["basic", "hostile", "oom"] {
+        let out = workload(&sim, &["--scenario", scenario]);
+        assert!(
+            out.status.success(),
+            "{scenario}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+    }
+    for seed in 1..=6 {
+        let out = workload(&sim, &["--seed", &seed.to_string(), "--steps", "50"]);
+        assert!(
+            out.status.success(),
+            "seed {seed}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+    }
+    // everything exited: nothing held anywhere, allocs == frees everywhere
+    let s = sim.state();
+    for g in s["gpus"].as_array().unwrap() {
+        assert_eq!(
+            (g["used_bytes"].as_u64(), g["host_bytes"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+    assert!(s["clients"].as_array().unwrap().is_empty());
+    let procs = s["processes"].as_array().unwrap();
+    assert!(procs.len() > 8, "children show up as processes");
+    let mut last = 0;
+    for p in procs {
+        let pid = p["pid"].as_u64().unwrap();
+        assert!(pid > last, "sorted by pid");
+        last = pid;
+        for g in p["gpus"].as_array().unwrap() {
+            assert_eq!(g["bytes"], 0);
+            assert_eq!(g["host_bytes"], 0);
+            assert_eq!(g["allocs"], g["frees"]);
+            assert!(g["peak_bytes"].as_u64() <= Some(4 << 30));
+        }
+    }
+}
+
+#[test]
+fn checkpoints_show_live_memory() {
+    require_root!();
+    let sim = Sim::start("checkpoints", &[]);
+    let mut child = Command::new(WORKLOAD)
+        .arg("--dev-dir")
+        .arg(&sim.dir)
+        .args([
+            "--scenario",
+            "basic",
+            "--checkpoints",
+            "--checkpoint-every",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // steps: device, alloc 3 MiB, alloc 5 MiB, free the first; then the end
+    let want = [0, 4 * MIB, 10 * MIB, 6 * MIB, 6 * MIB];
+    for (i, w) in want.iter().enumerate() {
+        let l = lines.next().unwrap().unwrap();
+        assert_eq!(l, format!("checkpoint {}", i + 1));
+        let bytes = sim
+            .proc_gpu(pid, 0)
+            .map(|g| g["bytes"].as_u64().unwrap())
+            .unwrap_or(0);
+        assert_eq!(bytes, *w, "at checkpoint {}", i + 1);
+        use std::io::Write;
+        writeln!(stdin, "go").unwrap();
+    }
+    assert!(lines.next().is_none());
+    assert!(child.wait().unwrap().success());
+    let g = sim.proc_gpu(pid, 0).unwrap();
+    assert_eq!(
+        g["bytes"], 0,
+        "exit without freeing: torn down by the release"
+    );
+    assert_eq!(g["peak_bytes"], 10 * MIB);
+    assert_eq!(
+        (g["allocs"].as_u64(), g["frees"].as_u64()),
+        (Some(2), Some(2))
+    );
+}
+
+#[test]
+fn legacy_driver_layouts() {
+    require_root!();
+    let sim = Sim::start(
+        "legacy",
+        &[
+            "--driver-version",
+            "530.30.02",
+            "--mem-per-gpu",
+            "2147483648",
+        ],
+    );
+    for args in [
+        vec!["--scenario", "basic"],
+        vec!["--scenario", "hostile"],
+        vec!["--seed", "3"],
+    ] {
+        let out = workload(&sim, &args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(sim.state()["clients"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn stale_mount_is_reported_and_forced_away() {
+    require_root!();
+    let mut sim = Sim::start("stale", &[]);
+    let dir = sim.dir.clone();
+    // crash the server: the mount stays, dead
+    let mut child = sim.child.take().unwrap();
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    assert!(is_mounted(&dir));
+    let out = Command::new(NVSIM)
+        .arg("mount")
+        .arg(&dir)
+        .arg("--foreground")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("umount -l"), "{err}");
+    // --force takes it over
+    let mut again = Sim::start_at(dir.clone(), &["--force"]).unwrap();
+    assert!(
+        std::fs::read_to_string(again.path("version"))
+            .unwrap()
+            .contains("580.159")
+    );
+    let st = again.stop().unwrap();
+    assert!(st.success(), "clean exit on SIGTERM: {st:?}");
+    assert!(!is_mounted(&dir), "unmounted on SIGTERM");
+    drop(again);
+    drop(sim);
+    assert!(!is_mounted(&dir));
+}
+
+#[test]
+fn umount_command_and_daemon_mode() {
+    require_root!();
+    let dir = temp_dir("daemon");
+    // the parent returns once the mount is live; the daemon serves on
+    let out = Command::new(NVSIM).arg("mount").arg(&dir).output().unwrap();
+    let guard = Sim {
+        child: None,
+        dir: dir.clone(),
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nvsim: mounted "));
+    assert!(is_mounted(&dir));
+    assert!(guard.state()["gpus"].as_array().unwrap().len() == 2);
+    let out = Command::new(NVSIM)
+        .arg("umount")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&dir));
+    drop(guard);
+}
