@@ -32,18 +32,25 @@ impl DriverVersion {
             .next()
             .and_then(|m| m.parse().ok())
             .with_context(|| format!("driver version {text:?} is not like 580.159"))?;
-        Ok(Self { text: text.to_owned(), major })
+        Ok(Self {
+            text: text.to_owned(),
+            major,
+        })
     }
 
     /// Finds the version in the text of /proc/driver/nvidia/version ("NVRM version:
     /// NVIDIA UNIX Open Kernel Module for x86_64  580.159  Release Build ...").
     pub fn from_proc_text(text: &str) -> anyhow::Result<Self> {
-        let line = text.lines().find(|l| l.starts_with("NVRM version:")).context("no NVRM version line")?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("NVRM version:"))
+            .context("no NVRM version line")?;
         let token = line
             .split_whitespace()
             .find(|t| {
                 let mut parts = t.split('.');
-                parts.clone().count() >= 2 && parts.all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                parts.clone().count() >= 2
+                    && parts.all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
             })
             .context("no version number in the NVRM version line")?;
         Self::parse(token)
@@ -57,7 +64,10 @@ impl GpuArgs {
         if let Some(v) = &self.driver_version {
             return DriverVersion::parse(v).map(Some);
         }
-        for path in [self.dev_dir.join("version"), PathBuf::from("/proc/driver/nvidia/version")] {
+        for path in [
+            self.dev_dir.join("version"),
+            PathBuf::from("/proc/driver/nvidia/version"),
+        ] {
             if let Ok(text) = std::fs::read_to_string(&path) {
                 return DriverVersion::from_proc_text(&text)
                     .with_context(|| format!("{}", path.display()))
@@ -72,7 +82,11 @@ impl GpuArgs {
     pub fn driver_major(&self) -> anyhow::Result<u32> {
         let v = self.driver_version()?;
         match &v {
-            Some(v) => log::info!("NVIDIA driver {} (device files in {})", v.text, self.dev_dir.display()),
+            Some(v) => log::info!(
+                "NVIDIA driver {} (device files in {})",
+                v.text,
+                self.dev_dir.display()
+            ),
             None => log::info!(
                 "no NVIDIA driver found ({} has no nvidiactl and /proc/driver/nvidia/version is absent); \
                  GPU tracing is armed for when one appears",
@@ -99,7 +113,8 @@ pub fn is_device_path(dir: &Path, path: &Path) -> bool {
         && path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
             n == "nvidiactl"
                 || n == "nvidia-uvm"
-                || n.strip_prefix("nvidia").is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                || n.strip_prefix("nvidia")
+                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
         })
 }
 

@@ -76,7 +76,10 @@ pub fn call(device: u32, esc: u32) -> String {
 }
 
 pub fn undecoded_reason(r: u32) -> &'static str {
-    undecoded::NAMES.get(r as usize).copied().unwrap_or("unknown")
+    undecoded::NAMES
+        .get(r as usize)
+        .copied()
+        .unwrap_or("unknown")
 }
 
 pub fn teardown_reason(r: u32) -> &'static str {

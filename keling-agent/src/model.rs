@@ -40,6 +40,83 @@ pub struct ProcessStats {
     pub involuntary_switches: u64,
     pub on_cpu_ns: u64,
     pub threads: Vec<ThreadStats>,
+    /// GPU figures, exact from the kernel's maps.
+    #[serde(flatten)]
+    pub gpu: GpuProcessStats,
+}
+
+/// One process's GPU memory, from the kernel's accounting maps.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct GpuProcessStats {
+    /// Video memory this process allocated that the driver still holds.
+    pub gpu_mem_bytes: u64,
+    /// The most `gpu_mem_bytes` ever was.
+    pub gpu_mem_peak_bytes: u64,
+    /// Pinned host memory, likewise.
+    pub gpu_host_bytes: u64,
+    pub gpu_host_peak_bytes: u64,
+    pub gpu_allocs: u64,
+    pub gpu_frees: u64,
+    /// Calls that could not be decoded with certainty.
+    pub undecoded: u64,
+    /// Per GPU.
+    pub gpus: Vec<GpuDeviceStats>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct GpuDeviceStats {
+    pub gpu: u32,
+    pub bytes: u64,
+    pub peak_bytes: u64,
+    pub host_bytes: u64,
+    pub peak_host_bytes: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+impl GpuDeviceStats {
+    fn new(gpu: u32, t: &keling_common::Totals) -> Self {
+        Self {
+            gpu,
+            bytes: t.bytes,
+            peak_bytes: t.peak_bytes,
+            host_bytes: t.host_bytes,
+            peak_host_bytes: t.peak_host_bytes,
+            allocs: t.allocs,
+            frees: t.frees,
+        }
+    }
+}
+
+/// Per-process GPU figures (pid 0 excluded) and per-device totals.
+pub fn gpu_stats(
+    acc: &crate::probes::GpuAccounting,
+) -> (BTreeMap<u32, GpuProcessStats>, Vec<GpuDeviceStats>) {
+    let mut procs: BTreeMap<u32, GpuProcessStats> = BTreeMap::new();
+    let mut devices = Vec::new();
+    for (&(pid, gpu), t) in &acc.totals {
+        if pid == 0 {
+            if gpu < keling_common::NO_GPU {
+                devices.push(GpuDeviceStats::new(gpu, t));
+            }
+            continue;
+        }
+        let p = procs.entry(pid).or_default();
+        if gpu == keling_common::ALL_GPUS {
+            p.gpu_mem_bytes = t.bytes;
+            p.gpu_mem_peak_bytes = t.peak_bytes;
+            p.gpu_host_bytes = t.host_bytes;
+            p.gpu_host_peak_bytes = t.peak_host_bytes;
+            p.gpu_allocs = t.allocs;
+            p.gpu_frees = t.frees;
+        } else {
+            p.gpus.push(GpuDeviceStats::new(gpu, t));
+        }
+    }
+    for (&pid, &n) in &acc.undecoded_per_pid {
+        procs.entry(pid).or_default().undecoded = n;
+    }
+    (procs, devices)
 }
 
 #[derive(Default)]
@@ -157,9 +234,11 @@ impl Model {
         }
     }
 
-    /// Per-process figures, each with its threads.
-    pub fn summary(&self) -> Vec<ProcessStats> {
-        self.processes
+    /// Per-process figures, each with its threads and its GPU figures. A process
+    /// that holds GPU memory but whose fork the trace lost still gets an entry.
+    pub fn summary(&self, mut gpu: BTreeMap<u32, GpuProcessStats>) -> Vec<ProcessStats> {
+        let mut out: Vec<ProcessStats> = self
+            .processes
             .iter()
             .map(|(&pid, p)| {
                 let threads: Vec<ThreadStats> = p
@@ -180,9 +259,16 @@ impl Model {
                     involuntary_switches: sum(|t| t.involuntary_switches),
                     on_cpu_ns: sum(|t| t.on_cpu_ns),
                     threads,
+                    gpu: gpu.remove(&pid).unwrap_or_default(),
                 }
             })
-            .collect()
+            .collect();
+        out.extend(gpu.into_iter().map(|(pid, gpu)| ProcessStats {
+            pid,
+            gpu,
+            ..Default::default()
+        }));
+        out
     }
 }
 
@@ -255,7 +341,7 @@ mod tests {
         m.apply(&exit(40, 101, 101, 7 << 8, true));
         m.apply(&exit(41, 100, 102, 0, false));
         m.apply(&exit(42, 100, 100, 9, true));
-        let s = m.summary();
+        let s = m.summary(BTreeMap::new());
         assert_eq!(s.len(), 2);
         let parent = &s[0];
         assert_eq!(
@@ -283,7 +369,7 @@ mod tests {
         };
         f.tracked = 0;
         m.apply(&Event::Fork(f));
-        assert_eq!(m.summary().len(), 0);
+        assert_eq!(m.summary(BTreeMap::new()).len(), 0);
         assert_eq!(m.events, 1);
     }
 }

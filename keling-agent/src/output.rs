@@ -11,7 +11,7 @@ use keling_common::EventKind;
 use crate::{
     decode::{Event, ExitStatus, comm, cstr},
     gpu_names as names,
-    model::ProcessStats,
+    model::{GpuDeviceStats, ProcessStats},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -30,6 +30,10 @@ pub struct Summary<'a> {
     pub drops: u64,
     pub decode_errors: u64,
     pub processes: &'a [ProcessStats],
+    /// Per-GPU totals across the traced processes.
+    pub gpus: &'a [GpuDeviceStats],
+    /// Undecoded calls per reason.
+    pub undecoded: &'a [u64],
 }
 
 pub struct Output {
@@ -220,11 +224,22 @@ fn gpu_text(kind: u32, e: &keling_common::GpuEvent) -> String {
                 e.ret
             );
             if e.reason != 0 {
-                t.push_str(&format!(" (undecoded: {})", names::undecoded_reason(e.reason - 1)));
+                t.push_str(&format!(
+                    " (undecoded: {})",
+                    names::undecoded_reason(e.reason - 1)
+                ));
             }
             t
         }
     }
+}
+
+fn undecoded_json(per_reason: &[u64]) -> Value {
+    let mut v = json!({});
+    for (i, n) in per_reason.iter().enumerate() {
+        v[names::undecoded_reason(i as u32)] = json!(n);
+    }
+    v
 }
 
 impl Output {
@@ -334,6 +349,8 @@ impl Output {
                 "events": s.events,
                 "drops": s.drops,
                 "decode_errors": s.decode_errors,
+                "undecoded": undecoded_json(s.undecoded),
+                "gpus": s.gpus,
                 "processes": s.processes,
             }));
         }
@@ -364,6 +381,39 @@ impl Output {
                 )?;
             }
         }
+        let gpu_procs: Vec<&ProcessStats> = s
+            .processes
+            .iter()
+            .filter(|p| p.gpu.gpu_allocs > 0 || p.gpu.undecoded > 0)
+            .collect();
+        if !gpu_procs.is_empty() {
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{:>7} {:<16} {:>14} {:>14} {:>12} {:>8} {:>8} {:>9}",
+                "PID", "COMM", "GPU MEM", "GPU PEAK", "HOST PINNED", "ALLOCS", "FREES", "UNDECODED"
+            )?;
+            for p in gpu_procs {
+                let g = &p.gpu;
+                writeln!(
+                    out,
+                    "{:>7} {:<16} {:>14} {:>14} {:>12} {:>8} {:>8} {:>9}{}",
+                    p.pid,
+                    p.comm,
+                    g.gpu_mem_bytes,
+                    g.gpu_mem_peak_bytes,
+                    g.gpu_host_bytes,
+                    g.gpu_allocs,
+                    g.gpu_frees,
+                    g.undecoded,
+                    if p.exit_code.is_some() && g.gpu_mem_bytes > 0 {
+                        "  (exited; still held through an open file another process keeps)"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+        }
         writeln!(
             out,
             "{} processes, {} events in {:.3} s, {} lost in the kernel, {} undecodable",
@@ -373,6 +423,31 @@ impl Output {
             s.drops,
             s.decode_errors
         )
+    }
+
+    /// The GPU accounting right now (on SIGUSR1): jsonl only.
+    pub fn gpu_snapshot(
+        &mut self,
+        ts_ns: u64,
+        seq: u64,
+        processes: &std::collections::BTreeMap<u32, crate::model::GpuProcessStats>,
+        gpus: &[GpuDeviceStats],
+    ) -> io::Result<()> {
+        if self.format != Format::Jsonl {
+            return Ok(());
+        }
+        let procs: Vec<Value> = processes
+            .iter()
+            .map(|(pid, g)| {
+                let mut v = serde_json::to_value(g).expect("serialisable");
+                v["pid"] = json!(pid);
+                v
+            })
+            .collect();
+        self.line(&json!({
+            "type": "gpu_snapshot", "ts_ns": ts_ns, "seq": seq, "gpus": gpus, "processes": procs,
+        }))?;
+        self.out.flush()
     }
 
     pub fn flush(&mut self) -> io::Result<()> {

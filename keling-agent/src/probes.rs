@@ -3,7 +3,11 @@
 //! This module knows which programs exist, what they attach to, and what the
 //! kernel must provide for them; it hands out the maps the rest of the agent needs
 //! and nothing else. Dropping [`Probes`] detaches everything.
-use std::{collections::BTreeSet, fs, path::PathBuf};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::PathBuf,
+};
 
 use anyhow::{Context, bail};
 use aya::{
@@ -12,8 +16,9 @@ use aya::{
     programs::{RawTracePoint, TracePoint},
 };
 use keling_common::{
-    DEV_PREFIX_LEN, DROP_COUNTERS, nvidia, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
-    ProbeConfig, TrackedProcess,
+    DEV_PREFIX_LEN, DROP_COUNTERS, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_TOTALS,
+    MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED, MAP_UNDECODED_PID, ProbeConfig, TotalKey,
+    Totals, TrackedProcess, nvidia, undecoded,
 };
 
 use crate::{btf::Btf, sys};
@@ -53,20 +58,62 @@ const PROGRAMS: &[(&str, Attach)] = &[
         Attach::Tracepoint("sched", "sched_process_exit"),
     ),
     ("sched_switch", Attach::Tracepoint("sched", "sched_switch")),
-    ("sys_enter_openat", Attach::Tracepoint("syscalls", "sys_enter_openat")),
-    ("sys_exit_openat", Attach::Tracepoint("syscalls", "sys_exit_openat")),
-    ("sys_enter_close", Attach::Tracepoint("syscalls", "sys_enter_close")),
-    ("sys_enter_close_range", Attach::Tracepoint("syscalls", "sys_enter_close_range")),
-    ("sys_enter_dup", Attach::Tracepoint("syscalls", "sys_enter_dup")),
-    ("sys_exit_dup", Attach::Tracepoint("syscalls", "sys_exit_dup")),
-    ("sys_enter_dup2", Attach::Tracepoint("syscalls", "sys_enter_dup2")),
-    ("sys_exit_dup2", Attach::Tracepoint("syscalls", "sys_exit_dup2")),
-    ("sys_enter_dup3", Attach::Tracepoint("syscalls", "sys_enter_dup3")),
-    ("sys_exit_dup3", Attach::Tracepoint("syscalls", "sys_exit_dup3")),
-    ("sys_enter_fcntl", Attach::Tracepoint("syscalls", "sys_enter_fcntl")),
-    ("sys_exit_fcntl", Attach::Tracepoint("syscalls", "sys_exit_fcntl")),
-    ("sys_enter_ioctl", Attach::Tracepoint("syscalls", "sys_enter_ioctl")),
-    ("sys_exit_ioctl", Attach::Tracepoint("syscalls", "sys_exit_ioctl")),
+    (
+        "sys_enter_openat",
+        Attach::Tracepoint("syscalls", "sys_enter_openat"),
+    ),
+    (
+        "sys_exit_openat",
+        Attach::Tracepoint("syscalls", "sys_exit_openat"),
+    ),
+    (
+        "sys_enter_close",
+        Attach::Tracepoint("syscalls", "sys_enter_close"),
+    ),
+    (
+        "sys_enter_close_range",
+        Attach::Tracepoint("syscalls", "sys_enter_close_range"),
+    ),
+    (
+        "sys_enter_dup",
+        Attach::Tracepoint("syscalls", "sys_enter_dup"),
+    ),
+    (
+        "sys_exit_dup",
+        Attach::Tracepoint("syscalls", "sys_exit_dup"),
+    ),
+    (
+        "sys_enter_dup2",
+        Attach::Tracepoint("syscalls", "sys_enter_dup2"),
+    ),
+    (
+        "sys_exit_dup2",
+        Attach::Tracepoint("syscalls", "sys_exit_dup2"),
+    ),
+    (
+        "sys_enter_dup3",
+        Attach::Tracepoint("syscalls", "sys_enter_dup3"),
+    ),
+    (
+        "sys_exit_dup3",
+        Attach::Tracepoint("syscalls", "sys_exit_dup3"),
+    ),
+    (
+        "sys_enter_fcntl",
+        Attach::Tracepoint("syscalls", "sys_enter_fcntl"),
+    ),
+    (
+        "sys_exit_fcntl",
+        Attach::Tracepoint("syscalls", "sys_exit_fcntl"),
+    ),
+    (
+        "sys_enter_ioctl",
+        Attach::Tracepoint("syscalls", "sys_enter_ioctl"),
+    ),
+    (
+        "sys_exit_ioctl",
+        Attach::Tracepoint("syscalls", "sys_exit_ioctl"),
+    ),
 ];
 
 enum Attach {
@@ -145,7 +192,8 @@ impl Probes {
             prog.load().context("verifier rejected release_files")?;
             let fd = prog.fd()?.try_clone()?;
             let mut array = ProgramArray::try_from(
-                ebpf.map_mut("RELEASE_PROG").context("RELEASE_PROG map missing")?,
+                ebpf.map_mut("RELEASE_PROG")
+                    .context("RELEASE_PROG map missing")?,
             )?;
             array.set(0, &fd, 0)?;
         }
@@ -233,6 +281,44 @@ impl Probes {
             }
         }
         Ok(per_cpu)
+    }
+}
+
+/// Exact GPU figures read from the kernel's maps.
+#[derive(Clone, Debug, Default)]
+pub struct GpuAccounting {
+    /// (pid, gpu) -> totals; gpu [`ALL_GPUS`] is the process total, pid 0 the device.
+    pub totals: BTreeMap<(u32, u32), Totals>,
+    /// Undecoded or faulted calls per process.
+    pub undecoded_per_pid: BTreeMap<u32, u64>,
+    /// Undecoded calls per reason (see `keling_common::undecoded`).
+    pub undecoded_per_reason: Vec<u64>,
+}
+
+impl Probes {
+    /// A consistent-enough snapshot of the GPU accounting maps (each entry is read
+    /// atomically; entries may move between two reads while ioctls are running).
+    pub fn gpu_accounting(&self) -> anyhow::Result<GpuAccounting> {
+        let totals: HashMap<_, TotalKey, Totals> =
+            HashMap::try_from(self.ebpf.map(MAP_TOTALS).context("TOTALS")?)?;
+        let undecoded_pid: HashMap<_, u32, u64> =
+            HashMap::try_from(self.ebpf.map(MAP_UNDECODED_PID).context("UNDECODED_PID")?)?;
+        let per_reason: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_UNDECODED).context("UNDECODED")?)?;
+        let mut acc = GpuAccounting::default();
+        for entry in totals.iter() {
+            let (k, v) = entry?;
+            acc.totals.insert((k.pid, k.gpu), v);
+        }
+        for entry in undecoded_pid.iter() {
+            let (pid, n) = entry?;
+            acc.undecoded_per_pid.insert(pid, n);
+        }
+        for reason in 0..undecoded::COUNT {
+            acc.undecoded_per_reason
+                .push(per_reason.get(&reason, 0)?.iter().sum());
+        }
+        Ok(acc)
     }
 }
 

@@ -225,6 +225,8 @@ async fn event_loop(
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    let mut snapshots = 0u64;
     let mut interrupts = 0;
     let mut reported_drops = 0u64;
     let mut ticks = 0u64;
@@ -259,6 +261,14 @@ async fn event_loop(
                     break;
                 }
             }
+            _ = sigusr1.recv() => {
+                // Everything the kernel wrote so far first, then the exact figures.
+                state.drain(ring.get_mut())?;
+                let acc = probes.gpu_accounting()?;
+                let (procs, gpus) = crate::model::gpu_stats(&acc);
+                snapshots += 1;
+                state.output.gpu_snapshot(monotonic_ns(), snapshots, &procs, &gpus)?;
+            }
             _ = sigint.recv() => {
                 interrupts += 1;
                 if let (Some(c), true, 1) = (&child, child_running, interrupts) {
@@ -285,7 +295,9 @@ async fn event_loop(
     let per_cpu = probes.drops_per_cpu()?;
     let now = monotonic_ns();
     state.output.drops(now, &per_cpu)?;
-    let processes = state.model.summary();
+    let acc = probes.gpu_accounting()?;
+    let (gpu_procs, gpus) = crate::model::gpu_stats(&acc);
+    let processes = state.model.summary(gpu_procs);
     state.output.summary(&Summary {
         ts_ns: now,
         duration_ns: now.saturating_sub(start_ns),
@@ -293,6 +305,8 @@ async fn event_loop(
         drops: per_cpu.iter().sum(),
         decode_errors: state.decode_errors,
         processes: &processes,
+        gpus: &gpus,
+        undecoded: &acc.undecoded_per_reason,
     })?;
     state.output.flush()?;
     Ok(match (child, child_status) {

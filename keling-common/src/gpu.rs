@@ -35,8 +35,8 @@ pub mod device_file {
 pub const FD_SLOTS: usize = 16;
 /// Most clients tracked per open file.
 pub const FILE_CLIENTS: usize = 8;
-/// Most (pid, device) contributors tracked per client.
-pub const CLIENT_CONTRIBUTORS: usize = 8;
+/// Most (pid, device, gpu) contributors tracked per client.
+pub const CLIENT_CONTRIBUTORS: usize = 16;
 /// Length of the device-path prefix in [`crate::ProbeConfig`].
 pub const DEV_PREFIX_LEN: usize = 64;
 
@@ -110,7 +110,8 @@ pub struct FileInfo {
     pub clients: [u32; FILE_CLIENTS],
 }
 
-/// Bytes one process holds under one device of one client.
+/// Bytes one process holds under one device of one client, on one GPU (host memory
+/// allocated through `nvidiaN` counts on N, whatever device it hangs under).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Contributor {

@@ -298,7 +298,10 @@ mod tests {
         assert_eq!(rm_ioctl_cmd(escape::UNMAP_MEMORY_DMA, 48), 0xC030_4658);
         assert_eq!(rm_ioctl_cmd(escape::REGISTER_FD, 4), 0xC004_46C9);
         let c = 0xC030_462B;
-        assert_eq!((rm_nr(c), rm_size(c), rm_type(c)), (0x2B, 48, RM_IOCTL_TYPE));
+        assert_eq!(
+            (rm_nr(c), rm_size(c), rm_type(c)),
+            (0x2B, 48, RM_IOCTL_TYPE)
+        );
     }
 
     #[test]

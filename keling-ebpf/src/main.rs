@@ -9,7 +9,6 @@
 #![feature(core_intrinsics)]
 #![allow(internal_features)]
 
-
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
@@ -116,8 +115,12 @@ fn emit<T: 'static>(event: T) {
 #[inline(always)]
 pub unsafe fn atomic_add(p: *mut u64, v: u64) -> u64 {
     use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SeqCst, not Relaxed: with a relaxed ordering LLVM's BPF backend (22) emits the
+    // non-fetching `lock +=` and hands back the addend as if it were the old value,
+    // which made every peak twice the largest allocation. Found by comparing the
+    // peaks with keling-nvsim's ground truth; check the disassembly if this changes.
     // SAFETY: upheld by the caller.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v) }
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(p, v) }
 }
 
 /// Atomically replaces `*p` with `new` if it is `old`; returns (previous, replaced).
@@ -128,7 +131,9 @@ pub unsafe fn atomic_add(p: *mut u64, v: u64) -> u64 {
 pub unsafe fn atomic_cas(p: *mut u64, old: u64, new: u64) -> (u64, bool) {
     use core::intrinsics::{AtomicOrdering, atomic_cxchg};
     // SAFETY: upheld by the caller.
-    unsafe { atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(p, old, new) }
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(p, old, new)
+    }
 }
 
 #[cfg(not(test))]

@@ -121,7 +121,10 @@ pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     let (p, t) = (median(&mut plain), median(&mut traced));
     println!("\ncontext-switch tracing (pipe ping-pong x {TRIPS} between two processes):");
     println!("  untraced       {p:10.0} round trips/s");
-    println!("  traced         {t:10.0} round trips/s   ratio {:.3}", t / p);
+    println!(
+        "  traced         {t:10.0} round trips/s   ratio {:.3}",
+        t / p
+    );
     println!(
         "  ring buffer carried {:.0} events/s (median), {events_total} events in all, {drops_total} dropped",
         median(&mut carried)

@@ -12,8 +12,7 @@ use aya_ebpf::{
 };
 use keling_common::{
     ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, EventKind, FD_SLOTS, FILE_CLIENTS, FileInfo,
-    GpuEvent, GpuFileEvent, ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, teardown,
-    undecoded,
+    GpuEvent, GpuFileEvent, ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, teardown, undecoded,
 };
 
 use crate::{atomic_add, atomic_cas, emit, header};
@@ -43,7 +42,6 @@ static ZERO_CLIENT: Array<ClientInfo> = Array::with_max_entries(1, 0);
 static COUNTERS: Array<u64> = Array::with_max_entries(2, 0);
 
 const BPF_NOEXIST: u64 = 1;
-
 
 /// A fresh, never-zero number from counter `idx`.
 #[inline(always)]
@@ -121,7 +119,11 @@ fn charge_one(key: TotalKey, d: &Delta) {
     // SAFETY: a valid map value pointer; fields updated atomically.
     unsafe {
         add_with_peak(&raw mut (*t).bytes, &raw mut (*t).peak_bytes, d.bytes);
-        add_with_peak(&raw mut (*t).host_bytes, &raw mut (*t).peak_host_bytes, d.host);
+        add_with_peak(
+            &raw mut (*t).host_bytes,
+            &raw mut (*t).peak_host_bytes,
+            d.host,
+        );
         atomic_add(&raw mut (*t).allocs, d.allocs);
     }
 }
@@ -131,7 +133,9 @@ fn charge_one(key: TotalKey, d: &Delta) {
 /// which the verifier walks once per client and contributor, depend on that.
 #[inline(always)]
 fn uncharge_one(key: TotalKey, d: &Delta) {
-    let Some(t) = TOTALS.get_ptr_mut(&key) else { return };
+    let Some(t) = TOTALS.get_ptr_mut(&key) else {
+        return;
+    };
     // SAFETY: a valid map value pointer; fields updated atomically.
     unsafe {
         atomic_add(&raw mut (*t).bytes, d.bytes as u64);
@@ -158,7 +162,9 @@ pub fn sub_totals(pid: u32, gpu: u32, d: &Delta) {
 
 /// Records a new client on the open file `file_id`.
 pub fn new_client(pid: u32, handle: u32, file_id: u64) {
-    let Some(zero) = ZERO_CLIENT.get_ptr(0) else { return };
+    let Some(zero) = ZERO_CLIENT.get_ptr(0) else {
+        return;
+    };
     // SAFETY: a map value pointer, valid for this program run.
     let _ = CLIENTS.insert(handle, unsafe { &*zero }, 0);
     if let Some(c) = CLIENTS.get_ptr_mut(handle) {
@@ -169,7 +175,9 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64) {
             (*c).gen_ = next_id(0) as u32;
         }
     }
-    let Some(f) = FILES.get_ptr_mut(file_id) else { return };
+    let Some(f) = FILES.get_ptr_mut(file_id) else {
+        return;
+    };
     for i in 0..FILE_CLIENTS {
         // SAFETY: as above; i is in bounds.
         let slot = unsafe { &mut (*f).clients[i] };
@@ -188,7 +196,7 @@ pub fn charge(pid: u32, client: *mut ClientInfo, device: u32, gpu: u32, bytes: u
     for i in 0..CLIENT_CONTRIBUTORS {
         // SAFETY: a map value pointer; i is in bounds.
         let c = unsafe { &mut (*client).contributors[i] };
-        if c.pid == pid && c.device == device {
+        if c.pid == pid && c.device == device && c.gpu == gpu {
             free = i;
             break;
         }
@@ -212,8 +220,21 @@ pub fn charge(pid: u32, client: *mut ClientInfo, device: u32, gpu: u32, bytes: u
             c.bytes += bytes;
         }
     }
-    let (b, h) = if host { (0, bytes as i64) } else { (bytes as i64, 0) };
-    add_totals(pid, gpu, &Delta { bytes: b, host: h, allocs: 1, frees: 0 });
+    let (b, h) = if host {
+        (0, bytes as i64)
+    } else {
+        (bytes as i64, 0)
+    };
+    add_totals(
+        pid,
+        gpu,
+        &Delta {
+            bytes: b,
+            host: h,
+            allocs: 1,
+            frees: 0,
+        },
+    );
 }
 
 /// Takes a freed memory object's bytes back from its contributor slot and totals.
@@ -221,26 +242,41 @@ pub fn uncharge(client: *mut ClientInfo, obj: &ObjectInfo, host: bool) {
     for i in 0..CLIENT_CONTRIBUTORS {
         // SAFETY: a map value pointer; i is in bounds.
         let c = unsafe { &mut (*client).contributors[i] };
-        if c.pid == obj.owner_pid && c.device == obj.device {
+        if c.pid == obj.owner_pid && c.device == obj.device && c.gpu == obj.gpu {
             c.objects = c.objects.saturating_sub(1);
             if host {
                 c.host_bytes = c.host_bytes.saturating_sub(obj.bytes);
             } else {
                 c.bytes = c.bytes.saturating_sub(obj.bytes);
             }
+            if c.objects == 0 {
+                // Empty: free the slot for another contributor.
+                *c = Default::default();
+            }
             break;
         }
     }
     let freed = -(obj.bytes as i64);
     let (bytes, host) = if host { (0, freed) } else { (freed, 0) };
-    sub_totals(obj.owner_pid, obj.gpu, &Delta { bytes, host, allocs: 0, frees: 1 });
+    sub_totals(
+        obj.owner_pid,
+        obj.gpu,
+        &Delta {
+            bytes,
+            host,
+            allocs: 0,
+            frees: 1,
+        },
+    );
 }
 
 /// Frees everything a client holds (all of it, or only what hangs under `device`
 /// when it is non-zero), as the driver does, and reports each contributor.
 #[inline(never)]
 pub fn teardown_client(pid: u32, tid: u32, handle: u32, device: u32, reason: u32) {
-    let Some(client) = CLIENTS.get_ptr_mut(handle) else { return };
+    let Some(client) = CLIENTS.get_ptr_mut(handle) else {
+        return;
+    };
     for i in 0..CLIENT_CONTRIBUTORS {
         // SAFETY: a map value pointer; i is in bounds.
         let c = unsafe { &mut (*client).contributors[i] };
@@ -285,7 +321,9 @@ pub fn teardown_client(pid: u32, tid: u32, handle: u32, device: u32, reason: u32
 /// created on it.
 #[inline(never)]
 pub fn release_file(pid: u32, tid: u32, file_id: u64) {
-    let Some(f) = FILES.get_ptr(file_id) else { return };
+    let Some(f) = FILES.get_ptr(file_id) else {
+        return;
+    };
     for i in 0..FILE_CLIENTS {
         // SAFETY: a map value pointer; i is in bounds.
         let client = unsafe { (*f).clients[i] };
@@ -306,7 +344,9 @@ pub fn release_file(pid: u32, tid: u32, file_id: u64) {
 /// for [`release_files`], which the caller reaches with [`run_releases`] as its
 /// last act. Returns whether it was released.
 pub fn drop_file_ref(pid: u32, tid: u32, file_id: u64) -> bool {
-    let Some(f) = FILES.get_ptr_mut(file_id) else { return false };
+    let Some(f) = FILES.get_ptr_mut(file_id) else {
+        return false;
+    };
     // SAFETY: a map value pointer.
     let left = unsafe {
         (*f).refs = (*f).refs.saturating_sub(1);
@@ -315,7 +355,9 @@ pub fn drop_file_ref(pid: u32, tid: u32, file_id: u64) -> bool {
     if left != 0 {
         return false;
     }
-    let Some(q) = RELEASE_QUEUE.get_ptr_mut(0) else { return true };
+    let Some(q) = RELEASE_QUEUE.get_ptr_mut(0) else {
+        return true;
+    };
     // SAFETY: this CPU's slot; programs run to completion on one CPU.
     unsafe {
         let n = (*q).len as usize;
@@ -365,7 +407,9 @@ static RELEASE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// nothing: only reached through `RELEASE_PROG`.
 #[tracepoint(category = "keling", name = "release_files")]
 pub fn release_files(ctx: TracePointContext) -> i32 {
-    let Some(q) = RELEASE_QUEUE.get_ptr_mut(0) else { return 0 };
+    let Some(q) = RELEASE_QUEUE.get_ptr_mut(0) else {
+        return 0;
+    };
     // SAFETY: this CPU's slot.
     let q = unsafe { &mut *q };
     let n = q.len as usize;
@@ -403,7 +447,16 @@ pub fn proc_fds(pid: u32, create: bool) -> Option<*mut ProcFds> {
 
 /// Emits an open/close/dup event.
 #[inline(always)]
-pub fn file_event(kind: EventKind, pid: u32, tid: u32, fd: i32, device: u32, file_id: u64, released: u32, arg: u32) {
+pub fn file_event(
+    kind: EventKind,
+    pid: u32,
+    tid: u32,
+    fd: i32,
+    device: u32,
+    file_id: u64,
+    released: u32,
+    arg: u32,
+) {
     emit(GpuFileEvent {
         header: header(kind, pid, tid),
         fd,
@@ -426,6 +479,15 @@ pub fn close_slots(pid: u32, tid: u32, fds: *mut ProcFds, only_cloexec: bool) {
         let (fd, device, file_id) = (slot.fd, slot.device, slot.file_id);
         *slot = Default::default();
         let released = drop_file_ref(pid, tid, file_id);
-        file_event(EventKind::GpuClose, pid, tid, fd, device, file_id, released as u32, 0);
+        file_event(
+            EventKind::GpuClose,
+            pid,
+            tid,
+            fd,
+            device,
+            file_id,
+            released as u32,
+            0,
+        );
     }
 }

@@ -123,9 +123,17 @@ pub fn sys_enter_openat(ctx: TracePointContext) -> i32 {
     if unsafe { bpf_probe_read_user_str_bytes(filename, &mut path) }.is_err() {
         return 0;
     }
-    let Some(device) = match_device(&path) else { return 0 };
+    let Some(device) = match_device(&path) else {
+        return 0;
+    };
     let cloexec = (arg(&ctx, 2) & O_CLOEXEC != 0) as u32;
-    let p = PendingFd { device, cloexec, file_id: 0, src_fd: -1, _reserved: 0 };
+    let p = PendingFd {
+        device,
+        cloexec,
+        file_id: 0,
+        src_fd: -1,
+        _reserved: 0,
+    };
     let _ = PENDING_FD.insert(tid, p, 0);
     0
 }
@@ -134,7 +142,9 @@ pub fn sys_enter_openat(ctx: TracePointContext) -> i32 {
 pub fn sys_exit_openat(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
     // SAFETY: copied out at once.
-    let Some(p) = (unsafe { PENDING_FD.get(tid) }).copied() else { return 0 };
+    let Some(p) = (unsafe { PENDING_FD.get(tid) }).copied() else {
+        return 0;
+    };
     let _ = PENDING_FD.remove(tid);
     let fd = ret(&ctx);
     if fd < 0 {
@@ -142,24 +152,54 @@ pub fn sys_exit_openat(ctx: TracePointContext) -> i32 {
     }
     if !is_tracked_pid(pid) {
         // System-wide mode: a process that opens an NVIDIA device is tracked from now.
-        let _ = TRACKED_PIDS.insert(pid, TrackedProcess { root_pid: pid, flags: 0 }, 0);
+        let _ = TRACKED_PIDS.insert(
+            pid,
+            TrackedProcess {
+                root_pid: pid,
+                flags: 0,
+            },
+            0,
+        );
         let _ = TRACKED_TIDS.insert(tid, pid, 0);
     }
     let file_id = new_file_id();
-    let info = FileInfo { refs: 0, device: p.device, opener_pid: pid, _reserved: 0, clients: [0; 8] };
+    let info = FileInfo {
+        refs: 0,
+        device: p.device,
+        opener_pid: pid,
+        _reserved: 0,
+        clients: [0; 8],
+    };
     if FILES.insert(file_id, info, 0).is_err() {
         return 0;
     }
-    let slot = FdSlot { fd: fd as i32, device: p.device, file_id, cloexec: p.cloexec, _reserved: 0 };
+    let slot = FdSlot {
+        fd: fd as i32,
+        device: p.device,
+        file_id,
+        cloexec: p.cloexec,
+        _reserved: 0,
+    };
     add_slot(pid, tid, &slot);
-    file_event(EventKind::GpuOpen, pid, tid, fd as i32, p.device, file_id, 0, p.cloexec);
+    file_event(
+        EventKind::GpuOpen,
+        pid,
+        tid,
+        fd as i32,
+        p.device,
+        file_id,
+        0,
+        p.cloexec,
+    );
     0
 }
 
 /// Puts `new` (fd -> file) in the process's table and counts the reference.
 fn add_slot(pid: u32, tid: u32, new: &FdSlot) {
     let fd = new.fd;
-    let Some(fds) = proc_fds(pid, true) else { return };
+    let Some(fds) = proc_fds(pid, true) else {
+        return;
+    };
     let mut free = FD_SLOTS;
     for i in 0..FD_SLOTS {
         // SAFETY: a map value pointer; i is in bounds.
@@ -168,7 +208,16 @@ fn add_slot(pid: u32, tid: u32, new: &FdSlot) {
             // dup2/dup3 onto an NVIDIA fd closed it first.
             let (old, old_device) = (s.file_id, s.device);
             let released = drop_file_ref(pid, tid, old);
-            file_event(EventKind::GpuClose, pid, tid, fd, old_device, old, released as u32, 0);
+            file_event(
+                EventKind::GpuClose,
+                pid,
+                tid,
+                fd,
+                old_device,
+                old,
+                released as u32,
+                0,
+            );
             free = i;
             break;
         }
@@ -188,16 +237,29 @@ fn add_slot(pid: u32, tid: u32, new: &FdSlot) {
 #[tracepoint(category = "syscalls", name = "sys_enter_close")]
 pub fn sys_enter_close(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
-    let Some(fds) = proc_fds(pid, false) else { return 0 };
+    let Some(fds) = proc_fds(pid, false) else {
+        return 0;
+    };
     let fd = arg(&ctx, 0) as i32;
-    let Some(i) = find_slot(fds, fd) else { return 0 };
+    let Some(i) = find_slot(fds, fd) else {
+        return 0;
+    };
     // close() removes the fd even when it reports an error, so act at entry.
     // SAFETY: a map value pointer; i is in bounds.
     let s = unsafe { &mut (*fds).slots[i] };
     let (device, file_id) = (s.device, s.file_id);
     *s = Default::default();
     let released = drop_file_ref(pid, tid, file_id);
-    file_event(EventKind::GpuClose, pid, tid, fd, device, file_id, released as u32, 0);
+    file_event(
+        EventKind::GpuClose,
+        pid,
+        tid,
+        fd,
+        device,
+        file_id,
+        released as u32,
+        0,
+    );
     run_releases(&ctx);
     0
 }
@@ -205,7 +267,9 @@ pub fn sys_enter_close(ctx: TracePointContext) -> i32 {
 #[tracepoint(category = "syscalls", name = "sys_enter_close_range")]
 pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
-    let Some(fds) = proc_fds(pid, false) else { return 0 };
+    let Some(fds) = proc_fds(pid, false) else {
+        return 0;
+    };
     let (first, last, flags) = (arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2));
     for i in 0..FD_SLOTS {
         // SAFETY: a map value pointer; i is in bounds.
@@ -221,7 +285,16 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
         let (fd, device, file_id) = (s.fd, s.device, s.file_id);
         *s = Default::default();
         let released = drop_file_ref(pid, tid, file_id);
-        file_event(EventKind::GpuClose, pid, tid, fd, device, file_id, released as u32, 0);
+        file_event(
+            EventKind::GpuClose,
+            pid,
+            tid,
+            fd,
+            device,
+            file_id,
+            released as u32,
+            0,
+        );
     }
     run_releases(&ctx);
     0
@@ -231,7 +304,9 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
 #[inline(always)]
 fn enter_dup(src: i32, cloexec: bool) {
     let (pid, tid) = current_ids();
-    let Some(fds) = proc_fds(pid, false) else { return };
+    let Some(fds) = proc_fds(pid, false) else {
+        return;
+    };
     let Some(i) = find_slot(fds, src) else { return };
     // SAFETY: a map value pointer; i is in bounds.
     let s = unsafe { (*fds).slots[i] };
@@ -249,15 +324,32 @@ fn enter_dup(src: i32, cloexec: bool) {
 fn exit_dup(ctx: &TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
     // SAFETY: copied out at once.
-    let Some(p) = (unsafe { PENDING_FD.get(tid) }).copied() else { return 0 };
+    let Some(p) = (unsafe { PENDING_FD.get(tid) }).copied() else {
+        return 0;
+    };
     let _ = PENDING_FD.remove(tid);
     let fd = ret(ctx);
     if fd < 0 || p.file_id == 0 || fd as i32 == p.src_fd {
         return 0;
     }
-    let slot = FdSlot { fd: fd as i32, device: p.device, file_id: p.file_id, cloexec: p.cloexec, _reserved: 0 };
+    let slot = FdSlot {
+        fd: fd as i32,
+        device: p.device,
+        file_id: p.file_id,
+        cloexec: p.cloexec,
+        _reserved: 0,
+    };
     add_slot(pid, tid, &slot);
-    file_event(EventKind::GpuDup, pid, tid, fd as i32, p.device, p.file_id, 0, p.src_fd as u32);
+    file_event(
+        EventKind::GpuDup,
+        pid,
+        tid,
+        fd as i32,
+        p.device,
+        p.file_id,
+        0,
+        p.src_fd as u32,
+    );
     run_releases(ctx);
     0
 }
@@ -322,9 +414,14 @@ pub fn sys_exit_fcntl(ctx: TracePointContext) -> i32 {
 /// fork: the child gets a copy of the parent's NVIDIA fds (each a new reference).
 #[inline(always)]
 pub fn on_fork(parent: u32, child: u32) {
-    let Some(fds) = proc_fds(parent, false) else { return };
+    let Some(fds) = proc_fds(parent, false) else {
+        return;
+    };
     // SAFETY: a map value pointer, valid for this program run.
-    if super::accounting::PROC_FDS.insert(child, unsafe { &*fds }, 0).is_err() {
+    if super::accounting::PROC_FDS
+        .insert(child, unsafe { &*fds }, 0)
+        .is_err()
+    {
         return;
     }
     for i in 0..FD_SLOTS {

@@ -73,7 +73,9 @@ fn user_u32(base: u64, off: usize) -> Result<u32, u32> {
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
     // The fast path for every other ioctl on the host: one lookup.
-    let Some(fds) = proc_fds(pid, false) else { return 0 };
+    let Some(fds) = proc_fds(pid, false) else {
+        return 0;
+    };
     // SAFETY: syscall tracepoint records hold u64 arguments from byte 16.
     let (fd, cmd, arg) = unsafe {
         (
@@ -106,7 +108,11 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         parent: 0,
         handle: 0,
         class: 0,
-        gpu: if device < device_file::CTL { device } else { NO_GPU },
+        gpu: if device < device_file::CTL {
+            device
+        } else {
+            NO_GPU
+        },
         sub: 0,
         via_xfer: 0,
         undecoded: 0,
@@ -231,7 +237,9 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
 pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
     // SAFETY: copied out at once.
-    let Some(mut p) = (unsafe { PENDING_IOCTL.get(tid) }).copied() else { return 0 };
+    let Some(mut p) = (unsafe { PENDING_IOCTL.get(tid) }).copied() else {
+        return 0;
+    };
     let _ = PENDING_IOCTL.remove(tid);
     // SAFETY: sys_exit_* records hold the return value at byte 16.
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
@@ -255,7 +263,16 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
 
 /// Emits one GPU event describing `p`.
 #[inline(always)]
-fn ioctl_event(pid: u32, tid: u32, p: &PendingIoctl, status: u32, ret: i64, reason: u32, kind: EventKind, bytes: u64) {
+fn ioctl_event(
+    pid: u32,
+    tid: u32,
+    p: &PendingIoctl,
+    status: u32,
+    ret: i64,
+    reason: u32,
+    kind: EventKind,
+    bytes: u64,
+) {
     emit(GpuEvent {
         header: header(kind, pid, tid),
         client: p.client,
@@ -373,7 +390,9 @@ fn decode_exit(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<Option<u32>, 
 fn record_object(pid: u32, tid: u32, p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
     let (bytes, ret) = (p.bytes, p.ret);
     if kind == ObjectKind::Client {
-        let Some(fds) = proc_fds(pid, false) else { return Err(undecoded::UNKNOWN_OBJECT) };
+        let Some(fds) = proc_fds(pid, false) else {
+            return Err(undecoded::UNKNOWN_OBJECT);
+        };
         let mut file_id = 0;
         for i in 0..FD_SLOTS {
             // SAFETY: a map value pointer; i is in bounds.
@@ -397,7 +416,10 @@ fn record_object(pid: u32, tid: u32, p: &mut PendingIoctl, kind: ObjectKind) -> 
     if kind == ObjectKind::Device {
         device = p.handle;
     } else if p.parent != p.client {
-        let key = ObjectKey { client: p.client, handle: p.parent };
+        let key = ObjectKey {
+            client: p.client,
+            handle: p.parent,
+        };
         // SAFETY: copied out at once.
         if let Some(parent) = unsafe { OBJECTS.get(key) } {
             device = parent.device;
@@ -417,13 +439,23 @@ fn record_object(pid: u32, tid: u32, p: &mut PendingIoctl, kind: ObjectKind) -> 
         _reserved: 0,
         bytes,
     };
-    let key = ObjectKey { client: p.client, handle: p.handle };
+    let key = ObjectKey {
+        client: p.client,
+        handle: p.handle,
+    };
     if OBJECTS.insert(key, info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }
     match kind {
         ObjectKind::VideoMemory | ObjectKind::HostMemory => {
-            charge(pid, client, device, p.gpu, bytes, kind == ObjectKind::HostMemory);
+            charge(
+                pid,
+                client,
+                device,
+                p.gpu,
+                bytes,
+                kind == ObjectKind::HostMemory,
+            );
             ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuAlloc, bytes);
         }
         _ => ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuObject, 0),
@@ -443,7 +475,10 @@ fn free_object(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<(), u32> {
         ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuFree, 0);
         return Ok(());
     }
-    let key = ObjectKey { client: p.client, handle: p.handle };
+    let key = ObjectKey {
+        client: p.client,
+        handle: p.handle,
+    };
     // SAFETY: copied out at once.
     let Some(obj) = (unsafe { OBJECTS.get(key) }).copied() else {
         return Err(undecoded::UNKNOWN_OBJECT);

@@ -108,7 +108,8 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // __data_loc: low 16 bits are the offset of the string in the record.
     // SAFETY: as above.
-    let loc: u32 = unsafe { ctx.read_at(config!(exec_filename_off) as usize) }.map_err(|e| e as i64)?;
+    let loc: u32 =
+        unsafe { ctx.read_at(config!(exec_filename_off) as usize) }.map_err(|e| e as i64)?;
     // SAFETY: the string lies inside the record; the helper bounds the copy.
     let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
     // SAFETY: as above.

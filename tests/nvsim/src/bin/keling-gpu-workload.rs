@@ -546,11 +546,11 @@ impl<'e> Actor<'e> {
                 put_u64(&mut p, 64, size);
                 let nvos64 = matches!(via, Via::Nvos64 | Via::Xfer64);
                 let xfer = matches!(via, Via::Xfer21 | Via::Xfer64);
-                let cls = if self.rng.chance(10) {
-                    class::NV01_MEMORY_LOCAL_PHYSICAL
-                } else {
-                    class::NV01_MEMORY_LOCAL_USER
-                };
+                // Only 0x40: the ABI facts give no parameter layout for
+                // NV01_MEMORY_LOCAL_PHYSICAL (0xC2), so Keling reports those as
+                // undecoded rather than guess, and a random workload must not
+                // depend on a guess either.
+                let cls = class::NV01_MEMORY_LOCAL_USER;
                 let (st, h) = ok_or_die(
                     "RM_ALLOC memory",
                     self.env.alloc(
