@@ -150,3 +150,161 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// Whether FUSE can be used here (for the simulated driver); records a skip if not.
+pub fn can_use_fuse(test: &str) -> bool {
+    if !std::path::Path::new("/dev/fuse").exists() {
+        skip(test, "no /dev/fuse: the simulated NVIDIA driver needs FUSE");
+        return false;
+    }
+    true
+}
+
+/// A mounted `keling-nvsim`: unmounted (SIGTERM by pid, then `umount -l` if the
+/// mount is still there) and its directory removed on drop, even when a test fails.
+pub struct Nvsim {
+    pub dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl Nvsim {
+    /// Mounts a simulated driver with `args` (e.g. `--gpus 2`) in a fresh directory.
+    pub fn mount(args: &[&str]) -> Nvsim {
+        use std::io::BufRead;
+        let dir = tempdir().join("dev");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = Command::new(sibling_bin("keling-nvsim"))
+            .arg("mount")
+            .arg(&dir)
+            .args(args)
+            .arg("--foreground")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start keling-nvsim");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let sim = Nvsim { dir, child };
+        for line in lines.by_ref() {
+            let line = line.expect("read nvsim stderr");
+            if line.starts_with("nvsim: mounted") {
+                std::thread::spawn(move || lines.for_each(drop));
+                return sim;
+            }
+            eprintln!("{line}");
+        }
+        panic!("keling-nvsim exited before mounting");
+    }
+
+    pub fn state(&self) -> Value {
+        let text =
+            std::fs::read_to_string(self.dir.join("nvsim-state.json")).expect("read nvsim state");
+        serde_json::from_str(&text).expect("nvsim state is JSON")
+    }
+
+    pub fn dev_dir(&self) -> &str {
+        self.dir.to_str().unwrap()
+    }
+}
+
+impl Drop for Nvsim {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        if mounts
+            .lines()
+            .any(|l| l.split(' ').nth(1) == self.dir.to_str())
+        {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir_all(parent);
+        }
+    }
+}
+
+/// The GPU workload generator (a binary of the keling-nvsim crate).
+pub fn gpu_workload_bin() -> PathBuf {
+    sibling_bin("keling-gpu-workload")
+}
+
+/// (pid, gpu) -> (bytes, peak_bytes, host_bytes, allocs, frees), from the simulator's
+/// ground truth.
+pub type GpuFigures = std::collections::BTreeMap<(u64, u64), [u64; 5]>;
+
+pub fn truth_figures(state: &Value) -> GpuFigures {
+    let mut out = GpuFigures::new();
+    for p in state["processes"].as_array().expect("processes") {
+        for g in p["gpus"].as_array().expect("gpus") {
+            let f = [
+                &g["bytes"],
+                &g["peak_bytes"],
+                &g["host_bytes"],
+                &g["allocs"],
+                &g["frees"],
+            ]
+            .map(|v| v.as_u64().expect("number"));
+            out.insert((p["pid"].as_u64().unwrap(), g["gpu"].as_u64().unwrap()), f);
+        }
+    }
+    out
+}
+
+/// The same figures from a Keling `summary` or `gpu_snapshot` line.
+pub fn keling_figures(line: &Value) -> GpuFigures {
+    let mut out = GpuFigures::new();
+    for p in line["processes"].as_array().expect("processes") {
+        for g in p["gpus"].as_array().into_iter().flatten() {
+            let f = [
+                &g["bytes"],
+                &g["peak_bytes"],
+                &g["host_bytes"],
+                &g["allocs"],
+                &g["frees"],
+            ]
+            .map(|v| v.as_u64().expect("number"));
+            out.insert((p["pid"].as_u64().unwrap(), g["gpu"].as_u64().unwrap()), f);
+        }
+    }
+    out
+}
+
+/// Compares Keling's figures with the simulator's, re-reading the simulator's state
+/// until they agree or `timeout` passes: FUSE delivers the release of a closed file
+/// to the simulator asynchronously, after the close has returned, so its ground
+/// truth may lag the kernel's by a moment. Returns the last difference on failure.
+pub fn converge(
+    sim: &Nvsim,
+    ours: &GpuFigures,
+    timeout: std::time::Duration,
+) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let truth = truth_figures(&sim.state());
+        if &truth == ours {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            let keys: std::collections::BTreeSet<_> = truth.keys().chain(ours.keys()).collect();
+            let diff: Vec<String> = keys
+                .into_iter()
+                .filter(|k| truth.get(k) != ours.get(k))
+                .map(|k| {
+                    format!(
+                        "(pid {}, gpu {}): simulator {:?} keling {:?}",
+                        k.0,
+                        k.1,
+                        truth.get(k),
+                        ours.get(k)
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "[bytes, peak, host, allocs, frees] differ:\n  {}",
+                diff.join("\n  ")
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,362 @@
+//! GPU tracing against the simulated driver: real eBPF probes, real ioctls on a
+//! FUSE-served nvidiactl / nvidiaN / nvidia-uvm, and the simulator's ground truth.
+use std::{
+    io::{BufRead, BufReader, Read, Seek, SeekFrom, Write},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use keling_tests::{
+    ChildGuard, Nvsim, can_load_ebpf, can_use_fuse, converge, gpu_workload_bin, keling_figures,
+    tempdir, trace,
+};
+use serde_json::Value;
+
+fn ready(test: &str) -> bool {
+    can_load_ebpf(test) && can_use_fuse(test)
+}
+
+fn gwl() -> String {
+    gpu_workload_bin().to_string_lossy().into_owned()
+}
+
+/// Seeds the tests have not seen before: a fresh base every run, printed so a
+/// failure can be replayed with KELING_SEED_BASE.
+fn seed_base() -> u64 {
+    let base = std::env::var("KELING_SEED_BASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                % 1_000_000_000
+        });
+    eprintln!("seed base {base} (rerun with KELING_SEED_BASE={base})");
+    base
+}
+
+#[test]
+fn basic_scenario_decodes_every_call_exactly() {
+    if !ready("basic_scenario_decodes_every_call_exactly") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "2"]);
+    let t = trace(
+        &["--dev-dir", sim.dev_dir()],
+        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "basic"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let allocs: Vec<&Value> = t.of_type("gpu_alloc").collect();
+    // 3 MiB and 5 MiB requested; the driver rounds to 2 MiB pages and writes the real
+    // size back, which Keling reads at syscall exit.
+    let sizes: Vec<u64> = allocs
+        .iter()
+        .map(|a| a["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4 << 20, 6 << 20], "{allocs:?}");
+    assert!(
+        allocs
+            .iter()
+            .all(|a| a["gpu"] == 0 && a["class"] == 0x40 && a["kind"] == "video_memory")
+    );
+    let frees: Vec<&Value> = t
+        .of_type("gpu_free")
+        .filter(|f| f["bytes"].as_u64() != Some(0))
+        .collect();
+    assert_eq!(frees.len(), 1);
+    assert_eq!(frees[0]["bytes"], 4 << 20);
+    assert_eq!(frees[0]["handle"], allocs[0]["handle"]);
+    // Exit without freeing: the driver frees the client when its file is released.
+    let teardown: Vec<&Value> = t.of_type("gpu_teardown").collect();
+    assert_eq!(teardown.len(), 1, "{teardown:?}");
+    assert_eq!(teardown[0]["reason"], "file_released");
+    assert_eq!(teardown[0]["bytes"], 6 << 20);
+    // The object tree: client -> device on GPU 0.
+    let objects: Vec<&Value> = t.of_type("gpu_object").collect();
+    assert!(objects.iter().any(|o| o["kind"] == "client"));
+    let device = objects
+        .iter()
+        .find(|o| o["kind"] == "device")
+        .expect("device object");
+    assert_eq!(device["gpu"], 0);
+    assert_eq!(device["parent"], device["client"]);
+    let opens: Vec<&Value> = t.of_type("gpu_open").collect();
+    assert!(opens.iter().any(|o| o["device"] == "nvidiactl"));
+    let p = &t.summary()["processes"][0];
+    assert_eq!(p["gpu_mem_bytes"], 0);
+    assert_eq!(p["gpu_mem_peak_bytes"], 10 << 20);
+    assert_eq!(p["gpu_allocs"], 2);
+    assert_eq!(p["gpu_frees"], 2);
+    assert_eq!(p["undecoded"], 0);
+    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
+}
+
+/// Runs `count` random workloads (seeds from `base`) in one traced shell loop; at
+/// every checkpoint of every workload and at the end, Keling's per-process,
+/// per-GPU figures (bytes, peak, host bytes, allocs, frees) must equal the
+/// simulator's ground truth exactly, with nothing undecoded.
+fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
+    let dir = tempdir();
+    let out_path = dir.join("trace.jsonl");
+    let script = format!(
+        "for s in $(seq {base} {last}); do {wl} --dev-dir {dev} --seed $s --steps {steps} \
+         --checkpoints --checkpoint-every 10 || {{ echo \"workload seed $s failed\" >&2; exit 1; }}; done",
+        last = base + count - 1,
+        wl = gwl(),
+        dev = sim.dev_dir(),
+    );
+    let mut keling = ChildGuard(
+        Command::new(keling_tests::keling_bin())
+            .args([
+                "trace",
+                "--dev-dir",
+                sim.dev_dir(),
+                "--format",
+                "jsonl",
+                "--output",
+            ])
+            .arg(&out_path)
+            .args(["--", "sh", "-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = keling.0.id() as i32;
+    let mut to_workload = keling.0.stdin.take().unwrap();
+    let from_workload = BufReader::new(keling.0.stdout.take().unwrap());
+    let mut out = std::fs::File::options().read(true).open(&out_path).ok();
+    let mut pending = String::new();
+    let (mut seq, mut workload, mut checkpoints) = (0u64, base - 1, 0u64);
+    for line in from_workload.lines() {
+        let line = line.unwrap();
+        let Some(n) = line.strip_prefix("checkpoint ") else {
+            panic!("unexpected workload output {line:?}");
+        };
+        if n == "1" {
+            workload += 1;
+        }
+        seq += 1;
+        // SAFETY: signalling our own child by pid: "write a gpu_snapshot now".
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let snapshot = loop {
+            if out.is_none() {
+                out = std::fs::File::options().read(true).open(&out_path).ok();
+            }
+            if let Some(f) = out.as_mut() {
+                let mut more = String::new();
+                f.read_to_string(&mut more).unwrap();
+                pending.push_str(&more);
+            }
+            let found = pending
+                .lines()
+                .filter(|l| l.contains("\"gpu_snapshot\""))
+                .find_map(|l| {
+                    let v: Value = serde_json::from_str(l).ok()?;
+                    (v["seq"] == seq).then_some(v)
+                });
+            if let Some(v) = found {
+                // Keep only what follows the snapshot line.
+                let cut = pending.rfind("\"gpu_snapshot\"").unwrap();
+                let end = pending[cut..]
+                    .find('\n')
+                    .map_or(pending.len(), |e| cut + e + 1);
+                pending.drain(..end);
+                break v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no gpu_snapshot {seq} from keling"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if let Err(diff) = converge(sim, &keling_figures(&snapshot), Duration::from_secs(3)) {
+            panic!("seed {workload}, checkpoint {n}: {diff}");
+        }
+        checkpoints += 1;
+        to_workload.write_all(b"\n").unwrap();
+    }
+    let status = keling.0.wait().unwrap();
+    assert!(status.success(), "traced loop failed: {status:?}");
+    let mut text = String::new();
+    let mut f = std::fs::File::open(&out_path).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_string(&mut text).unwrap();
+    let summary: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["type"], "summary");
+    assert_eq!(
+        workload,
+        base + count - 1,
+        "every workload reached its checkpoints"
+    );
+    assert!(
+        checkpoints >= count,
+        "{checkpoints} checkpoints for {count} workloads"
+    );
+    converge(sim, &keling_figures(&summary), Duration::from_secs(3))
+        .unwrap_or_else(|d| panic!("final: {d}"));
+    let undecoded: u64 = summary["undecoded"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        undecoded, 0,
+        "supported calls were not decoded: {}",
+        summary["undecoded"]
+    );
+    assert_eq!(summary["drops"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+    summary
+}
+
+#[test]
+fn two_hundred_random_workloads_match_ground_truth() {
+    if !ready("two_hundred_random_workloads_match_ground_truth") {
+        return;
+    }
+    let count = std::env::var("KELING_WORKLOADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    // 6 GiB per GPU: large random allocations sometimes hit NV_ERR_NO_MEMORY.
+    let sim = Nvsim::mount(&["--gpus", "2", "--mem-per-gpu", "6442450944"]);
+    let summary = random_workloads(&sim, seed_base(), count, 30);
+    // The workloads used every path: XFER, threads, forks, execs, kills.
+    let procs = summary["processes"].as_array().unwrap();
+    assert!(
+        procs.len() as u64 > count,
+        "forked children were traced too"
+    );
+}
+
+#[test]
+fn pre_535_layout_is_decoded() {
+    if !ready("pre_535_layout_is_decoded") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "2", "--driver-version", "530.30.02"]);
+    let t = trace(
+        &["--dev-dir", sim.dev_dir()],
+        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "basic"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    assert!(
+        t.stderr.contains("530.30.02"),
+        "driver version read from DIR/version: {}",
+        t.stderr
+    );
+    let sizes: Vec<u64> = t
+        .of_type("gpu_alloc")
+        .map(|a| a["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [4 << 20, 6 << 20]);
+    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
+    drop(sim);
+    let sim = Nvsim::mount(&["--gpus", "2", "--driver-version", "530.30.02"]);
+    random_workloads(&sim, seed_base(), 10, 30);
+}
+
+#[test]
+fn hostile_process_cannot_corrupt_the_accounting() {
+    if !ready("hostile_process_cannot_corrupt_the_accounting") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let t = trace(
+        &["--dev-dir", sim.dev_dir()],
+        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "hostile"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let s = t.summary();
+    // Bad pointers and wrong sizes were counted, not guessed...
+    let und = &s["undecoded"];
+    assert!(und["fault"].as_u64().unwrap() > 0, "{und}");
+    assert!(
+        und["unknown_layout"].as_u64().unwrap() + und["unknown_escape"].as_u64().unwrap() > 0,
+        "{und}"
+    );
+    assert!(s["processes"][0]["undecoded"].as_u64().unwrap() > 0);
+    // ...the 10000-control flood lost nothing...
+    assert_eq!(s["drops"], 0);
+    assert!(t.of_type("gpu_ioctl").count() >= 10_000);
+    // ...and the totals are exact, including the valid 1 MiB allocation at the end.
+    assert!(
+        t.of_type("gpu_alloc")
+            .any(|a| a["bytes"].as_u64().unwrap() >= 1 << 20)
+    );
+    converge(&sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
+}
+
+#[test]
+fn out_of_memory_allocations_are_not_counted() {
+    if !ready("out_of_memory_allocations_are_not_counted") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1", "--mem-per-gpu", "1073741824"]);
+    let t = trace(
+        &["--dev-dir", sim.dev_dir()],
+        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "oom"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let no_memory: Vec<&Value> = t
+        .of_type("gpu_ioctl")
+        .filter(|i| i["status"] == 0x51)
+        .collect();
+    assert!(!no_memory.is_empty(), "the scenario hit NV_ERR_NO_MEMORY");
+    let p = &t.summary()["processes"][0];
+    assert!(p["gpu_mem_peak_bytes"].as_u64().unwrap() <= 1 << 30, "{p}");
+    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
+}
+
+#[test]
+fn gpu_events_appear_in_the_text_timeline() {
+    if !ready("gpu_events_appear_in_the_text_timeline") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let out = Command::new(keling_tests::keling_bin())
+        .args([
+            "trace",
+            "--dev-dir",
+            sim.dev_dir(),
+            "--",
+            &gwl(),
+            "--dev-dir",
+            sim.dev_dir(),
+            "--scenario",
+            "basic",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("gpu alloc 4194304 bytes video_memory on gpu0"),
+        "{text}"
+    );
+    assert!(text.contains("gpu teardown of client"), "{text}");
+    assert!(text.contains("GPU PEAK"), "{text}");
+}
+
+/// Never leave a mount behind: the guard's unmount works even if the test panics.
+#[test]
+fn simulator_unmounts_when_dropped() {
+    if !ready("simulator_unmounts_when_dropped") {
+        return;
+    }
+    let dir = {
+        let sim = Nvsim::mount(&["--gpus", "1"]);
+        assert!(sim.dir.join("nvidiactl").exists());
+        sim.dir.clone()
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.lines().any(|l| l.split(' ').nth(1) == dir.to_str()),
+        "still mounted"
+    );
+}
