@@ -107,15 +107,25 @@ impl GpuArgs {
     }
 }
 
-/// Whether `path` is in `dir` as one of the NVIDIA device files.
-pub fn is_device_path(dir: &Path, path: &Path) -> bool {
-    path.parent() == Some(dir)
-        && path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-            n == "nvidiactl"
-                || n == "nvidia-uvm"
-                || n.strip_prefix("nvidia")
-                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-        })
+/// Which NVIDIA device file `path` is (a `device_file` code), if it is one in `dir`:
+/// the same rule the open probe applies in the kernel.
+pub fn device_file_of(dir: &Path, path: &Path) -> Option<u32> {
+    use keling_common::device_file;
+    if path.parent() != Some(dir) {
+        return None;
+    }
+    match path.file_name()?.to_str()? {
+        "nvidiactl" => Some(device_file::CTL),
+        "nvidia-uvm" => Some(device_file::UVM),
+        n => {
+            let digits = n.strip_prefix("nvidia")?;
+            if digits.is_empty() || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit())
+            {
+                return None;
+            }
+            digits.parse().ok().filter(|&v| v <= 247)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -134,13 +144,16 @@ mod tests {
 
     #[test]
     fn recognises_device_paths() {
+        use keling_common::device_file;
         let dir = Path::new("/dev");
-        assert!(is_device_path(dir, Path::new("/dev/nvidiactl")));
-        assert!(is_device_path(dir, Path::new("/dev/nvidia0")));
-        assert!(is_device_path(dir, Path::new("/dev/nvidia17")));
-        assert!(is_device_path(dir, Path::new("/dev/nvidia-uvm")));
-        assert!(!is_device_path(dir, Path::new("/dev/nvidia-uvm-tools")));
-        assert!(!is_device_path(dir, Path::new("/dev/nvidia")));
-        assert!(!is_device_path(dir, Path::new("/tmp/nvidia0")));
+        let of = |p: &str| device_file_of(dir, Path::new(p));
+        assert_eq!(of("/dev/nvidiactl"), Some(device_file::CTL));
+        assert_eq!(of("/dev/nvidia0"), Some(0));
+        assert_eq!(of("/dev/nvidia17"), Some(17));
+        assert_eq!(of("/dev/nvidia-uvm"), Some(device_file::UVM));
+        assert_eq!(of("/dev/nvidia-uvm-tools"), None);
+        assert_eq!(of("/dev/nvidia"), None);
+        assert_eq!(of("/dev/nvidia248"), None);
+        assert_eq!(of("/tmp/nvidia0"), None);
     }
 }

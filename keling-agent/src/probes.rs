@@ -16,9 +16,10 @@ use aya::{
     programs::{RawTracePoint, TracePoint},
 };
 use keling_common::{
-    DEV_PREFIX_LEN, DROP_COUNTERS, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS, MAP_TOTALS,
-    MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED, MAP_UNDECODED_PID, ProbeConfig, TotalKey,
-    Totals, TrackedProcess, nvidia, undecoded,
+    DEV_PREFIX_LEN, DROP_COUNTERS, FD_SLOTS, FdSlot, FileInfo, GLOBAL_CONFIG, MAP_DROPS,
+    MAP_EVENTS, MAP_FILES, MAP_PROC_FDS, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
+    MAP_UNDECODED, MAP_UNDECODED_PID, ProbeConfig, ProcFds, TotalKey, Totals, TrackedProcess,
+    nvidia, undecoded,
 };
 
 use crate::{btf::Btf, sys};
@@ -319,6 +320,149 @@ impl Probes {
                 .push(per_reason.get(&reason, 0)?.iter().sum());
         }
         Ok(acc)
+    }
+}
+
+/// An NVIDIA fd a process had open before the probes were loaded.
+struct ExistingFd {
+    pid: u32,
+    fd: i32,
+    device: u32,
+    cloexec: bool,
+}
+
+/// kcmp(2): whether two fds (in two processes) are the same open file description.
+fn same_file(a: &ExistingFd, b: &ExistingFd) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp only compares kernel objects; bad pids or fds give an error.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            a.pid as libc::c_long,
+            b.pid as libc::c_long,
+            KCMP_FILE,
+            a.fd as libc::c_long,
+            b.fd as libc::c_long,
+        )
+    };
+    r == 0
+}
+
+/// The NVIDIA fds of process `pid` under `dev_dir`, from /proc.
+fn existing_fds(pid: u32, dev_dir: &std::path::Path) -> Vec<ExistingFd> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+        let target = fs::read_link(e.path()).ok()?;
+        let device = crate::gpu_env::device_file_of(dev_dir, &target)?;
+        let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .unwrap_or(0);
+        Some(ExistingFd {
+            pid,
+            fd,
+            device,
+            cloexec: flags & libc::O_CLOEXEC as u32 != 0,
+        })
+    })
+    .collect()
+}
+
+impl Probes {
+    /// Finds NVIDIA fds opened before the probes were loaded (in `pids`, or in every
+    /// process when `None`) and enters them in the kernel's fd and file maps, so
+    /// their closes and the release of their files are followed from now on.
+    /// Objects created on them before now are unknown: frees of those are counted
+    /// as undecoded (`unknown_object`). Returns the processes found.
+    pub fn adopt_existing_fds(
+        &mut self,
+        dev_dir: &std::path::Path,
+        pids: Option<&[u32]>,
+        track: bool,
+    ) -> anyhow::Result<BTreeSet<u32>> {
+        let all: Vec<u32> = match pids {
+            Some(p) => p.to_vec(),
+            None => fs::read_dir("/proc")?
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|&p: &u32| p != std::process::id())
+                .collect(),
+        };
+        let fds: Vec<ExistingFd> = all.iter().flat_map(|&p| existing_fds(p, dev_dir)).collect();
+        // Group fds by open file description.
+        let mut file_of: Vec<usize> = Vec::with_capacity(fds.len());
+        let mut files: Vec<usize> = Vec::new(); // index of each file's first fd
+        for (i, fd) in fds.iter().enumerate() {
+            match files.iter().position(|&first| same_file(&fds[first], fd)) {
+                Some(f) => file_of.push(f),
+                None => {
+                    files.push(i);
+                    file_of.push(files.len() - 1);
+                }
+            }
+        }
+        // Ids from the top half, which the kernel's counter never reaches.
+        let id = |f: usize| (1u64 << 63) | (std::process::id() as u64) << 20 | f as u64;
+        let mut file_map: HashMap<_, u64, FileInfo> =
+            HashMap::try_from(self.ebpf.map_mut(MAP_FILES).context("FILES")?)?;
+        for (f, &first) in files.iter().enumerate() {
+            let refs = file_of.iter().filter(|&&x| x == f).count() as u32;
+            let info = FileInfo {
+                refs,
+                device: fds[first].device,
+                opener_pid: fds[first].pid,
+                ..Default::default()
+            };
+            file_map.insert(id(f), info, 0)?;
+        }
+        let mut found = BTreeSet::new();
+        let mut proc_fds: HashMap<_, u32, ProcFds> =
+            HashMap::try_from(self.ebpf.map_mut(MAP_PROC_FDS).context("PROC_FDS")?)?;
+        let mut tables: BTreeMap<u32, ProcFds> = BTreeMap::new();
+        for (i, fd) in fds.iter().enumerate() {
+            let table = tables.entry(fd.pid).or_insert(ProcFds {
+                slots: [FdSlot::default(); FD_SLOTS],
+            });
+            if let Some(slot) = table.slots.iter_mut().find(|s| s.file_id == 0) {
+                *slot = FdSlot {
+                    fd: fd.fd,
+                    device: fd.device,
+                    file_id: id(file_of[i]),
+                    cloexec: fd.cloexec as u32,
+                    _reserved: 0,
+                };
+            } else {
+                log::warn!(
+                    "process {} has more than {FD_SLOTS} NVIDIA fds; fd {} is not followed",
+                    fd.pid,
+                    fd.fd
+                );
+            }
+            found.insert(fd.pid);
+        }
+        for (pid, table) in &tables {
+            proc_fds.insert(pid, table, 0)?;
+        }
+        if track {
+            for &pid in &found {
+                self.track(pid, pid)?;
+            }
+        }
+        if !found.is_empty() {
+            log::info!(
+                "adopted {} NVIDIA fds ({} open files) of {} processes that had them before Keling started; \
+                 memory they allocated before now is not in Keling's totals",
+                fds.len(),
+                files.len(),
+                found.len()
+            );
+        }
+        Ok(found)
     }
 }
 

@@ -66,6 +66,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         dev_dir: args.gpu.dev_dir.clone(),
         driver_major,
     })?;
+    probes.adopt_existing_fds(&args.gpu.dev_dir, None, true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

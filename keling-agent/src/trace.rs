@@ -174,6 +174,8 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             let pid = args.pid.expect("checked above");
             let (ppid, comm) = proc_identity(pid)?;
             probes.track(pid, pid)?;
+            probes.adopt_existing_fds(&args.gpu.dev_dir, Some(&[pid]), false)?;
+            log::info!("tracing process {pid} ({comm}) and the children it forks from now on");
             model.add_process(pid, ppid, comm, &tids_of(pid));
             None
         }

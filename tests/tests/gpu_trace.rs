@@ -360,3 +360,135 @@ fn simulator_unmounts_when_dropped() {
         "still mounted"
     );
 }
+
+/// `--pid` on a process that opened the devices before Keling started: its fds
+/// are adopted from /proc, so what it allocates from then on, its closes and the
+/// release of its files are followed; frees of objects made before are counted as
+/// `unknown_object`, never subtracted from anything.
+#[test]
+fn attach_adopts_fds_opened_before_keling() {
+    if !ready("attach_adopts_fds_opened_before_keling") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "2"]);
+    let seed = seed_base();
+    let mut wl = ChildGuard(
+        Command::new(gwl())
+            .args([
+                "--dev-dir",
+                sim.dev_dir(),
+                "--seed",
+                &seed.to_string(),
+                "--steps",
+                "30",
+                "--checkpoints",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = wl.0.id() as u64;
+    let mut to_wl = wl.0.stdin.take().unwrap();
+    let mut from_wl = BufReader::new(wl.0.stdout.take().unwrap()).lines();
+    assert_eq!(from_wl.next().unwrap().unwrap(), "checkpoint 1");
+    let before = keling_tests::truth_figures(&sim.state());
+    let allocs_before: u64 = before
+        .iter()
+        .filter(|(k, _)| k.0 == pid)
+        .map(|(_, f)| f[3])
+        .sum();
+    let dir = tempdir();
+    let out_path = dir.join("trace.jsonl");
+    let mut keling = ChildGuard(
+        Command::new(keling_tests::keling_bin())
+            .args([
+                "trace",
+                "--dev-dir",
+                sim.dev_dir(),
+                "--format",
+                "jsonl",
+                "--output",
+            ])
+            .arg(&out_path)
+            .args(["--pid", &pid.to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut log = BufReader::new(keling.0.stderr.take().unwrap()).lines();
+    let adopted = log
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("adopted"))
+        .expect("keling adopted the fds");
+    assert!(adopted.contains("of 1 processes"), "{adopted}");
+    log.by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("tracing process"))
+        .expect("keling attached");
+    std::thread::spawn(move || log.for_each(drop));
+    // Let the workload run to its end.
+    to_wl.write_all(b"\n").unwrap();
+    for line in from_wl.by_ref() {
+        assert!(line.unwrap().starts_with("checkpoint"));
+        to_wl.write_all(b"\n").unwrap();
+    }
+    assert!(wl.0.wait().unwrap().success());
+    assert!(keling.0.wait().unwrap().success());
+    let text = std::fs::read_to_string(&out_path).unwrap();
+    let summary: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let after = {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let s = sim.state();
+            if s["clients"].as_array().unwrap().is_empty() || Instant::now() > deadline {
+                break keling_tests::truth_figures(&s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let ours = keling_figures(&summary);
+    let allocs_after: u64 = after
+        .iter()
+        .filter(|(k, _)| k.0 == pid)
+        .map(|(_, f)| f[3])
+        .sum();
+    let our_allocs: u64 = ours
+        .iter()
+        .filter(|(k, _)| k.0 == pid)
+        .map(|(_, f)| f[3])
+        .sum();
+    assert_eq!(
+        our_allocs,
+        allocs_after - allocs_before,
+        "allocations made after attaching"
+    );
+    // Nothing held at the end on either side: post-attach memory was all freed or
+    // torn down with the adopted files.
+    assert!(ours.values().all(|f| f[0] == 0 && f[2] == 0), "{ours:?}");
+    // Children forked after attaching are exact. A child that allocates under a
+    // device object made before Keling attached has its bytes counted with the GPU
+    // unknown (`gpu` null): compare per process.
+    let per_pid = |figs: &keling_tests::GpuFigures, p: u64| {
+        figs.iter()
+            .filter(|(k, _)| k.0 == p)
+            .fold([0u64; 5], |mut acc, (_, f)| {
+                for i in [0, 2, 3, 4] {
+                    acc[i] += f[i];
+                }
+                acc[1] = acc[1].max(f[1]);
+                acc
+            })
+    };
+    let children: std::collections::BTreeSet<u64> =
+        ours.keys().map(|k| k.0).filter(|&p| p != pid).collect();
+    for child in children {
+        assert_eq!(
+            per_pid(&ours, child),
+            per_pid(&after, child),
+            "child {child}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

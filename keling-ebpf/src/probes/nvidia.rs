@@ -385,26 +385,36 @@ fn decode_exit(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<Option<u32>, 
     }
 }
 
+/// The open file behind `fd` of `pid` (0 if it is not an NVIDIA fd).
+fn fd_file_id(pid: u32, fd: i32) -> u64 {
+    let Some(fds) = proc_fds(pid, false) else {
+        return 0;
+    };
+    let mut file_id = 0;
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        let s = unsafe { &(*fds).slots[i] };
+        if s.file_id != 0 && s.fd == fd {
+            file_id = s.file_id;
+        }
+    }
+    file_id
+}
+
 /// A new object (or client) the driver created.
 #[inline(never)]
 fn record_object(pid: u32, tid: u32, p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
     let (bytes, ret) = (p.bytes, p.ret);
     if kind == ObjectKind::Client {
-        let Some(fds) = proc_fds(pid, false) else {
-            return Err(undecoded::UNKNOWN_OBJECT);
-        };
-        let mut file_id = 0;
-        for i in 0..FD_SLOTS {
-            // SAFETY: a map value pointer; i is in bounds.
-            let s = unsafe { &(*fds).slots[i] };
-            if s.file_id != 0 && s.fd == p.fd {
-                file_id = s.file_id;
-            }
-        }
-        new_client(pid, p.handle, file_id);
+        new_client(pid, p.handle, fd_file_id(pid, p.fd));
         p.client = p.handle;
         ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuObject, 0);
         return Ok(());
+    }
+    if CLIENTS.get_ptr(p.client).is_none() {
+        // A client created before Keling was watching (an fd adopted at start-up):
+        // known from now on, so what is allocated under it from now on is exact.
+        new_client(pid, p.client, fd_file_id(pid, p.fd));
     }
     let Some(client) = CLIENTS.get_ptr_mut(p.client) else {
         return Err(undecoded::UNKNOWN_OBJECT);
