@@ -133,7 +133,7 @@ fn charge_one(key: TotalKey, d: &Delta) {
 /// which the verifier walks once per client and contributor, depend on that.
 #[inline(always)]
 fn uncharge_one(key: TotalKey, d: &Delta) {
-    let Some(t) = TOTALS.get_ptr_mut(&key) else {
+    let Some(t) = TOTALS.get_ptr_mut(key) else {
         return;
     };
     // SAFETY: a valid map value pointer; fields updated atomically.
@@ -165,6 +165,10 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64) {
     let Some(zero) = ZERO_CLIENT.get_ptr(0) else {
         return;
     };
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
     // SAFETY: a map value pointer, valid for this program run.
     let _ = CLIENTS.insert(handle, unsafe { &*zero }, 0);
     if let Some(c) = CLIENTS.get_ptr_mut(handle) {
@@ -440,13 +444,22 @@ pub fn proc_fds(pid: u32, create: bool) -> Option<*mut ProcFds> {
         return None;
     }
     let zero = ZERO_FDS.get_ptr(0)?;
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
     // SAFETY: a map value pointer, valid for this program run.
-    PROC_FDS.insert(pid, unsafe { &*zero }, 0).ok()?;
+    let inserted = PROC_FDS.insert(pid, unsafe { &*zero }, 0);
+    inserted.ok()?;
     PROC_FDS.get_ptr_mut(pid)
 }
 
 /// Emits an open/close/dup event.
 #[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "always inlined: no BPF call with > 5 arguments"
+)]
 pub fn file_event(
     kind: EventKind,
     pid: u32,

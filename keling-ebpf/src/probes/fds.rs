@@ -76,11 +76,11 @@ fn match_device(path: &[u8; DEV_PREFIX_LEN + 16]) -> Option<u32> {
     if n == 0 || n >= DEV_PREFIX_LEN {
         return None;
     }
-    for i in 0..DEV_PREFIX_LEN {
+    for (i, &b) in path.iter().enumerate().take(DEV_PREFIX_LEN) {
         if i >= n {
             break;
         }
-        if path[i] != config!(dev_prefix[i]) {
+        if b != config!(dev_prefix[i]) {
             return None;
         }
     }
@@ -394,11 +394,11 @@ pub fn sys_enter_fcntl(ctx: TracePointContext) -> i32 {
         F_DUPFD | F_DUPFD_CLOEXEC => enter_dup(fd, cmd == F_DUPFD_CLOEXEC),
         F_SETFD => {
             let (pid, _) = current_ids();
-            if let Some(fds) = proc_fds(pid, false) {
-                if let Some(i) = find_slot(fds, fd) {
-                    // SAFETY: a map value pointer; i is in bounds.
-                    unsafe { (*fds).slots[i].cloexec = (val & FD_CLOEXEC != 0) as u32 };
-                }
+            if let Some(fds) = proc_fds(pid, false)
+                && let Some(i) = find_slot(fds, fd)
+            {
+                // SAFETY: a map value pointer; i is in bounds.
+                unsafe { (*fds).slots[i].cloexec = (val & FD_CLOEXEC != 0) as u32 };
             }
         }
         _ => {}
@@ -417,11 +417,15 @@ pub fn on_fork(parent: u32, child: u32) {
     let Some(fds) = proc_fds(parent, false) else {
         return;
     };
+    // The child starts with a copy of the parent's table, inserted straight from
+    // the parent's map value (too large for the BPF stack).
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
     // SAFETY: a map value pointer, valid for this program run.
-    if super::accounting::PROC_FDS
-        .insert(child, unsafe { &*fds }, 0)
-        .is_err()
-    {
+    let copied = super::accounting::PROC_FDS.insert(child, unsafe { &*fds }, 0);
+    if copied.is_err() {
         return;
     }
     for i in 0..FD_SLOTS {

@@ -157,10 +157,10 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
                 nvos64::SIZE_PRE_535 => Some(nvos64::FLAGS_PRE_535),
                 _ => return Err(undecoded::UNKNOWN_LAYOUT),
             };
-            if let Some(off) = flags_off {
-                if user_u32(base, off)? & nvos64::FLAGS_FINN_SERIALIZED != 0 {
-                    return Err(undecoded::FINN_SERIALIZED);
-                }
+            if let Some(off) = flags_off
+                && user_u32(base, off)? & nvos64::FLAGS_FINN_SERIALIZED != 0
+            {
+                return Err(undecoded::FINN_SERIALIZED);
             }
             p.client = user_u32(base, nvos21::H_ROOT)?;
             p.parent = user_u32(base, nvos21::H_OBJECT_PARENT)?;
@@ -263,6 +263,10 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
 
 /// Emits one GPU event describing `p`.
 #[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "always inlined: no BPF call with > 5 arguments"
+)]
 fn ioctl_event(
     pid: u32,
     tid: u32,
