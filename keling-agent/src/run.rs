@@ -43,6 +43,34 @@ impl Counters {
     }
 }
 
+fn gpu_line(acc: &crate::probes::GpuAccounting) -> String {
+    let holders = acc
+        .totals
+        .iter()
+        .filter(|((pid, gpu), t)| *pid != 0 && *gpu == keling_common::ALL_GPUS && t.bytes > 0)
+        .count();
+    let per_gpu: Vec<String> = acc
+        .totals
+        .iter()
+        .filter(|((pid, gpu), _)| *pid == 0 && *gpu < keling_common::NO_GPU)
+        .map(|((_, gpu), t)| {
+            format!(
+                "gpu{gpu} {} MiB (peak {} MiB)",
+                t.bytes >> 20,
+                t.peak_bytes >> 20
+            )
+        })
+        .collect();
+    let undecoded: u64 = acc.undecoded_per_reason.iter().sum();
+    if per_gpu.is_empty() {
+        return "; no GPU memory seen yet".into();
+    }
+    format!(
+        "; GPU memory: {} held by {holders} processes; {undecoded} calls undecoded",
+        per_gpu.join(", ")
+    )
+}
+
 fn status_line(started: Instant, c: &Counters, drops: u64, tracked: usize) -> String {
     format!(
         "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} switches and {} GPU events traced; \
@@ -93,7 +121,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 }
                 _ = status.tick(), if args.status_interval > 0 => {
                     let drops = probes.drops_per_cpu()?.iter().sum();
-                    eprintln!("{}", status_line(started, &c, drops, probes.tracked_processes()?));
+                    let gpu = gpu_line(&probes.gpu_accounting()?);
+                    eprintln!("{}{gpu}", status_line(started, &c, drops, probes.tracked_processes()?));
                 }
                 _ = sigint.recv() => break,
                 _ = sigterm.recv() => break,

@@ -3,6 +3,7 @@
 //! Every command first runs `setup`, which installs only what is missing, so the
 //! same command works on a fresh machine and costs nothing on a prepared one.
 mod bench;
+mod demo;
 mod setup;
 
 use std::{
@@ -132,13 +133,13 @@ fn build(release: bool) -> anyhow::Result<PathBuf> {
         .join(if release { "release" } else { "debug" }))
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
 
 /// Runs `prog args` as root: directly when we are root, else through `sudo -E`.
-fn as_root(prog: &Path, args: &[String]) -> Command {
+pub fn as_root(prog: &Path, args: &[String]) -> Command {
     if is_root() {
         let mut c = Command::new(prog);
         c.args(args);
@@ -157,11 +158,11 @@ fn cmd_run(args: Vec<String>) -> anyhow::Result<()> {
     } else {
         args
     };
-    if !Path::new("/dev/nvidiactl").exists() && args.first().map(String::as_str) == Some("run") {
-        eprintln!(
-            "xtask: no NVIDIA GPU on this host (/dev/nvidiactl is absent): the agent watches \
-             process lifecycles only; GPU tracing against the simulated driver is not built yet"
-        );
+    let wants_demo = args.first().map(String::as_str) == Some("run")
+        && !args.iter().any(|a| a.starts_with("--dev-dir"))
+        && !Path::new("/dev/nvidiactl").exists();
+    if wants_demo {
+        return demo::run_with_simulated_driver(&dir, &args);
     }
     let status = as_root(&dir.join("keling"), &args)
         .status()
