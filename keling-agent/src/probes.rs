@@ -162,6 +162,8 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
             nvidia::nvos21::STATUS_PRE_535 as u32
         },
         dev_prefix_len,
+        wakeup_bytes: opts.ringbuf_bytes / 4,
+        _reserved: 0,
         dev_prefix,
     })
 }

@@ -104,6 +104,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         let mut sigterm = signal(SignalKind::terminate())?;
         let period = Duration::from_secs(args.status_interval.max(1));
         let mut status = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        // Detail events do not wake us; collect them on this tick.
+        let mut drain = tokio::time::interval(std::time::Duration::from_millis(20));
         let started = Instant::now();
         let mut c = Counters::default();
         eprintln!("keling: ready: probes attached, watching every process (Ctrl-C to stop)");
@@ -118,6 +120,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                         }
                     }
                     guard.clear_ready();
+                }
+                _ = drain.tick() => {
+                    while let Some(item) = ring.get_mut().next() {
+                        match decode::decode(&item) {
+                            Ok(event) => c.count(&event),
+                            Err(_) => c.decode_errors += 1,
+                        }
+                    }
                 }
                 _ = status.tick(), if args.status_interval > 0 => {
                     let drops = probes.drops_per_cpu()?.iter().sum();

@@ -224,7 +224,8 @@ async fn event_loop(
         output,
         decode_errors: 0,
     };
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    // Detail events (switches, plain ioctls) do not wake us: drain on this tick too.
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigusr1 = signal(SignalKind::user_defined1())?;

@@ -69,11 +69,12 @@ mod layout_tests {
     #[test]
     fn map_value_layouts() {
         no_padding!(TrackedProcess, 8, [root_pid: u32, flags: u32]);
-        no_padding!(ProbeConfig, 112, [task_pid_off: u32, task_tgid_off: u32,
+        no_padding!(ProbeConfig, 120, [task_pid_off: u32, task_tgid_off: u32,
             task_exit_code_off: u32, exit_group_dead_off: u32, switch_prev_pid_off: u32,
             switch_prev_state_off: u32, switch_next_pid_off: u32, exec_filename_off: u32,
             exec_old_pid_off: u32, system_wide: u32, nvos21_status_off: u32,
-            dev_prefix_len: u32, dev_prefix: [u8; DEV_PREFIX_LEN]]);
+            dev_prefix_len: u32, wakeup_bytes: u32, _reserved: u32,
+            dev_prefix: [u8; DEV_PREFIX_LEN]]);
         no_padding!(FdSlot, 24, [fd: i32, device: u32, file_id: u64, cloexec: u32,
             _reserved: u32]);
         assert_eq!(size_of::<ProcFds>(), 24 * FD_SLOTS);

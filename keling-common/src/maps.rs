@@ -65,6 +65,9 @@ pub struct ProbeConfig {
     pub nvos21_status_off: u32,
     /// Bytes of `dev_prefix` that are set.
     pub dev_prefix_len: u32,
+    /// Detail events wake the agent only when this many bytes are waiting.
+    pub wakeup_bytes: u32,
+    pub _reserved: u32,
     /// `<dev-dir>/nvidia`: the open probe matches `nvidiactl`, `nvidia-uvm` and
     /// `nvidiaN` after it.
     pub dev_prefix: [u8; crate::DEV_PREFIX_LEN],
@@ -84,6 +87,8 @@ impl ProbeConfig {
         system_wide: 0,
         nvos21_status_off: 28,
         dev_prefix_len: 0,
+        wakeup_bytes: 0,
+        _reserved: 0,
         dev_prefix: [0; crate::DEV_PREFIX_LEN],
     };
 }

@@ -96,13 +96,37 @@ fn count_drop(reason: u32) {
     }
 }
 
-/// Writes `event` to the ring buffer, or counts it as dropped.
+/// Writes `event` to the ring buffer and wakes the agent, or counts it as dropped.
+/// For events a decision may hang on (process lifecycle, GPU memory).
 #[inline(always)]
 fn emit<T: 'static>(event: T) {
+    submit(event, 0);
+}
+
+/// Writes a high-rate detail event (context switch, plain ioctl) without waking the
+/// agent, unless a quarter of the ring buffer is waiting: a wake-up per event costs
+/// the traced process more than the probe itself. The agent drains on a short
+/// timer too, so these arrive within its tick.
+#[inline(always)]
+fn emit_quiet<T: 'static>(event: T) {
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
+    let flags = if waiting >= config!(wakeup_bytes) as u64 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    submit(event, flags);
+}
+
+#[inline(always)]
+fn submit<T: 'static>(event: T, flags: u64) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(event);
-            entry.submit(0);
+            entry.submit(flags);
         }
         None => count_drop(DROP_RINGBUF_FULL),
     }

@@ -16,9 +16,10 @@ use anyhow::{Context, bail};
 struct Agent(Child);
 
 impl Agent {
-    fn start(keling: &Path) -> anyhow::Result<Self> {
+    fn start(keling: &Path, dev_dir: &Path) -> anyhow::Result<Self> {
         let mut child = Command::new(keling)
-            .args(["run", "--status-interval", "0"])
+            .args(["run", "--status-interval", "0", "--dev-dir"])
+            .arg(dev_dir)
             .stderr(Stdio::piped())
             .spawn()
             .context("start keling run")?;
@@ -69,23 +70,49 @@ pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     }
     let keling = dir.join("keling");
     const CALLS: &str = "2000000";
+    // A stand-in device directory: DIR/nvidiactl is a plain file, so an RM ioctl on
+    // it is recognised and decoded by the probes but fails at once in the kernel.
+    let dev = std::env::temp_dir().join(format!("keling-bench-dev-{}", std::process::id()));
+    std::fs::create_dir_all(&dev)?;
+    std::fs::write(dev.join("nvidiactl"), b"")?;
+    let dev_s = dev.to_string_lossy().into_owned();
     println!(
         "Keling bench: {rounds} interleaved rounds, medians; ratios are the figures to compare.\n"
     );
 
     // 1. A tight syscall loop with and without the agent (system-wide probes
     //    on fork/exec/exit and sched_switch) loaded.
+    // 1b. ioctls: one on a pipe (not an NVIDIA fd: filtered out in the kernel) and an
+    //     RM_CONTROL on a tracked NVIDIA fd (decoded at entry and exit, reported).
+    const IOCTLS: &str = "300000";
     let (mut bare, mut loaded) = (Vec::new(), Vec::new());
+    let (mut io_bare, mut io_loaded, mut rm_bare, mut rm_loaded) = (vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
         bare.push(workload(dir, &["syscalls", CALLS])?);
-        let agent = Agent::start(&keling)?;
+        io_bare.push(workload(dir, &["ioctls", IOCTLS])?);
+        rm_bare.push(workload(dir, &["rmctl", &dev_s, IOCTLS])?);
+        let agent = Agent::start(&keling, &dev)?;
         loaded.push(workload(dir, &["syscalls", CALLS])?);
+        io_loaded.push(workload(dir, &["ioctls", IOCTLS])?);
+        rm_loaded.push(workload(dir, &["rmctl", &dev_s, IOCTLS])?);
         drop(agent);
     }
+    let _ = std::fs::remove_dir_all(&dev);
     let (b, l) = (median(&mut bare), median(&mut loaded));
     println!("syscall loop (getppid x {CALLS}):");
     println!("  without agent  {b:8.1} ns/call");
     println!("  agent loaded   {l:8.1} ns/call   ratio {:.3}", l / b);
+    let (ib, il) = (median(&mut io_bare), median(&mut io_loaded));
+    let (rb, rl) = (median(&mut rm_bare), median(&mut rm_loaded));
+    println!("\nioctl, each against the same call without the agent (x {IOCTLS}):");
+    println!(
+        "  untraced (FIONREAD on a pipe)      {ib:7.1} -> {il:7.1} ns/call   ratio {:.3}",
+        il / ib
+    );
+    println!(
+        "  traced NVIDIA (RM_CONTROL on nvidiactl) {rb:7.1} -> {rl:7.1} ns/call   ratio {:.3}",
+        rl / rb
+    );
 
     // 2. Context-switch tracing: two processes ping-pong a byte over pipes, so
     //    every round trip is context switches of tracked threads, all reported.

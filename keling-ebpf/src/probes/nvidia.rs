@@ -21,7 +21,7 @@ use keling_common::{
 use super::accounting::{
     CLIENTS, OBJECTS, charge, count_undecoded, new_client, proc_fds, teardown_client, uncharge,
 };
-use crate::{current_ids, emit, header};
+use crate::{current_ids, emit, emit_quiet, header};
 
 /// What sys_enter learned, for sys_exit.
 #[derive(Clone, Copy)]
@@ -277,7 +277,7 @@ fn ioctl_event(
     kind: EventKind,
     bytes: u64,
 ) {
-    emit(GpuEvent {
+    let event = GpuEvent {
         header: header(kind, pid, tid),
         client: p.client,
         parent: p.parent,
@@ -296,7 +296,13 @@ fn ioctl_event(
         ret,
         reason,
         via_xfer: p.via_xfer,
-    });
+    };
+    // Plain ioctls and object creations are detail; memory changes may matter to
+    // a decision at once.
+    match kind {
+        EventKind::GpuIoctl | EventKind::GpuObject => emit_quiet(event),
+        _ => emit(event),
+    }
 }
 
 /// Applies a successful call. `Ok(Some(status))`: report as a plain ioctl;

@@ -5,7 +5,7 @@
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use keling_common::{EventKind, SwitchEvent, task_state};
 
-use crate::{TRACKED_TIDS, current_ids, emit, header, tracked_tid};
+use crate::{TRACKED_TIDS, current_ids, emit_quiet, header, tracked_tid};
 
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn sched_switch(ctx: TracePointContext) -> i32 {
@@ -35,7 +35,7 @@ fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
         let _ = TRACKED_TIDS.remove(prev_tid);
     }
     let (pid, tid) = current_ids();
-    emit(SwitchEvent {
+    emit_quiet(SwitchEvent {
         header: header(EventKind::Switch, pid, tid),
         prev_tid,
         prev_pid: prev_pid.unwrap_or(0),

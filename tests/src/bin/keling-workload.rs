@@ -17,6 +17,7 @@ fn usage() -> ! {
          threads N MS REPORT N threads that each spin MS ms; REPORT gets each thread's CPU time\n\
          syscalls N          N getppid calls; prints ns per call\n\
          ioctls N            N ioctl(FIONREAD) calls on a pipe; prints ns per call\n\
+         rmctl DIR N         N RM_CONTROL ioctls on DIR/nvidiactl; prints ns per call\n\
          pingpong N          two processes bounce a byte N times over pipes; prints round trips/s\n\
          \n\
          KELING_WL_CPU=N pins the process to CPU N first."
@@ -204,6 +205,23 @@ fn main() {
             // SAFETY: FIONREAD writes an int to a valid pointer.
             let ns = per_call_ns(arg(&args, 2), || unsafe {
                 black_box(libc::ioctl(fds[0], libc::FIONREAD, &mut avail));
+            });
+            println!("{ns:.1}");
+        }
+        Some("rmctl") => {
+            // RM_CONTROL = _IOWR('F', 0x2A, 32) on whatever DIR/nvidiactl is (for the
+            // benchmark: a plain file, so the call fails fast with ENOTTY and what is
+            // measured is the probes' decode-and-report path, not a driver).
+            let dir: String = arg(&args, 2);
+            let path = std::ffi::CString::new(format!("{dir}/nvidiactl")).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
+            assert!(fd >= 0, "open {dir}/nvidiactl");
+            let mut params = [0u8; 32];
+            const RM_CONTROL: u64 = 0xC020_462A;
+            // SAFETY: the kernel reads/writes at most 32 bytes of params.
+            let ns = per_call_ns(arg(&args, 3), || unsafe {
+                black_box(libc::ioctl(fd, RM_CONTROL, params.as_mut_ptr()));
             });
             println!("{ns:.1}");
         }
