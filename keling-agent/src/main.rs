@@ -4,6 +4,7 @@ mod decode;
 mod gpu_env;
 mod gpu_names;
 mod model;
+mod nvml;
 mod output;
 mod probes;
 mod run;

@@ -450,6 +450,33 @@ impl Output {
         self.out.flush()
     }
 
+    /// Keling's per-process bytes next to NVML's (nothing when NVML is absent or
+    /// neither side sees a process).
+    pub fn nvml_check(&mut self, ts_ns: u64, diffs: &[crate::nvml::NvmlDiff]) -> io::Result<()> {
+        if diffs.is_empty() {
+            return Ok(());
+        }
+        match self.format {
+            Format::Jsonl => {
+                self.line(&json!({"type": "nvml_check", "ts_ns": ts_ns, "processes": diffs}))
+            }
+            Format::Text => {
+                for d in diffs {
+                    writeln!(
+                        self.out,
+                        "nvml check: pid {} gpu{}: NVML {} bytes, Keling {} bytes, difference {}",
+                        d.pid,
+                        d.gpu,
+                        d.nvml_bytes.map_or("n/a".into(), |b| b.to_string()),
+                        d.keling_bytes,
+                        d.diff_bytes.map_or("n/a".into(), |b| b.to_string())
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
     }

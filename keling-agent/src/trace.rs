@@ -229,6 +229,7 @@ async fn event_loop(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    let nvml = crate::nvml::NvmlCheck::open();
     let mut snapshots = 0u64;
     let mut interrupts = 0;
     let mut reported_drops = 0u64;
@@ -252,6 +253,11 @@ async fn event_loop(
             }
             _ = tick.tick() => {
                 ticks += 1;
+                // Every 5 s, when NVML is there: its view next to ours.
+                if ticks.is_multiple_of(250) && nvml.available() {
+                    let (procs, _) = crate::model::gpu_stats(&probes.gpu_accounting()?);
+                    state.output.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
+                }
                 if ticks.is_multiple_of(20) {
                     let per_cpu = probes.drops_per_cpu()?;
                     let total: u64 = per_cpu.iter().sum();
@@ -271,6 +277,7 @@ async fn event_loop(
                 let (procs, gpus) = crate::model::gpu_stats(&acc);
                 snapshots += 1;
                 state.output.gpu_snapshot(monotonic_ns(), snapshots, &procs, &gpus)?;
+                state.output.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
             }
             _ = sigint.recv() => {
                 interrupts += 1;
