@@ -252,6 +252,8 @@ async fn event_loop(
                 }
             }
             _ = tick.tick() => {
+                // Detail events do not wake us: collect them here.
+                state.drain(ring.get_mut())?;
                 ticks += 1;
                 // Every 5 s, when NVML is there: its view next to ours.
                 if ticks.is_multiple_of(250) && nvml.available() {
