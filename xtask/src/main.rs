@@ -50,6 +50,14 @@ enum Cmd {
     },
     /// Run clippy on the host crates and on the eBPF crate (bpf target).
     Clippy,
+    /// Prepare (and with --local, run) the GPU check: trace a short PyTorch job
+    /// with known allocations and report Keling's bytes next to NVML's, with every
+    /// ioctl Keling could not decode. Builds here; the bundle runs on a GPU host.
+    GpuCheck {
+        /// Run the bundle on this host (it must have an NVIDIA GPU and PyTorch).
+        #[arg(long)]
+        local: bool,
+    },
     /// Measure probe overhead and ring-buffer throughput, as ratios from one run.
     Bench {
         /// Repetitions of each interleaved measurement.
@@ -251,6 +259,26 @@ fn cmd_test(no_lint: bool, extra: Vec<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes target/gpu-check/ (keling, job.py, report.py, run.sh).
+fn gpu_check(local: bool) -> anyhow::Result<()> {
+    let bin = build(true)?;
+    let bundle = root().join("target/gpu-check");
+    std::fs::create_dir_all(&bundle)?;
+    std::fs::copy(bin.join("keling"), bundle.join("keling"))?;
+    for f in ["job.py", "report.py", "run.sh"] {
+        std::fs::copy(root().join("xtask/gpu-check").join(f), bundle.join(f))?;
+    }
+    eprintln!("xtask: GPU check bundle ready in {}", bundle.display());
+    if local {
+        return run(Command::new("sh").arg(bundle.join("run.sh")));
+    }
+    eprintln!(
+        "xtask: on a GPU host run `sh target/gpu-check/run.sh` (root); with the device tool: \
+         command `OUT=$OUT sh target/gpu-check/run.sh`, carry [\"target/gpu-check\"]"
+    );
+    Ok(())
+}
+
 fn cmd_clippy() -> anyhow::Result<()> {
     eprintln!("xtask: clippy (host crates)");
     run(cargo()
@@ -285,6 +313,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run { args } => cmd_run(args),
         Cmd::Test { no_lint, args } => cmd_test(no_lint, args),
         Cmd::Clippy => cmd_clippy(),
+        Cmd::GpuCheck { local } => gpu_check(local),
         Cmd::Bench { rounds } => {
             let dir = build(true)?;
             bench::bench(&dir, rounds)
