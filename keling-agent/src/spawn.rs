@@ -6,6 +6,7 @@
 use std::{
     ffi::{CString, OsString},
     io,
+    path::PathBuf,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::ffi::OsStrExt,
@@ -32,9 +33,27 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// How to start a held child beyond its argv.
+#[derive(Default)]
+pub struct SpawnOptions {
+    /// Extra environment variables (added to the agent's own).
+    pub env: Vec<(OsString, OsString)>,
+    /// fds to become the child's stdin, stdout, stderr.
+    pub stdio: Option<[i32; 3]>,
+    /// A `cgroup.procs` file the child moves itself into before exec.
+    pub cgroup_procs: Option<PathBuf>,
+    /// Working directory.
+    pub cwd: Option<PathBuf>,
+}
+
 impl HeldChild {
     /// Forks a child that will run `argv` (looked up in PATH) once released.
     pub fn spawn(argv: &[OsString]) -> anyhow::Result<Self> {
+        Self::spawn_with(argv, &SpawnOptions::default())
+    }
+
+    /// As [`HeldChild::spawn`], with environment, stdio, cgroup and directory.
+    pub fn spawn_with(argv: &[OsString], opts: &SpawnOptions) -> anyhow::Result<Self> {
         let Some(program) = argv.first() else {
             bail!("no command given")
         };
@@ -44,6 +63,29 @@ impl HeldChild {
             .collect::<anyhow::Result<_>>()?;
         let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
         ptrs.push(std::ptr::null());
+        // The environment, prepared before the fork (setenv is not safe after it).
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !opts.env.iter().any(|(o, _)| o == k))
+            .collect();
+        env.extend(opts.env.iter().cloned());
+        let cenv: Vec<CString> = env
+            .iter()
+            .filter_map(|(k, v)| {
+                let mut kv = k.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                CString::new(kv).ok()
+            })
+            .collect();
+        let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|c| c.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let cgroup_procs = opts
+            .cgroup_procs
+            .as_ref()
+            .map(|p| CString::new(p.as_os_str().as_bytes()))
+            .transpose()?;
+        let cwd = opts.cwd.as_ref().map(|p| CString::new(p.as_os_str().as_bytes())).transpose()?;
+        let stdio = opts.stdio;
         let (go_read, go_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
         // SAFETY: the child only calls async-signal-safe functions (read, execvp,
@@ -67,8 +109,27 @@ impl HeldChild {
                     unsafe { libc::_exit(127) };
                 }
             }
-            // SAFETY: argv is NUL-terminated and outlives the call.
-            unsafe { libc::execvp(ptrs[0], ptrs.as_ptr()) };
+            // SAFETY: async-signal-safe calls on memory prepared before the fork.
+            unsafe {
+                if let Some(fds) = stdio {
+                    for (target, fd) in fds.iter().enumerate() {
+                        libc::dup2(*fd, target as i32);
+                    }
+                }
+                if let Some(procs) = &cgroup_procs {
+                    // Join the task's cgroup before exec: everything it starts is in it.
+                    let f = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    let me = b"0";
+                    if f < 0 || libc::write(f, me.as_ptr().cast(), 1) != 1 {
+                        libc::_exit(126);
+                    }
+                    libc::close(f);
+                }
+                if let Some(dir) = &cwd {
+                    libc::chdir(dir.as_ptr());
+                }
+                libc::execvpe(ptrs[0], ptrs.as_ptr(), envp.as_ptr());
+            }
             let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
             // SAFETY: writing 4 bytes from a valid buffer, then exiting.
             unsafe {

@@ -1,2 +1,6 @@
-//! The scheduler: a pure core (`core`) and, around it, the agent's actuators.
+//! The scheduler: a pure core (`core`) and, around it, the agent's actuators
+//! (`cgroup`), the fail-safe that outlives the agent (`supervisor`), and the
+//! daemon that joins them to the trace (`daemon`).
+pub mod cgroup;
 pub mod core;
+pub mod supervisor;

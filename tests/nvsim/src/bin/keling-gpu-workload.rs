@@ -61,6 +61,19 @@ struct Cli {
     gpu: u32,
     #[arg(long, hide = true, default_value_t = 0)]
     handle_base: u32,
+    /// busy: iterations of GPU work (an RM_CONTROL and a 2 ms sleep each).
+    #[arg(long, default_value_t = 500)]
+    iterations: u64,
+    /// busy: video memory to hold while working, in MiB (retried every 20 ms
+    /// while the driver says NV_ERR_NO_MEMORY).
+    #[arg(long, default_value_t = 0)]
+    alloc_mib: u64,
+    /// busy: the GPU to use (default: the first of CUDA_VISIBLE_DEVICES, else 0).
+    #[arg(long)]
+    use_gpu: Option<u32>,
+    /// busy: write the iterations done so far to this file as it goes.
+    #[arg(long)]
+    progress: Option<PathBuf>,
 }
 
 // ----- process-wide helpers ----------------------------------------------
@@ -1666,6 +1679,53 @@ fn oom(env: &Env, cp: &mut Checkpoints) {
     cp.emit();
 }
 
+/// A task that keeps a GPU busy: the scheduler tests watch its progress stop
+/// while Keling has it frozen.
+fn busy(env: &Env, cli: &Cli) {
+    let gpu = cli.use_gpu.unwrap_or_else(|| {
+        std::env::var("CUDA_VISIBLE_DEVICES")
+            .ok()
+            .and_then(|v| v.split(',').next().and_then(|g| g.trim().parse().ok()))
+            .unwrap_or(0)
+    });
+    let ctl = env.open("nvidiactl", false);
+    let (st, c) = ok_or_die(
+        "client",
+        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+    );
+    expect_ok("client", st);
+    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+    put_u32(&mut dp, 0, gpu);
+    let (st, d) = ok_or_die(
+        "device",
+        env.alloc(ctl, false, false, c, c, 0, class::NV01_DEVICE_0, Some(&mut dp)),
+    );
+    expect_ok("device", st);
+    if cli.alloc_mib > 0 {
+        loop {
+            let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+            put_u64(&mut p, 64, cli.alloc_mib * MIB);
+            let (st, _) = ok_or_die(
+                "alloc",
+                env.alloc(ctl, false, false, c, d, 0, class::NV01_MEMORY_LOCAL_USER, Some(&mut p)),
+            );
+            if st == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    for i in 1..=cli.iterations {
+        env.control(ctl, c, d, 0x0080_0101, None);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        if let Some(p) = &cli.progress {
+            if i % 5 == 0 || i == cli.iterations {
+                let _ = std::fs::write(p, i.to_string());
+            }
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let env = Env::discover(&cli.dev_dir);
@@ -1692,6 +1752,7 @@ fn main() {
         "basic" => basic(&env, &mut cp),
         "hostile" => hostile(&env, &mut cp),
         "oom" => oom(&env, &mut cp),
+        "busy" => busy(&env, &cli),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }
