@@ -163,6 +163,9 @@ fn gpu_json(kind: u32, e: &keling_common::GpuEvent) -> Value {
                 "type": "gpu_ioctl", "fd": e.fd, "call": names::call(device, e.escape),
                 "cmd": e.cmd, "status": e.status, "ret": e.ret, "via_xfer": e.via_xfer != 0,
             });
+            if e.bytes != 0 {
+                v["bytes"] = json!(e.bytes);
+            }
             if e.escape == keling_common::nvidia::escape::CONTROL && device == 0 {
                 v["control_cmd"] = json!(e.control_cmd);
                 v["client"] = json!(e.client);

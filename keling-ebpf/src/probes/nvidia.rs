@@ -257,7 +257,7 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     if reason != 0 {
         count_undecoded(pid, reason - 1);
     }
-    ioctl_event(pid, tid, &p, status, ret, reason, EventKind::GpuIoctl, 0);
+    ioctl_event(pid, tid, &p, status, ret, reason, EventKind::GpuIoctl, p.bytes);
     0
 }
 
@@ -327,6 +327,10 @@ fn decode_exit(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<Option<u32>, 
             };
             let status = user_u32(base, off)?;
             if status != 0 {
+                // The size asked for: what a memory-pressure decision needs.
+                if ObjectKind::has_memory_params(p.class) {
+                    p.bytes = user::<u64>(p.alloc_params + MEMORY_ALLOCATION_PARAMS_SIZE as u64)?;
+                }
                 return Ok(Some(status));
             }
             p.handle = user_u32(base, nvos21::H_OBJECT_NEW)?;
