@@ -59,6 +59,10 @@ pub struct GpuProcessStats {
     pub gpu_frees: u64,
     /// Calls that could not be decoded with certainty.
     pub undecoded: u64,
+    /// The process has exited but the driver still holds memory it allocated,
+    /// through an open file another process keeps (a forked child, a dup).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gpu_mem_held_after_exit: bool,
     /// Per GPU.
     pub gpus: Vec<GpuDeviceStats>,
 }
@@ -259,7 +263,11 @@ impl Model {
                     involuntary_switches: sum(|t| t.involuntary_switches),
                     on_cpu_ns: sum(|t| t.on_cpu_ns),
                     threads,
-                    gpu: gpu.remove(&pid).unwrap_or_default(),
+                    gpu: {
+                        let mut g = gpu.remove(&pid).unwrap_or_default();
+                        g.gpu_mem_held_after_exit = p.exit.is_some() && g.gpu_mem_bytes > 0;
+                        g
+                    },
                 }
             })
             .collect();

@@ -409,7 +409,7 @@ impl Output {
                     g.gpu_allocs,
                     g.gpu_frees,
                     g.undecoded,
-                    if p.exit_code.is_some() && g.gpu_mem_bytes > 0 {
+                    if g.gpu_mem_held_after_exit {
                         "  (exited; still held through an open file another process keeps)"
                     } else {
                         ""

@@ -492,3 +492,27 @@ fn attach_adopts_fds_opened_before_keling() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The totals live in kernel maps, not in the event stream: with a ring buffer far
+/// too small for a 10 000-ioctl flood, events are lost (and counted) but the
+/// per-process figures still equal the ground truth.
+#[test]
+fn totals_stay_exact_when_the_ring_buffer_drops_events() {
+    if !ready("totals_stay_exact_when_the_ring_buffer_drops_events") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let t = trace(
+        &["--dev-dir", sim.dev_dir(), "--ringbuf-kib", "4"],
+        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "hostile"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    let s = t.summary();
+    assert!(
+        s["drops"].as_u64().unwrap() > 0,
+        "the tiny ring buffer overflowed: {}",
+        s["drops"]
+    );
+    assert!(t.of_type("drops").any(|d| d["total"].as_u64().unwrap() > 0));
+    converge(&sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
+}
