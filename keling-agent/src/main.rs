@@ -45,9 +45,28 @@ enum Command {
     /// killed it).
     #[command(verbatim_doc_comment)]
     Trace(trace::TraceArgs),
-    /// Run the long-running agent: watch every process's lifecycle and print a
-    /// status line until Ctrl-C or SIGTERM.
+    /// Run the long-running agent: trace every GPU process and schedule the tasks
+    /// launched through it, until Ctrl-C or SIGTERM.
     Run(run::RunArgs),
+    /// Ask the running agent to run CMD as a managed task in its own cgroup, on
+    /// this terminal; exits with CMD's exit code.
+    ///
+    /// Example: keling launch --priority 3 --gpu auto -- python infer.py
+    #[command(verbatim_doc_comment)]
+    Launch(sched::control::LaunchArgs),
+    /// Show the running agent's tasks, their states, GPUs, memory, priorities and
+    /// time, with the decision timeout and latency figures.
+    Status(sched::control::StatusArgs),
+    /// Thaw every task Keling froze and continue every process it stopped (what
+    /// the fail-safe does when the agent dies; for when you must do it by hand).
+    Thaw(ThawArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ThawArgs {
+    /// Everything Keling froze or stopped (the only mode).
+    #[arg(long, required = true)]
+    all: bool,
 }
 
 fn main() {
@@ -61,6 +80,13 @@ fn main() {
     let result = match cli.command {
         Command::Trace(args) => trace::trace(args),
         Command::Run(args) => run::run(args),
+        Command::Launch(args) => sched::control::launch(args),
+        Command::Status(args) => sched::control::status(args),
+        Command::Thaw(_) => {
+            let n = sched::cgroup::thaw_all();
+            println!("thawed or continued {n} task(s)");
+            Ok(0)
+        }
     };
     match result {
         Ok(code) => std::process::exit(code),

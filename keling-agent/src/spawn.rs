@@ -6,11 +6,11 @@
 use std::{
     ffi::{CString, OsString},
     io,
-    path::PathBuf,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::ffi::OsStrExt,
     },
+    path::PathBuf,
 };
 
 use anyhow::{Context, bail};
@@ -84,7 +84,11 @@ impl HeldChild {
             .as_ref()
             .map(|p| CString::new(p.as_os_str().as_bytes()))
             .transpose()?;
-        let cwd = opts.cwd.as_ref().map(|p| CString::new(p.as_os_str().as_bytes())).transpose()?;
+        let cwd = opts
+            .cwd
+            .as_ref()
+            .map(|p| CString::new(p.as_os_str().as_bytes()))
+            .transpose()?;
         let stdio = opts.stdio;
         let (go_read, go_write) = pipe()?;
         let (err_read, err_write) = pipe()?;

@@ -8,7 +8,7 @@ use std::{
     fs,
     io::{Read, Seek},
     os::fd::AsRawFd,
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -62,7 +62,10 @@ impl CgroupRoot {
             .map(|d| {
                 d.filter_map(|e| {
                     let e = e.ok()?;
-                    e.file_type().ok()?.is_dir().then(|| TaskCgroup { dir: e.path() })
+                    e.file_type()
+                        .ok()?
+                        .is_dir()
+                        .then(|| TaskCgroup { dir: e.path() })
                 })
                 .collect()
             })
@@ -81,12 +84,6 @@ impl TaskCgroup {
         self.dir.join("cgroup.procs")
     }
 
-    /// Moves `pid` into this cgroup.
-    pub fn add(&self, pid: u32) -> anyhow::Result<()> {
-        fs::write(self.procs_file(), pid.to_string())
-            .with_context(|| format!("move {pid} into {}", self.dir.display()))
-    }
-
     pub fn pids(&self) -> Vec<u32> {
         fs::read_to_string(self.procs_file())
             .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
@@ -94,15 +91,11 @@ impl TaskCgroup {
     }
 
     pub fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
-        fs::write(self.dir.join("cgroup.freeze"), if frozen { "1" } else { "0" })
-            .with_context(|| format!("write {}/cgroup.freeze", self.dir.display()))
-    }
-
-    /// `frozen` from cgroup.events.
-    pub fn is_frozen(&self) -> bool {
-        fs::read_to_string(self.dir.join("cgroup.events"))
-            .map(|t| parse_events(&t).frozen)
-            .unwrap_or(false)
+        fs::write(
+            self.dir.join("cgroup.freeze"),
+            if frozen { "1" } else { "0" },
+        )
+        .with_context(|| format!("write {}/cgroup.freeze", self.dir.display()))
     }
 
     pub fn kill(&self) -> anyhow::Result<()> {
@@ -137,7 +130,11 @@ impl TaskCgroup {
                 return Ok(false);
             }
             // kernfs notifies changes of cgroup.events with POLLPRI.
-            let mut pfd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+            let mut pfd = libc::pollfd {
+                fd: file.as_raw_fd(),
+                events: libc::POLLPRI,
+                revents: 0,
+            };
             let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut pfd, 1, ms) };
@@ -163,29 +160,9 @@ fn parse_events(text: &str) -> Events {
     Events { frozen }
 }
 
-/// Where the agent lists processes it stopped with SIGSTOP (processes it did not
-/// launch, or a freeze that did not confirm), so they can be continued by someone
-/// else if the agent dies.
-pub fn stopped_list_path() -> PathBuf {
-    PathBuf::from("/run/keling/stopped")
-}
-
-/// Records the pids currently stopped by Keling (replaces the list).
-pub fn write_stopped(pids: &[u32]) -> anyhow::Result<()> {
-    let path = stopped_list_path();
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
-    }
-    let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text)?;
-    fs::rename(&tmp, &path)?;
-    Ok(())
-}
-
-/// Thaws every cgroup under Keling's root and continues every process Keling
-/// recorded as stopped. Returns how many it thawed or continued. Never creates
-/// anything; safe to run at any time.
+/// Thaws every cgroup under Keling's root and continues every process in them
+/// (a freeze escalated to SIGSTOP). Returns how many cgroups with processes it
+/// thawed. Never creates anything; safe to run at any time.
 pub fn thaw_all() -> usize {
     let mut n = 0;
     if let Some(root) = CgroupRoot::existing() {
@@ -197,21 +174,7 @@ pub fn thaw_all() -> usize {
             cg.signal(libc::SIGCONT);
         }
     }
-    if let Ok(text) = fs::read_to_string(stopped_list_path()) {
-        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            // SAFETY: SIGCONT to a pid Keling itself stopped; harmless if it is gone.
-            if unsafe { libc::kill(pid, libc::SIGCONT) } == 0 {
-                n += 1;
-            }
-        }
-        let _ = fs::remove_file(stopped_list_path());
-    }
     n
-}
-
-/// Whether `dir` is a path under Keling's cgroup root (for tests and `status`).
-pub fn is_keling_cgroup(dir: &Path) -> bool {
-    CgroupRoot::existing().is_some_and(|r| dir.starts_with(&r.dir))
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ pub fn spawn() -> anyhow::Result<Supervisor> {
         return Err(std::io::Error::last_os_error()).context("pipe for the supervisor");
     }
     // SAFETY: fresh fds from pipe2.
-    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // SAFETY: the process is single-threaded here (documented precondition), so the
     // child may run ordinary code.
     let pid = unsafe { libc::fork() };
@@ -35,7 +36,10 @@ pub fn spawn() -> anyhow::Result<Supervisor> {
         supervise(read_end.as_raw_fd());
     }
     drop(read_end);
-    Ok(Supervisor { link: Some(write_end), pid })
+    Ok(Supervisor {
+        link: Some(write_end),
+        pid,
+    })
 }
 
 /// The supervisor's whole life.
@@ -60,7 +64,8 @@ fn supervise(link: i32) -> ! {
     loop {
         // SAFETY: reading into a valid one-byte buffer.
         let n = unsafe { libc::read(3, (&raw mut byte).cast(), 1) };
-        if n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+        if n == 0 || (n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+        {
             break;
         }
     }
@@ -70,12 +75,6 @@ fn supervise(link: i32) -> ! {
     }
     // SAFETY: ending the supervisor.
     unsafe { libc::_exit(0) }
-}
-
-impl Supervisor {
-    pub fn pid(&self) -> i32 {
-        self.pid
-    }
 }
 
 impl Drop for Supervisor {

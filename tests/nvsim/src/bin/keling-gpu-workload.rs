@@ -1698,7 +1698,16 @@ fn busy(env: &Env, cli: &Cli) {
     put_u32(&mut dp, 0, gpu);
     let (st, d) = ok_or_die(
         "device",
-        env.alloc(ctl, false, false, c, c, 0, class::NV01_DEVICE_0, Some(&mut dp)),
+        env.alloc(
+            ctl,
+            false,
+            false,
+            c,
+            c,
+            0,
+            class::NV01_DEVICE_0,
+            Some(&mut dp),
+        ),
     );
     expect_ok("device", st);
     if cli.alloc_mib > 0 {
@@ -1707,7 +1716,16 @@ fn busy(env: &Env, cli: &Cli) {
             put_u64(&mut p, 64, cli.alloc_mib * MIB);
             let (st, _) = ok_or_die(
                 "alloc",
-                env.alloc(ctl, false, false, c, d, 0, class::NV01_MEMORY_LOCAL_USER, Some(&mut p)),
+                env.alloc(
+                    ctl,
+                    false,
+                    false,
+                    c,
+                    d,
+                    0,
+                    class::NV01_MEMORY_LOCAL_USER,
+                    Some(&mut p),
+                ),
             );
             if st == 0 {
                 break;
@@ -1718,10 +1736,10 @@ fn busy(env: &Env, cli: &Cli) {
     for i in 1..=cli.iterations {
         env.control(ctl, c, d, 0x0080_0101, None);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        if let Some(p) = &cli.progress {
-            if i % 5 == 0 || i == cli.iterations {
-                let _ = std::fs::write(p, i.to_string());
-            }
+        if let Some(p) = &cli.progress
+            && (i.is_multiple_of(5) || i == cli.iterations)
+        {
+            let _ = std::fs::write(p, i.to_string());
         }
     }
 }

@@ -1,0 +1,531 @@
+//! The scheduler end to end: `keling run` as root with real eBPF, the simulated
+//! driver, tasks started with `keling launch` in their own cgroups, and the
+//! kernel's freezer. These tests share the host's cgroup tree, so they run one at
+//! a time (a lock), and every one cleans up in Drop guards even when it fails.
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use keling_tests::{
+    ChildGuard, Nvsim, can_load_ebpf, can_use_fuse, gpu_workload_bin, keling_bin, tempdir,
+};
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn ready(test: &str) -> bool {
+    if !(can_load_ebpf(test) && can_use_fuse(test)) {
+        return false;
+    }
+    if cgroup2().is_none() {
+        keling_tests::skip(test, "no cgroup v2 hierarchy mounted");
+        return false;
+    }
+    true
+}
+
+fn cgroup2() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split(' ').next()? == "cgroup2")
+            .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+    })
+}
+
+/// `keling run` for one test: stopped by pid on drop; whatever it left frozen is
+/// thawed and killed, and its cgroups removed.
+struct Agent {
+    child: Option<Child>,
+    dir: PathBuf,
+    pub socket: PathBuf,
+    pub sched_log: PathBuf,
+}
+
+impl Agent {
+    fn start(sim: &Nvsim, extra: &[&str]) -> Agent {
+        let dir = tempdir();
+        let socket = dir.join("keling.sock");
+        let sched_log = dir.join("sched.jsonl");
+        let mut child = Command::new(keling_bin())
+            .args([
+                "run",
+                "--status-interval",
+                "0",
+                "--dev-dir",
+                sim.dev_dir(),
+                "--socket",
+            ])
+            .arg(&socket)
+            .arg("--sched-log")
+            .arg(&sched_log)
+            .arg("--input-log")
+            .arg(dir.join("inputs.jsonl"))
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let agent = Agent {
+            child: Some(child),
+            dir,
+            socket,
+            sched_log,
+        };
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if line.contains("ready") {
+                std::thread::spawn(move || {
+                    for l in lines.map_while(Result::ok) {
+                        eprintln!("agent: {l}");
+                    }
+                });
+                return agent;
+            }
+            eprintln!("agent: {line}");
+        }
+        panic!("keling run exited before it was ready");
+    }
+
+
+    /// `keling launch ... -- keling-gpu-workload --scenario busy ...` in the background.
+    fn launch(
+        &self,
+        opts: &[&str],
+        sim: &Nvsim,
+        iterations: u64,
+        alloc_mib: u64,
+        progress: &Path,
+    ) -> ChildGuard {
+        ChildGuard(
+            Command::new(keling_bin())
+                .arg("launch")
+                .arg("--socket")
+                .arg(&self.socket)
+                .args(opts)
+                .arg("--")
+                .arg(gpu_workload_bin())
+                .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+                .args([
+                    "--iterations",
+                    &iterations.to_string(),
+                    "--alloc-mib",
+                    &alloc_mib.to_string(),
+                ])
+                .arg("--progress")
+                .arg(progress)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn status(&self) -> Value {
+        let out = Command::new(keling_bin())
+            .args(["status", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "keling status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn log(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.sched_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn sigkill(&mut self) {
+        let mut child = self.child.take().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            let _ = child.wait();
+        }
+        cleanup_cgroups();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Thaws, kills and removes every task cgroup under `<cgroup2>/keling`.
+fn cleanup_cgroups() {
+    let Some(root) = cgroup2().map(|c| c.join("keling")) else {
+        return;
+    };
+    for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let dir = e.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn progress(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) for `cond`; panics with `what` if it never holds.
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn task_cgroup(status: &Value, pid: u32) -> PathBuf {
+    let t = status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["pid"] == pid)
+        .expect("task in status");
+    PathBuf::from(t["cgroup"].as_str().expect("cgroup path"))
+}
+
+fn frozen(cg: &Path) -> bool {
+    std::fs::read_to_string(cg.join("cgroup.events"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l == "frozen 1")
+}
+
+/// /proc's view: a frozen task is not running or runnable.
+fn proc_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()
+        .and_then(|r| r.trim().chars().next())
+        .unwrap_or('?')
+}
+
+fn task_pid(agent: &Agent, progress_file: &Path) -> u32 {
+    let mut pid = 0;
+    wait_for("the task to start", Duration::from_secs(20), || {
+        let s = agent.status();
+        let tasks = s["tasks"].as_array().cloned().unwrap_or_default();
+        // The task whose workload writes this progress file is the newest one.
+        if let Some(t) = tasks.last() {
+            pid = t["pid"].as_u64().unwrap() as u32;
+        }
+        progress(progress_file) > 0
+    });
+    pid
+}
+
+#[test]
+fn interactive_task_preempts_background_and_it_resumes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("interactive_task_preempts_background_and_it_resumes") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let agent = Agent::start(&sim, &[]);
+    let dir = tempdir();
+    let (pa, pb) = (dir.join("a"), dir.join("b"));
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 100_000, 0, &pa);
+    let pid_a = task_pid(&agent, &pa);
+    let cg_a = task_cgroup(&agent.status(), pid_a);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 300, 0, &pb);
+    // The background task is frozen: in cgroup.events, in /proc, and it stops.
+    wait_for(
+        "the background task to be frozen",
+        Duration::from_secs(10),
+        || frozen(&cg_a),
+    );
+    assert_ne!(proc_state(pid_a), 'R', "a frozen task is not running");
+    let before = progress(&pa);
+    wait_for(
+        "the interactive task to progress",
+        Duration::from_secs(10),
+        || progress(&pb) >= 100,
+    );
+    assert_eq!(
+        progress(&pa),
+        before,
+        "the background task ran while frozen"
+    );
+    // When the interactive task exits, the background task runs again.
+    assert!(b.0.wait().unwrap().success());
+    wait_for(
+        "the background task to be thawed",
+        Duration::from_secs(10),
+        || !frozen(&cg_a),
+    );
+    let after = progress(&pa);
+    wait_for(
+        "the background task to progress again",
+        Duration::from_secs(10),
+        || progress(&pa) > after,
+    );
+    // The decisions were within the timeout model, and logged.
+    let status = agent.status();
+    let freeze = &status["latency"]["by_action"]["freeze"];
+    assert!(freeze["count"].as_u64().unwrap_or(0) >= 1, "{status}");
+    assert_eq!(
+        status["latency"]["late"], 0,
+        "a decision was late: {status}"
+    );
+    let log = agent.log();
+    let moves: Vec<&str> = log
+        .iter()
+        .filter(|l| l["pid"] == pid_a && l["state_transition"].is_string())
+        .map(|l| l["state_transition"].as_str().unwrap())
+        .collect();
+    assert!(moves.contains(&"RUNNING→PREEMPTED"), "{moves:?}");
+    assert!(moves.contains(&"PREEMPTED→RUNNING"), "{moves:?}");
+    for l in log.iter().filter(|l| l["state_transition"].is_string()) {
+        for field in [
+            "event_id",
+            "state_transition",
+            "timestamp_ns",
+            "task",
+            "pid",
+            "gpu",
+            "priority",
+            "reason",
+        ] {
+            assert!(
+                !l[field].is_null() || field == "gpu",
+                "{field} missing in {l}"
+            );
+        }
+    }
+}
+
+#[test]
+fn equal_priorities_take_turns() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("equal_priorities_take_turns") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let agent = Agent::start(&sim, &[]);
+    let dir = tempdir();
+    let (pa, pb) = (dir.join("a"), dir.join("b"));
+    let _a = agent.launch(&["--priority", "8", "--gpu", "0"], &sim, 100_000, 0, &pa);
+    let pid_a = task_pid(&agent, &pa);
+    let _b = agent.launch(&["--priority", "8", "--gpu", "0"], &sim, 100_000, 0, &pb);
+    wait_for("both tasks to progress", Duration::from_secs(20), || {
+        progress(&pa) > 50 && progress(&pb) > 50
+    });
+    let pid_b = agent.status()["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .find(|&p| p != pid_a)
+        .unwrap();
+    // Each is preempted and resumed repeatedly: they alternate.
+    wait_for("several turns each", Duration::from_secs(20), || {
+        let log = agent.log();
+        let turns = |pid: u32| {
+            log.iter()
+                .filter(|l| l["pid"] == pid && l["state_transition"] == "PREEMPTED→RUNNING")
+                .count()
+        };
+        turns(pid_a) >= 3 && turns(pid_b) >= 3
+    });
+}
+
+#[test]
+fn duration_limit_warns_then_kills_with_the_4003_record() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("duration_limit_warns_then_kills_with_the_4003_record") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let agent = Agent::start(&sim, &[]);
+    let dir = tempdir();
+    let pa = dir.join("a");
+    let mut a = agent.launch(
+        &[
+            "--priority",
+            "5",
+            "--max-duration-ms",
+            "1500",
+            "--grace-ms",
+            "1000",
+        ],
+        &sim,
+        1_000_000,
+        0,
+        &pa,
+    );
+    let status = a.0.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 9),
+        "killed at the limit: {status:?}"
+    );
+    let log = agent.log();
+    let warning = log
+        .iter()
+        .find(|l| l["type"] == "warning")
+        .expect("a warning before the limit");
+    assert!(warning["remaining_ms"].as_u64().unwrap() <= 1000);
+    let e = log
+        .iter()
+        .find(|l| l["type"] == "enforcement")
+        .expect("the enforcement record");
+    let record = &e["record"];
+    assert_eq!(record["code"], 4003);
+    assert_eq!(record["message"], "session duration exceeded limit");
+    assert_eq!(record["data"]["reason"], "server_enforced");
+    assert_eq!(record["data"]["allowed_ms"], 1500);
+    let actual = record["data"]["actual_ms"].as_u64().unwrap();
+    // Within one scheduler tick (10 ms) of the deadline, plus the tick's jitter.
+    assert!((1500..=1600).contains(&actual), "actual_ms {actual}");
+    let keys: Vec<&String> = record.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["code", "data", "message"]);
+}
+
+#[test]
+fn memory_pressure_evicts_the_minimal_lower_priority_set() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("memory_pressure_evicts_the_minimal_lower_priority_set") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1", "--mem-per-gpu", "1073741824"]);
+    // Three slots: the three tasks run side by side, so only memory is contended.
+    let agent = Agent::start(&sim, &["--slots", "3"]);
+    let dir = tempdir();
+    let (p1, p2, ph) = (dir.join("l1"), dir.join("l2"), dir.join("h"));
+    // Two low-priority tasks hold 400 MiB each; 224 MiB are free.
+    let mut l1 = agent.launch(
+        &["--priority", "10", "--gpu", "0"],
+        &sim,
+        1_000_000,
+        400,
+        &p1,
+    );
+    let pid1 = task_pid(&agent, &p1);
+    let mut l2 = agent.launch(
+        &["--priority", "12", "--gpu", "0"],
+        &sim,
+        1_000_000,
+        400,
+        &p2,
+    );
+    wait_for(
+        "both low tasks to hold memory",
+        Duration::from_secs(20),
+        || {
+            let s = sim.state();
+            s["gpus"][0]["used_bytes"].as_u64().unwrap_or(0) >= 800 << 20
+        },
+    );
+    let pid2 = agent.status()["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .find(|&p| p != pid1)
+        .unwrap();
+    // A high-priority task needs 600 MiB: one victim suffices, and the lowest
+    // priority one (12) is chosen.
+    let mut h = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 50, 600, &ph);
+    assert!(
+        h.0.wait().unwrap().success(),
+        "the high-priority task got its memory and finished"
+    );
+    let victim = l2.0.wait().unwrap();
+    assert!(
+        !victim.success(),
+        "the priority-12 task was evicted: {victim:?}"
+    );
+    // The other low task was not touched, and the victim's memory is free.
+    assert!(
+        l1.0.try_wait().unwrap().is_none(),
+        "only the minimal set is evicted"
+    );
+    let state = sim.state();
+    let held = |pid: u32| {
+        state["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["pid"] == pid)
+            .flat_map(|p| p["gpus"].as_array().unwrap().iter())
+            .map(|g| g["bytes"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(
+        held(pid2),
+        0,
+        "the victim's memory is free (simulator ground truth)"
+    );
+    assert_eq!(held(pid1), 400 << 20);
+    let log = agent.log();
+    assert!(
+        log.iter()
+            .any(|l| l["pid"] == pid2 && l["reason"] == "evicted_for_memory"),
+        "{log:?}"
+    );
+    let _ = l1.0.kill();
+}
+
+#[test]
+fn frozen_tasks_run_again_within_a_second_after_the_agent_is_killed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("frozen_tasks_run_again_within_a_second_after_the_agent_is_killed") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    for round in 0..20 {
+        let mut agent = Agent::start(&sim, &[]);
+        let dir = tempdir();
+        let (pa, pb) = (dir.join("a"), dir.join("b"));
+        let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+        let pid_a = task_pid(&agent, &pa);
+        let cg_a = task_cgroup(&agent.status(), pid_a);
+        let _b = agent.launch(&["--priority", "1", "--gpu", "0"], &sim, 1_000_000, 0, &pb);
+        wait_for("the low task to be frozen", Duration::from_secs(10), || {
+            frozen(&cg_a)
+        });
+        agent.sigkill();
+        let killed = Instant::now();
+        wait_for(
+            "the task to be thawed after SIGKILL",
+            Duration::from_secs(5),
+            || !frozen(&cg_a),
+        );
+        let thawed_after = killed.elapsed();
+        assert!(
+            thawed_after < Duration::from_secs(1),
+            "round {round}: thawed only after {thawed_after:?}"
+        );
+        let p = progress(&pa);
+        wait_for("the thawed task to run", Duration::from_secs(5), || {
+            progress(&pa) > p
+        });
+        drop(agent);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
