@@ -91,7 +91,6 @@ impl Agent {
         panic!("keling run exited before it was ready");
     }
 
-
     /// `keling launch ... -- keling-gpu-workload --scenario busy ...` in the background.
     fn launch(
         &self,

@@ -257,7 +257,16 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     if reason != 0 {
         count_undecoded(pid, reason - 1);
     }
-    ioctl_event(pid, tid, &p, status, ret, reason, EventKind::GpuIoctl, p.bytes);
+    ioctl_event(
+        pid,
+        tid,
+        &p,
+        status,
+        ret,
+        reason,
+        EventKind::GpuIoctl,
+        p.bytes,
+    );
     0
 }
 
