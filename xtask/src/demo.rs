@@ -15,13 +15,13 @@ use std::{
 use anyhow::{Context, bail};
 
 /// A mounted simulator, unmounted (SIGTERM by pid, `umount -l` as a fallback) on drop.
-struct Simulator {
+pub(crate) struct Simulator {
     child: Child,
     dir: PathBuf,
 }
 
 impl Simulator {
-    fn mount(bin: &Path, dir: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn mount(bin: &Path, dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut child = Command::new(bin)
             .arg("mount")
@@ -79,52 +79,144 @@ pub fn run_with_simulated_driver(bin_dir: &Path, args: &[String]) -> anyhow::Res
     }
     eprintln!(
         "xtask: no NVIDIA GPU on this host (/dev/nvidiactl is absent), so the agent runs against \
-         keling-nvsim, the simulated driver, with a demo GPU workload every 3 s. Ctrl-C stops it all."
+         keling-nvsim, the simulated driver. Demo: a background task (priority 10) works on GPU 0; \
+         every 8 s an interactive task (priority 3) arrives, the background task is frozen until it \
+         exits, then resumes. Watch the task lines below. Ctrl-C stops it all."
     );
     // Ctrl-C reaches the whole foreground group; xtask itself must live on to clean
     // up. A handler (not SIG_IGN) is reset by exec, so the children still get it.
     // SAFETY: installing a handler that does nothing.
     unsafe { libc::signal(libc::SIGINT, ignore as *const () as libc::sighandler_t) };
-    let dev = crate::root().join("target/nvsim-demo/dev");
+    let base = crate::root().join("target/nvsim-demo");
+    let dev = base.join("dev");
+    let socket = base.join("keling.sock");
     let sim = Simulator::mount(&bin_dir.join("keling-nvsim"), &dev)?;
     let stop = Arc::new(AtomicBool::new(false));
     let demo = {
-        let (stop, workload, dev) = (
+        let (stop, bin_dir, dev, socket) = (
             stop.clone(),
-            bin_dir.join("keling-gpu-workload"),
+            bin_dir.to_path_buf(),
             dev.clone(),
+            socket.clone(),
         );
-        std::thread::spawn(move || {
-            let mut seed = 1u64;
-            while !stop.load(Ordering::Relaxed) {
-                let _ = Command::new(&workload)
-                    .arg("--dev-dir")
-                    .arg(&dev)
-                    .args(["--seed", &seed.to_string(), "--steps", "25"])
-                    .stdout(Stdio::null())
-                    .status();
-                seed += 1;
-                for _ in 0..30 {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        })
+        std::thread::spawn(move || demo_tasks(&stop, &bin_dir, &dev, &socket))
     };
     let mut keling_args = args.to_vec();
     keling_args.push("--dev-dir".into());
     keling_args.push(dev.to_string_lossy().into_owned());
+    keling_args.push("--socket".into());
+    keling_args.push(socket.to_string_lossy().into_owned());
     if !args.iter().any(|a| a.starts_with("--status-interval")) {
-        keling_args.extend(["--status-interval".to_string(), "3".to_string()]);
+        keling_args.extend(["--status-interval".to_string(), "5".to_string()]);
     }
-    let status = Command::new(bin_dir.join("keling"))
+    let mut agent = Command::new(bin_dir.join("keling"))
         .args(&keling_args)
-        .status()
+        .spawn()
         .context("start keling")?;
+    let agent_pid = agent.id();
+    let status = agent.wait()?;
     stop.store(true, Ordering::Relaxed);
     let _ = demo.join();
+    end_demo_tasks(agent_pid);
     drop(sim);
     std::process::exit(status.code().unwrap_or(1));
+}
+
+/// The demo's tasks outlive the agent (launched tasks are not killed when it
+/// stops): end them, through the cgroups that agent made (`task-<pid>-<id>`).
+pub(crate) fn end_demo_tasks(agent_pid: u32) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some(cgroup2) = info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mountpoint = left.split(' ').nth(4)?;
+        (right.split(' ').next()? == "cgroup2").then(|| PathBuf::from(mountpoint))
+    }) else {
+        return;
+    };
+    let prefix = format!("task-{agent_pid}-");
+    for e in std::fs::read_dir(cgroup2.join("keling"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if !e.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let dir = e.path();
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        for _ in 0..100 {
+            if std::fs::remove_dir(&dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `keling launch` of the demo's GPU workload.
+fn launch(
+    bin_dir: &Path,
+    socket: &Path,
+    dev: &Path,
+    priority: &str,
+    iterations: &str,
+) -> std::io::Result<Child> {
+    Command::new(bin_dir.join("keling"))
+        .arg("launch")
+        .arg("--socket")
+        .arg(socket)
+        .args(["--priority", priority, "--gpu", "0", "--"])
+        .arg(bin_dir.join("keling-gpu-workload"))
+        .arg("--dev-dir")
+        .arg(dev)
+        .args([
+            "--scenario",
+            "busy",
+            "--alloc-mib",
+            "256",
+            "--iterations",
+            iterations,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+}
+
+fn sleep_unless(stop: &AtomicBool, d: Duration) -> bool {
+    let end = std::time::Instant::now() + d;
+    while std::time::Instant::now() < end {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// The demo: one long background task, and an interactive one every 8 s.
+fn demo_tasks(stop: &AtomicBool, bin_dir: &Path, dev: &Path, socket: &Path) {
+    while !socket.exists() {
+        if !sleep_unless(stop, Duration::from_millis(100)) {
+            return;
+        }
+    }
+    let mut children: Vec<Child> = Vec::new();
+    match launch(bin_dir, socket, dev, "10", "10000000") {
+        Ok(c) => children.push(c),
+        Err(e) => eprintln!("xtask: demo: {e}"),
+    }
+    while sleep_unless(stop, Duration::from_secs(8)) {
+        match launch(bin_dir, socket, dev, "3", "600") {
+            Ok(c) => children.push(c),
+            Err(e) => eprintln!("xtask: demo: {e}"),
+        }
+        children.retain_mut(|c| c.try_wait().ok().flatten().is_none());
+    }
+    // The agent is stopping: its tasks end with it; reap the launchers.
+    for mut c in children {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let _ = c.wait();
+    }
 }

@@ -151,6 +151,15 @@ impl Daemon {
     }
 
     fn log_transition(&mut self, t: &Transition) {
+        log::info!(
+            "task {} ({}, pid {}, priority {}) {}: {}",
+            t.task,
+            t.name,
+            t.pid,
+            t.priority,
+            t.state_transition(),
+            t.reason
+        );
         if let Some(log) = &mut self.sched_log {
             let line = json!({
                 "event_id": t.event_id,
@@ -563,7 +572,25 @@ impl Daemon {
                 })
             })
             .collect();
-        json!({"tasks": tasks, "latency": self.latency.status_json()})
+        // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
+        let mut stages_by_action = serde_json::Map::new();
+        for action in ["freeze", "thaw"] {
+            let mut per = serde_json::Map::new();
+            for stage in crate::latency::Stage::ALL {
+                if let Some(p) = self.latency.percentiles(stage, Some(action)) {
+                    per.insert(
+                        stage.as_str().to_owned(),
+                        serde_json::to_value(p).unwrap_or_default(),
+                    );
+                }
+            }
+            stages_by_action.insert(action.to_owned(), per.into());
+        }
+        json!({
+            "tasks": tasks,
+            "latency": self.latency.status_json(),
+            "stages_by_action": stages_by_action,
+        })
     }
 
     /// Thaws and kills every task (the agent is stopping).
