@@ -66,6 +66,10 @@ pub struct RunArgs {
     /// A task is idle after this long without GPU calls or CPU time, ms.
     #[arg(long, default_value_t = 300)]
     pub idle_timeout_ms: u64,
+    /// Rules (TOML) that give GPU processes priorities, GPUs, quotas and limits;
+    /// the agent refuses to start on an invalid file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -138,7 +142,7 @@ fn status_line(started: Instant, c: &Counters, drops: u64, tracked: usize) -> St
     )
 }
 
-/// GPU capacities: from the simulated driver's state file, else none known.
+/// GPU capacities: from the simulated driver's state file, else NVML.
 fn gpu_infos(dev_dir: &std::path::Path) -> Vec<GpuInfo> {
     if let Ok(text) = std::fs::read_to_string(dev_dir.join("nvsim-state.json"))
         && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
@@ -193,6 +197,10 @@ fn bind_socket(path: &std::path::Path) -> anyhow::Result<UnixListener> {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let file_config = match &args.config {
+        Some(path) => crate::sched::config::Config::load(path)?,
+        None => crate::sched::config::Config::default(),
+    };
     crate::sys::check_privileges()?;
     // Whatever a previous agent left frozen or stopped runs again first.
     let thawed = cgroup::thaw_all();
@@ -210,7 +218,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         driver_major,
     })?;
     probes.adopt_existing_fds(&args.gpu.dev_dir, None, true)?;
-    let gpus = gpu_infos(&args.gpu.dev_dir);
+    let mut gpus = gpu_infos(&args.gpu.dev_dir);
+    if gpus.is_empty() {
+        gpus = file_config.gpus.clone();
+    }
     if gpus.is_empty() {
         log::info!(
             "no GPU capacities known (no NVML, no simulator): memory pressure is not scheduled"
@@ -240,6 +251,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             args.sched_log.clone(),
             args.input_log.clone(),
             confirm_tx,
+            file_config,
         )?;
         let listener = bind_socket(&args.socket)?;
         let mut ring = crate::sys::async_fd(probes.take_events()?)?;

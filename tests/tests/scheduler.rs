@@ -528,3 +528,122 @@ fn frozen_tasks_run_again_within_a_second_after_the_agent_is_killed() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[test]
+fn invalid_config_is_refused_with_file_and_line() {
+    let dir = tempdir();
+    let path = dir.join("keling.toml");
+    std::fs::write(
+        &path,
+        "[defaults]\npriority = 4\n\n[[rule]]\nname = \"x\"\ncomm = \"a\"\npriority = 16\n",
+    )
+    .unwrap();
+    let out = Command::new(keling_bin())
+        .args(["run", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:7: priority 16 is out of range",
+            path.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A GPU process Keling did not launch is adopted through a config rule and
+/// preempted with SIGSTOP/SIGCONT (it has no cgroup of Keling's).
+#[test]
+fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let dir = tempdir();
+    let config = dir.join("keling.toml");
+    // comm is cut to 15 bytes by the kernel.
+    std::fs::write(
+        &config,
+        "[[rule]]\nname = \"batch\"\ncomm = \"keling-gpu-work\"\npriority = 12\ngpu = 0\n",
+    )
+    .unwrap();
+    let agent = Agent::start(&sim, &["--config", config.to_str().unwrap()]);
+    let pa = dir.join("a");
+    let a = ChildGuard(
+        Command::new(gpu_workload_bin())
+            .args([
+                "--dev-dir",
+                sim.dev_dir(),
+                "--scenario",
+                "busy",
+                "--iterations",
+                "1000000",
+                "--progress",
+            ])
+            .arg(&pa)
+            .spawn()
+            .unwrap(),
+    );
+    let pid_a = a.0.id();
+    wait_for("the process to be adopted", Duration::from_secs(10), || {
+        agent.status()["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["pid"] == pid_a && t["priority"] == 12)
+    });
+    let pb = dir.join("b");
+    let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 300, 0, &pb);
+    wait_for(
+        "the adopted process to be stopped",
+        Duration::from_secs(10),
+        || proc_state(pid_a) == 'T',
+    );
+    let before = progress(&pa);
+    wait_for(
+        "the launched task to progress",
+        Duration::from_secs(10),
+        || progress(&pb) >= 100,
+    );
+    assert_eq!(progress(&pa), before, "a stopped process ran");
+    assert!(b.0.wait().unwrap().success());
+    wait_for(
+        "the adopted process to be continued",
+        Duration::from_secs(10),
+        || proc_state(pid_a) != 'T',
+    );
+    let p = progress(&pa);
+    wait_for(
+        "the adopted process to progress",
+        Duration::from_secs(10),
+        || progress(&pa) > p,
+    );
+    // Stopped again, then the agent is SIGKILLed: the fail-safe continues it.
+    let pc = dir.join("c");
+    let _c = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 1_000_000, 0, &pc);
+    wait_for(
+        "the adopted process to be stopped again",
+        Duration::from_secs(10),
+        || proc_state(pid_a) == 'T',
+    );
+    let mut agent = agent;
+    agent.sigkill();
+    let killed = Instant::now();
+    wait_for(
+        "the adopted process to be continued",
+        Duration::from_secs(5),
+        || proc_state(pid_a) != 'T',
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "continued only after {:?}",
+        killed.elapsed()
+    );
+    drop(a);
+    drop(agent);
+}

@@ -160,9 +160,28 @@ fn parse_events(text: &str) -> Events {
     Events { frozen }
 }
 
-/// Thaws every cgroup under Keling's root and continues every process in them
-/// (a freeze escalated to SIGSTOP). Returns how many cgroups with processes it
-/// thawed. Never creates anything; safe to run at any time.
+/// Where the agent lists the processes it has stopped with SIGSTOP (tasks it did
+/// not launch), so that whoever outlives it can continue them.
+pub fn stopped_list_path() -> PathBuf {
+    PathBuf::from("/run/keling/stopped")
+}
+
+/// Replaces the list of processes Keling has stopped.
+pub fn write_stopped(pids: &[u32]) -> anyhow::Result<()> {
+    let path = stopped_list_path();
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text)?;
+    fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
+/// Thaws every cgroup under Keling's root, continues every process in them (a
+/// freeze escalated to SIGSTOP) and every process on the stopped list. Returns how
+/// many it thawed or continued. Never creates anything; safe to run at any time.
 pub fn thaw_all() -> usize {
     let mut n = 0;
     if let Some(root) = CgroupRoot::existing() {
@@ -173,6 +192,15 @@ pub fn thaw_all() -> usize {
             // A freeze escalated to SIGSTOP: continue those too.
             cg.signal(libc::SIGCONT);
         }
+    }
+    if let Ok(text) = fs::read_to_string(stopped_list_path()) {
+        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: SIGCONT to a process Keling stopped; harmless if it is gone.
+            if unsafe { libc::kill(pid, libc::SIGCONT) } == 0 {
+                n += 1;
+            }
+        }
+        let _ = fs::remove_file(stopped_list_path());
     }
     n
 }

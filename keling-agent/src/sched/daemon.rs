@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 
 use super::{
     cgroup::{CgroupRoot, TaskCgroup},
+    config::{Config, ProcessFacts},
     control::LaunchRequest,
     core::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec, Transition},
 };
@@ -65,6 +66,10 @@ pub struct Daemon {
     cause: (u64, u64),
     /// When the kernel event now being turned into inputs reached the agent.
     received_ns: Option<u64>,
+    config: Config,
+    /// Processes Keling stopped with SIGSTOP (tasks it did not launch), mirrored in
+    /// `/run/keling/stopped` for the fail-safe.
+    stopped: std::collections::BTreeSet<u32>,
 }
 
 /// Waits until every process in `pids` shows state `T` (stopped) in /proc.
@@ -98,6 +103,7 @@ impl Daemon {
         sched_log: Option<PathBuf>,
         input_log: Option<PathBuf>,
         confirm_tx: mpsc::UnboundedSender<Confirmation>,
+        config: Config,
     ) -> anyhow::Result<Self> {
         let open = |p: Option<PathBuf>| -> anyhow::Result<Option<BufWriter<File>>> {
             p.map(|p| {
@@ -119,6 +125,8 @@ impl Daemon {
             confirm_tx,
             cause: (0, 0),
             received_ns: None,
+            config,
+            stopped: Default::default(),
         })
     }
 
@@ -222,8 +230,17 @@ impl Daemon {
             Action::Freeze { .. } | Action::Thaw { .. } => {
                 let freeze = kind == ActionKind::Freeze;
                 let Some(cg) = cgroup else {
-                    // Not launched by Keling: SIGSTOP/SIGCONT.
+                    // Not launched by Keling: SIGSTOP/SIGCONT, listed for the fail-safe
+                    // before the stop and after the continue.
+                    if freeze {
+                        self.stopped.insert(pid);
+                        self.save_stopped();
+                    }
                     signal_all(if freeze { libc::SIGSTOP } else { libc::SIGCONT });
+                    if !freeze {
+                        self.stopped.remove(&pid);
+                        self.save_stopped();
+                    }
                     times.actuated_ns = monotonic_ns();
                     times.confirmed_ns = Some(times.actuated_ns);
                     let _ = self.confirm_tx.send(Confirmation {
@@ -259,6 +276,10 @@ impl Daemon {
                 return;
             }
             Action::Stop { .. } => {
+                if cgroup.is_none() {
+                    self.stopped.insert(pid);
+                    self.save_stopped();
+                }
                 signal_all(libc::SIGSTOP);
                 times.actuated_ns = monotonic_ns();
                 let pids = match &cgroup {
@@ -309,6 +330,13 @@ impl Daemon {
         self.latency.record(&times);
     }
 
+    fn save_stopped(&self) {
+        let pids: Vec<u32> = self.stopped.iter().copied().collect();
+        if let Err(e) = super::cgroup::write_stopped(&pids) {
+            log::warn!("cannot record stopped processes for the fail-safe: {e:#}");
+        }
+    }
+
     /// A confirmation came back: record its latency and tell the core.
     pub fn confirmed(&mut self, c: Confirmation) {
         let verdict = self.latency.record(&c.times);
@@ -348,7 +376,22 @@ impl Daemon {
     ) -> anyhow::Result<(TaskId, Option<u32>, u32)> {
         let id = self.next_id;
         self.next_id += 1;
-        let gpu = match req.gpu {
+        // The config's rules fill in what the request leaves out.
+        let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
+        let facts = ProcessFacts {
+            comm: argv0
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(15)
+                .collect(),
+            uid: Some(0),
+            cgroup: None,
+            exe: argv0.starts_with('/').then(|| argv0.to_owned()),
+        };
+        let (rule, _) = self.config.settings_for(&facts);
+        let gpu = match req.gpu.or(rule.gpu) {
             Some(g) => Some(g),
             None => {
                 let now = monotonic_ns();
@@ -408,12 +451,12 @@ impl Daemon {
             id,
             pid,
             name,
-            priority: req.priority.unwrap_or(default_priority),
+            priority: req.priority.or(rule.priority).unwrap_or(default_priority),
             gpu,
-            mem_quota_bytes: req.mem_quota_bytes,
-            max_duration_ms: req.max_duration_ms,
-            grace_ms: req.grace_ms,
-            hard_kill: req.hard_kill,
+            mem_quota_bytes: req.mem_quota_bytes.or(rule.mem_quota_bytes),
+            max_duration_ms: req.max_duration_ms.or(rule.max_duration_ms),
+            grace_ms: req.grace_ms.or(rule.grace_ms),
+            hard_kill: req.hard_kill.or(rule.hard_kill),
             expected_runtime_ms: req.expected_runtime_ms,
         };
         self.step(Input::Arrive { spec, ts_ns: now });
@@ -466,6 +509,24 @@ impl Daemon {
     fn on_event_inner(&mut self, event: &Event) {
         let h = *event.header();
         match event {
+            Event::GpuFile(f)
+                if EventKind::from_u32(h.kind) == Some(EventKind::GpuOpen)
+                    && !self.pid_task.contains_key(&h.pid) =>
+            {
+                self.maybe_adopt(h.pid, f.device, h.ts_ns);
+            }
+            Event::Exit(e) if e.group_dead != 0 => {
+                // Tasks Keling did not launch are not its children: their end comes
+                // from the kernel. (Launched ones are reaped, see `exited`.)
+                let adopted = self
+                    .pid_task
+                    .get(&h.pid)
+                    .and_then(|id| self.tasks.get(id))
+                    .is_some_and(|t| t.pid == h.pid && t.cgroup.is_none());
+                if adopted {
+                    self.exited(h.pid, ExitStatus::from_wait_status(e.exit_status));
+                }
+            }
             Event::Fork(f) if f.tracked != 0 => {
                 if let Some(&id) = self.pid_task.get(&h.pid) {
                     self.pid_task.insert(f.child_pid, id);
@@ -527,6 +588,50 @@ impl Daemon {
                 ts_ns: h.ts_ns,
             })
         }
+    }
+
+    /// A process Keling did not launch opened an NVIDIA device: it becomes a task
+    /// (frozen and thawed with SIGSTOP/SIGCONT) when a config rule matches it, or
+    /// when the defaults say to manage unmatched processes.
+    fn maybe_adopt(&mut self, pid: u32, device: u32, ts_ns: u64) {
+        let facts = ProcessFacts::of_pid(pid);
+        let (settings, managed) = self.config.settings_for(&facts);
+        if !managed {
+            return;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let gpu = settings
+            .gpu
+            .or((device < keling_common::device_file::CTL).then_some(device));
+        log::info!(
+            "adopting pid {pid} ({}) as task {id} (rule {:?})",
+            facts.comm,
+            settings.rule
+        );
+        self.tasks.insert(
+            id,
+            TaskRuntime {
+                pid,
+                cgroup: None,
+                reply: None,
+                last_active_ns: 0,
+            },
+        );
+        self.pid_task.insert(pid, id);
+        let spec = TaskSpec {
+            id,
+            pid,
+            name: facts.comm,
+            priority: settings.priority.unwrap_or(8),
+            gpu,
+            mem_quota_bytes: settings.mem_quota_bytes,
+            max_duration_ms: settings.max_duration_ms,
+            grace_ms: settings.grace_ms,
+            hard_kill: settings.hard_kill,
+            expected_runtime_ms: None,
+        };
+        self.step(Input::Arrive { spec, ts_ns });
     }
 
     fn activity(&mut self, id: TaskId, ts_ns: u64) {
@@ -593,8 +698,15 @@ impl Daemon {
         })
     }
 
-    /// Thaws and kills every task (the agent is stopping).
+    /// Thaws every task and continues every process it stopped (the agent is
+    /// stopping; the tasks run on).
     pub fn shutdown(&mut self) {
+        for &pid in &self.stopped {
+            // SAFETY: SIGCONT to a process Keling stopped.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        }
+        self.stopped.clear();
+        self.save_stopped();
         for t in self.tasks.values() {
             if let Some(cg) = &t.cgroup {
                 let _ = cg.set_frozen(false);

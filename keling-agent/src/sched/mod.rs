@@ -2,6 +2,7 @@
 //! (`cgroup`), the fail-safe that outlives the agent (`supervisor`), and the
 //! daemon that joins them to the trace (`daemon`).
 pub mod cgroup;
+pub mod config;
 pub mod control;
 pub mod core;
 pub mod daemon;

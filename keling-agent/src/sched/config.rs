@@ -1,0 +1,329 @@
+//! The agent's configuration file (TOML): rules that give GPU processes a priority,
+//! a GPU, a memory quota and a duration limit, and the defaults for the rest.
+//!
+//! ```toml
+//! [defaults]               # processes no rule matches
+//! priority = 8
+//! max_duration_ms = 3600000
+//! grace_ms = 30000
+//! hard_kill = true
+//! manage_unmatched = false # schedule GPU processes Keling did not launch and no rule names
+//!
+//! [[gpu]]                  # capacities when neither NVML nor the simulator tells
+//! index = 0
+//! capacity_bytes = 85899345920
+//!
+//! [[rule]]
+//! name = "inference"       # every matcher given must match
+//! comm = "python3"         # /proc/PID/comm
+//! uid = 1000               # real uid
+//! cgroup = "/user.slice"   # cgroup v2 path prefix
+//! exe = "/usr/bin/python3.11"
+//! priority = 3
+//! gpu = 0
+//! mem_quota_bytes = 17179869184
+//! max_duration_ms = 7200000
+//! ```
+//!
+//! The agent refuses to start on an invalid file; every error names the file,
+//! the line and what is wrong.
+use std::{ops::Range, path::Path};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::core::GpuInfo;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub defaults: Defaults,
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<Spanned<Rule>>,
+    #[serde(default, rename = "gpu")]
+    pub gpus: Vec<GpuInfo>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    pub priority: Option<Spanned<u8>>,
+    pub max_duration_ms: Option<u64>,
+    pub grace_ms: Option<u64>,
+    pub hard_kill: Option<bool>,
+    pub mem_quota_bytes: Option<u64>,
+    #[serde(default)]
+    pub manage_unmatched: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub name: String,
+    pub comm: Option<String>,
+    pub uid: Option<u32>,
+    pub cgroup: Option<String>,
+    pub exe: Option<String>,
+    pub priority: Option<Spanned<u8>>,
+    pub gpu: Option<u32>,
+    pub mem_quota_bytes: Option<u64>,
+    pub max_duration_ms: Option<u64>,
+    pub grace_ms: Option<u64>,
+    pub hard_kill: Option<bool>,
+}
+
+/// What a rule (or the defaults) says about a task.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub rule: Option<String>,
+    pub priority: Option<u8>,
+    pub gpu: Option<u32>,
+    pub mem_quota_bytes: Option<u64>,
+    pub max_duration_ms: Option<u64>,
+    pub grace_ms: Option<u64>,
+    pub hard_kill: Option<bool>,
+}
+
+/// What a rule can match a process on.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessFacts {
+    pub comm: String,
+    pub uid: Option<u32>,
+    pub cgroup: Option<String>,
+    pub exe: Option<String>,
+}
+
+impl ProcessFacts {
+    /// Reads the facts of a live process from /proc.
+    pub fn of_pid(pid: u32) -> Self {
+        let read =
+            |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+        let uid = read("status")
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok());
+        let cgroup = read("cgroup")
+            .lines()
+            .find_map(|l| l.strip_prefix("0::").map(str::to_owned));
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        Self {
+            comm: read("comm").trim().to_owned(),
+            uid,
+            cgroup,
+            exe,
+        }
+    }
+}
+
+fn line_of(text: &str, span: Range<usize>) -> usize {
+    text[..span.start.min(text.len())].matches('\n').count() + 1
+}
+
+impl Config {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        Self::parse(&text)
+            .map_err(|(line, what)| anyhow::anyhow!("{}:{line}: {what}", path.display()))
+    }
+
+    /// Parses and checks a config; errors are (line, what is wrong).
+    pub fn parse(text: &str) -> Result<Self, (usize, String)> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(1, |s| line_of(text, s));
+            (line, e.message().to_owned())
+        })?;
+        let check_priority = |p: &Option<Spanned<u8>>| -> Result<(), (usize, String)> {
+            match p {
+                Some(p) if *p.get_ref() > 15 => Err((
+                    line_of(text, p.span()),
+                    format!(
+                        "priority {} is out of range 0-15 (0 is highest)",
+                        p.get_ref()
+                    ),
+                )),
+                _ => Ok(()),
+            }
+        };
+        check_priority(&config.defaults.priority)?;
+        for rule in &config.rules {
+            let line = line_of(text, rule.span());
+            let r = rule.get_ref();
+            check_priority(&r.priority)?;
+            if r.comm.is_none() && r.uid.is_none() && r.cgroup.is_none() && r.exe.is_none() {
+                return Err((
+                    line,
+                    format!(
+                        "rule {:?} matches nothing: give comm, uid, cgroup or exe",
+                        r.name
+                    ),
+                ));
+            }
+            if let (Some(max), Some(grace)) = (r.max_duration_ms, r.grace_ms)
+                && grace >= max
+            {
+                return Err((
+                    line,
+                    format!(
+                        "rule {:?}: grace_ms {grace} must be below max_duration_ms {max}",
+                        r.name
+                    ),
+                ));
+            }
+        }
+        Ok(config)
+    }
+
+    /// The first rule every given matcher of which matches `p`, as settings; else
+    /// the defaults (`rule` None). The bool says whether anything matched or the
+    /// defaults ask to manage unmatched processes.
+    pub fn settings_for(&self, p: &ProcessFacts) -> (Settings, bool) {
+        for rule in &self.rules {
+            let r = rule.get_ref();
+            let ok = r.comm.as_ref().is_none_or(|c| *c == p.comm)
+                && r.uid.is_none_or(|u| Some(u) == p.uid)
+                && r.cgroup.as_ref().is_none_or(|c| {
+                    p.cgroup
+                        .as_ref()
+                        .is_some_and(|pc| pc.starts_with(c.as_str()))
+                })
+                && r.exe.as_ref().is_none_or(|e| p.exe.as_ref() == Some(e));
+            if ok {
+                let settings = Settings {
+                    rule: Some(r.name.clone()),
+                    priority: r
+                        .priority
+                        .as_ref()
+                        .map(|p| *p.get_ref())
+                        .or(self.default_priority()),
+                    gpu: r.gpu,
+                    mem_quota_bytes: r.mem_quota_bytes.or(self.defaults.mem_quota_bytes),
+                    max_duration_ms: r.max_duration_ms.or(self.defaults.max_duration_ms),
+                    grace_ms: r.grace_ms.or(self.defaults.grace_ms),
+                    hard_kill: r.hard_kill.or(self.defaults.hard_kill),
+                };
+                return (settings, true);
+            }
+        }
+        let d = &self.defaults;
+        let settings = Settings {
+            rule: None,
+            priority: self.default_priority(),
+            gpu: None,
+            mem_quota_bytes: d.mem_quota_bytes,
+            max_duration_ms: d.max_duration_ms,
+            grace_ms: d.grace_ms,
+            hard_kill: d.hard_kill,
+        };
+        (settings, d.manage_unmatched)
+    }
+
+    fn default_priority(&self) -> Option<u8> {
+        self.defaults.priority.as_ref().map(|p| *p.get_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[defaults]
+priority = 9
+max_duration_ms = 1000000
+
+[[gpu]]
+index = 0
+capacity_bytes = 1024
+
+[[rule]]
+name = "infer"
+comm = "python3"
+uid = 1000
+priority = 3
+gpu = 1
+
+[[rule]]
+name = "batch"
+cgroup = "/batch"
+priority = 12
+"#;
+
+    fn facts(comm: &str, uid: u32, cgroup: &str) -> ProcessFacts {
+        ProcessFacts {
+            comm: comm.into(),
+            uid: Some(uid),
+            cgroup: Some(cgroup.into()),
+            exe: None,
+        }
+    }
+
+    #[test]
+    fn rules_match_in_order_and_fill_from_defaults() {
+        let c = Config::parse(GOOD).unwrap();
+        assert_eq!(
+            c.gpus,
+            vec![GpuInfo {
+                index: 0,
+                capacity_bytes: 1024
+            }]
+        );
+        let (s, managed) = c.settings_for(&facts("python3", 1000, "/user.slice/x"));
+        assert!(managed);
+        assert_eq!(s.rule.as_deref(), Some("infer"));
+        assert_eq!(
+            (s.priority, s.gpu, s.max_duration_ms),
+            (Some(3), Some(1), Some(1_000_000))
+        );
+        // uid differs: the first rule does not match; the second needs /batch.
+        let (s, managed) = c.settings_for(&facts("python3", 0, "/batch/job1"));
+        assert_eq!(
+            (s.rule.as_deref(), s.priority, managed),
+            (Some("batch"), Some(12), true)
+        );
+        let (s, managed) = c.settings_for(&facts("bash", 0, "/"));
+        assert_eq!((s.rule, s.priority, managed), (None, Some(9), false));
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_problem() {
+        let bad_priority =
+            "[defaults]\npriority = 3\n\n[[rule]]\nname = \"x\"\ncomm = \"a\"\npriority = 20\n";
+        let (line, what) = Config::parse(bad_priority).unwrap_err();
+        assert_eq!(line, 7);
+        assert!(what.contains("out of range"), "{what}");
+
+        let unknown = "[defaults]\npriority = 3\nspeed = 9\n";
+        let (line, what) = Config::parse(unknown).unwrap_err();
+        assert_eq!(line, 3);
+        assert!(what.contains("speed"), "{what}");
+
+        let no_matcher = "\n[[rule]]\nname = \"empty\"\npriority = 2\n";
+        let (line, what) = Config::parse(no_matcher).unwrap_err();
+        assert_eq!(line, 2);
+        assert!(what.contains("matches nothing"), "{what}");
+
+        let grace = "[[rule]]\nname = \"g\"\ncomm = \"a\"\nmax_duration_ms = 10\ngrace_ms = 10\n";
+        assert!(Config::parse(grace).unwrap_err().1.contains("grace_ms"));
+
+        let syntax = "[defaults\n";
+        assert_eq!(Config::parse(syntax).unwrap_err().0, 1);
+    }
+
+    #[test]
+    fn load_prefixes_the_file_name() {
+        let dir = std::env::temp_dir().join(format!("keling-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keling.toml");
+        std::fs::write(&path, "[defaults]\npriority = 99\n").unwrap();
+        let err = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("{}:2: priority 99", path.display())),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
