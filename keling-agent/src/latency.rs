@@ -50,7 +50,6 @@
 //!
 //! A decision is late when its end-to-end latency is strictly greater than the timeout in force
 //! when it is recorded (before its own latency joins the window).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -279,6 +278,7 @@ impl TimeoutModel {
     }
 
     /// Observations currently in the window (as of the last eviction).
+    #[cfg(test)]
     pub fn window_len(&self) -> usize {
         self.window.len()
     }
@@ -428,11 +428,6 @@ impl LatencyRecorder {
         }
     }
 
-    /// The timeout model.
-    pub fn model(&self) -> &TimeoutModel {
-        &self.model
-    }
-
     /// The name a decision's action is recorded under (capped, see [`MAX_ACTION_KINDS`]).
     fn action_key(&self, action: &str) -> String {
         if self.late_by_action.contains_key(action) || self.late_by_action.len() < MAX_ACTION_KINDS
@@ -491,16 +486,19 @@ impl LatencyRecorder {
     }
 
     /// Decisions called late so far.
+    #[cfg(test)]
     pub fn late_count(&self) -> u64 {
         self.late
     }
 
     /// Decisions recorded so far.
+    #[cfg(test)]
     pub fn decisions(&self) -> u64 {
         self.decisions
     }
 
     /// Late decisions per action kind (every recorded kind appears, possibly with 0).
+    #[cfg(test)]
     pub fn late_by_action(&self) -> &BTreeMap<String, u64> {
         &self.late_by_action
     }

@@ -364,6 +364,13 @@ async fn serve(
             let line = format!("{}\n", daemon.status_json());
             write.write_all(line.as_bytes()).await?;
         }
+        Request::Export(format) => {
+            let reply = match daemon.export(&format) {
+                Ok(text) => serde_json::json!({ "export": text }),
+                Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+            };
+            write.write_all(format!("{reply}\n").as_bytes()).await?;
+        }
         Request::Launch(req) => {
             match daemon.launch(&req, &fds, track, default_priority) {
                 Ok((id, gpu, pid)) => {

@@ -291,6 +291,29 @@ fn interactive_task_preempts_background_and_it_resumes() {
         status["latency"]["late_by_action"]["freeze"], 0,
         "the freeze was late: {status}"
     );
+    // The histograms export for tuning.
+    let export = |format: &str| {
+        let out = Command::new(keling_bin())
+            .args(["status", "--export", format, "--socket"])
+            .arg(&agent.socket)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "--export {format}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let prom = export("prometheus");
+    assert!(
+        prom.contains("# TYPE keling_decision_latency_seconds summary"),
+        "{prom}"
+    );
+    assert!(prom.contains("action=\"freeze\""), "{prom}");
+    assert!(export("tune").to_lowercase().contains("adaptive"));
+    assert!(export("percentiles").contains("Percentile"));
+    assert!(status["placement"]["weights"].is_array(), "{status}");
     let log = agent.log();
     let moves: Vec<&str> = log
         .iter()

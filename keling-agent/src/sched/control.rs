@@ -42,6 +42,8 @@ pub struct LaunchRequest {
 pub enum Request {
     Launch(LaunchRequest),
     Status(bool),
+    /// Latency figures in an export format (answered as `{"export": text}`).
+    Export(String),
 }
 
 /// Sends `data` with `fds` attached (SCM_RIGHTS).
@@ -215,18 +217,35 @@ pub struct StatusArgs {
     /// Print the raw JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print the decision-latency histograms instead: prometheus (text exposition),
+    /// percentiles (HdrHistogram table), interval-log (HdrHistogram log V2), json,
+    /// or tune (which timeout each model would choose and how many decisions each
+    /// would have called late).
+    #[arg(long, value_name = "FORMAT")]
+    pub export: Option<String>,
     #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
     pub socket: PathBuf,
 }
 
 pub fn status(args: StatusArgs) -> anyhow::Result<i32> {
     let mut stream = connect(&args.socket)?;
-    let mut line = serde_json::to_vec(&Request::Status(true))?;
+    let request = match &args.export {
+        Some(f) => Request::Export(f.clone()),
+        None => Request::Status(true),
+    };
+    let mut line = serde_json::to_vec(&request)?;
     line.push(b'\n');
     stream.write_all(&line)?;
     let mut text = String::new();
     BufReader::new(stream).read_line(&mut text)?;
     let v: serde_json::Value = serde_json::from_str(&text).context("bad reply from the agent")?;
+    if let Some(err) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("{err}");
+    }
+    if let Some(text) = v.get("export").and_then(|e| e.as_str()) {
+        print!("{text}");
+        return Ok(0);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);

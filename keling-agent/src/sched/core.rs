@@ -182,7 +182,6 @@
 //!
 //! Priorities above 15 are treated as 15; `slots_per_gpu` 0 is treated as 1.
 //! Archived tasks are kept so that [`Scheduler::task`] can still answer for them.
-#![allow(dead_code)]
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -450,6 +449,7 @@ impl Input {
     }
 
     /// The task the input is about; `None` for `Tick`.
+    #[cfg(test)]
     pub fn task(&self) -> Option<TaskId> {
         match self {
             Input::Arrive { spec, .. } => Some(spec.id),
@@ -923,11 +923,13 @@ impl Scheduler {
         }
     }
 
+    #[cfg(test)]
     pub fn config(&self) -> &SchedConfig {
         &self.config
     }
 
     /// The core's clock: the largest `ts_ns` seen.
+    #[cfg(test)]
     pub fn now_ns(&self) -> u64 {
         self.now_ns
     }

@@ -67,6 +67,10 @@ pub struct Daemon {
     /// When the kernel event now being turned into inputs reached the agent.
     received_ns: Option<u64>,
     config: Config,
+    /// When the daemon started (the interval log's start).
+    started_ns: u64,
+    /// (timestamp, end-to-end latency) of recent decisions, for `--export tune`.
+    series: std::collections::VecDeque<(u64, u64)>,
     /// Processes Keling stopped with SIGSTOP (tasks it did not launch), mirrored in
     /// `/run/keling/stopped` for the fail-safe.
     stopped: std::collections::BTreeSet<u32>,
@@ -127,6 +131,8 @@ impl Daemon {
             received_ns: None,
             config,
             stopped: Default::default(),
+            started_ns: monotonic_ns(),
+            series: Default::default(),
         })
     }
 
@@ -197,15 +203,8 @@ impl Daemon {
     /// blocking thread, which reports back through the confirmation channel.
     fn act(&mut self, action: Action) {
         let decided_ns = monotonic_ns();
-        let (id, kind) = match &action {
-            Action::Freeze { id } => (*id, ActionKind::Freeze),
-            Action::Thaw { id } => (*id, ActionKind::Thaw),
-            Action::Stop { id } => (*id, ActionKind::Stop),
-            Action::Terminate { id } => (*id, ActionKind::Terminate),
-            Action::Kill { id } => (*id, ActionKind::Kill),
-            Action::Place { id, .. } => (*id, ActionKind::Place),
-            Action::Warn { id, .. } | Action::Enforce { id, .. } => (*id, ActionKind::Warn),
-        };
+        // Enforce is logged with the Kill/Terminate that follows it.
+        let (id, kind) = (action.task(), action.kind().unwrap_or(ActionKind::Warn));
         let Some(task) = self.tasks.get(&id) else {
             return;
         };
@@ -327,7 +326,41 @@ impl Daemon {
             }
         }
         times.actuated_ns = monotonic_ns();
-        self.latency.record(&times);
+        self.record(&times);
+    }
+
+    /// Records one decision's latency.
+    fn record(&mut self, times: &DecisionTimes) -> crate::latency::Verdict {
+        let verdict = self.latency.record(times);
+        if self.series.len() == 100_000 {
+            self.series.pop_front();
+        }
+        self.series
+            .push_back((times.decided_ns, verdict.end_to_end_ns));
+        verdict
+    }
+
+    /// The latency figures in one of the export formats (`keling status --export`).
+    pub fn export(&self, format: &str) -> anyhow::Result<String> {
+        let mut out = Vec::new();
+        match format {
+            "prometheus" => self.latency.write_prometheus(&mut out)?,
+            "percentiles" => self.latency.write_percentile_table(&mut out)?,
+            "interval-log" => self.latency.write_interval_log(&mut out, self.started_ns)?,
+            "json" => self.latency.write_json(&mut out)?,
+            "tune" => {
+                let series: Vec<(u64, u64)> = self.series.iter().copied().collect();
+                out.extend(
+                    crate::latency::tune_report(&series)
+                        .to_string()
+                        .into_bytes(),
+                );
+            }
+            other => anyhow::bail!(
+                "unknown export {other:?}: prometheus, percentiles, interval-log, json or tune"
+            ),
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
     fn save_stopped(&self) {
@@ -339,7 +372,7 @@ impl Daemon {
 
     /// A confirmation came back: record its latency and tell the core.
     pub fn confirmed(&mut self, c: Confirmation) {
-        let verdict = self.latency.record(&c.times);
+        let verdict = self.record(&c.times);
         if verdict.late || !c.confirmed {
             let line = json!({
                 "type": "late_decision", "task": c.id, "action": c.times.action,
@@ -691,10 +724,24 @@ impl Daemon {
             }
             stages_by_action.insert(action.to_owned(), per.into());
         }
+        // Placement: each GPU's weight (higher is better) and how evenly memory is
+        // spread, (max - min) / mean of the bytes used per GPU.
+        let weights = self.sched.placement_weights(now);
+        let mut used: BTreeMap<u32, f64> = weights.iter().map(|&(g, _)| (g, 0.0)).collect();
+        for t in self.sched.tasks() {
+            for (g, b) in &t.mem_bytes {
+                *used.entry(*g).or_default() += *b as f64;
+            }
+        }
+        let used: Vec<f64> = used.into_values().collect();
         json!({
             "tasks": tasks,
             "latency": self.latency.status_json(),
             "stages_by_action": stages_by_action,
+            "placement": {
+                "weights": weights,
+                "load_balance_error": super::core::load_balance_error(&used),
+            },
         })
     }
 
