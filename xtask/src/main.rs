@@ -101,6 +101,22 @@ fn cargo_nightly() -> Command {
     c
 }
 
+/// Nightly `cargo SUBCOMMAND` on the eBPF crate, for the bpf target. It gets its
+/// own target dir so the host build's flags never mix with build-std's.
+fn ebpf_cargo(subcommand: &str) -> Command {
+    let mut c = cargo_nightly();
+    c.args([
+        subcommand,
+        "--package",
+        "keling-ebpf",
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+    ])
+    .args(["-Z", "build-std=core", "--target-dir", "target/bpf"]);
+    c
+}
+
 /// The compiled eBPF object.
 fn ebpf_object() -> PathBuf {
     root().join("target/bpf/bpfel-unknown-none/release/keling-ebpf")
@@ -108,20 +124,7 @@ fn ebpf_object() -> PathBuf {
 
 fn build_ebpf() -> anyhow::Result<PathBuf> {
     eprintln!("xtask: building eBPF programs (nightly, bpfel-unknown-none)");
-    // The eBPF crate gets its own target dir so the host build's flags never mix
-    // with build-std's.
-    run(cargo_nightly().args([
-        "build",
-        "--package",
-        "keling-ebpf",
-        "--release",
-        "--target",
-        "bpfel-unknown-none",
-        "-Z",
-        "build-std=core",
-        "--target-dir",
-        "target/bpf",
-    ]))?;
+    run(&mut ebpf_cargo("build"))?;
     Ok(ebpf_object())
 }
 
@@ -285,21 +288,7 @@ fn cmd_clippy() -> anyhow::Result<()> {
         .args(["clippy", "--all-targets", "--", "-D", "warnings"])
         .env("KELING_EBPF_OBJ", ebpf_object()))?;
     eprintln!("xtask: clippy (eBPF crate, bpf target)");
-    run(cargo_nightly().args([
-        "clippy",
-        "--package",
-        "keling-ebpf",
-        "--release",
-        "--target",
-        "bpfel-unknown-none",
-        "-Z",
-        "build-std=core",
-        "--target-dir",
-        "target/bpf",
-        "--",
-        "-D",
-        "warnings",
-    ]))
+    run(ebpf_cargo("clippy").args(["--", "-D", "warnings"]))
 }
 
 fn main() -> anyhow::Result<()> {

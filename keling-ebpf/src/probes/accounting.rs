@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use keling_common::{
-    ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, EventKind, FD_SLOTS, FILE_CLIENTS, FileInfo,
+    ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, EventKind, FD_SLOTS, FILE_CLIENTS, FdSlot, FileInfo,
     GpuEvent, GpuFileEvent, ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, teardown, undecoded,
 };
 
@@ -480,6 +480,25 @@ pub fn file_event(
     });
 }
 
+/// Closes one fd: empties its slot, drops its reference to the file (queueing the
+/// release at zero) and reports the close.
+#[inline(always)]
+pub fn close_slot(pid: u32, tid: u32, slot: &mut FdSlot) {
+    let (fd, device, file_id) = (slot.fd, slot.device, slot.file_id);
+    *slot = Default::default();
+    let released = drop_file_ref(pid, tid, file_id);
+    file_event(
+        EventKind::GpuClose,
+        pid,
+        tid,
+        fd,
+        device,
+        file_id,
+        released as u32,
+        0,
+    );
+}
+
 /// Closes every slot of `fds` (all, or only the close-on-exec ones).
 #[inline(never)]
 pub fn close_slots(pid: u32, tid: u32, fds: *mut ProcFds, only_cloexec: bool) {
@@ -489,18 +508,6 @@ pub fn close_slots(pid: u32, tid: u32, fds: *mut ProcFds, only_cloexec: bool) {
         if slot.file_id == 0 || (only_cloexec && slot.cloexec == 0) {
             continue;
         }
-        let (fd, device, file_id) = (slot.fd, slot.device, slot.file_id);
-        *slot = Default::default();
-        let released = drop_file_ref(pid, tid, file_id);
-        file_event(
-            EventKind::GpuClose,
-            pid,
-            tid,
-            fd,
-            device,
-            file_id,
-            released as u32,
-            0,
-        );
+        close_slot(pid, tid, slot);
     }
 }

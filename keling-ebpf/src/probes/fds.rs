@@ -17,8 +17,7 @@ use keling_common::{
 };
 
 use super::accounting::{
-    FILES, add_file_ref, close_slots, drop_file_ref, file_event, new_file_id, proc_fds,
-    run_releases,
+    FILES, add_file_ref, close_slot, close_slots, file_event, new_file_id, proc_fds, run_releases,
 };
 use crate::{TRACKED_PIDS, TRACKED_TIDS, current_ids, is_tracked_pid};
 
@@ -203,21 +202,10 @@ fn add_slot(pid: u32, tid: u32, new: &FdSlot) {
     let mut free = FD_SLOTS;
     for i in 0..FD_SLOTS {
         // SAFETY: a map value pointer; i is in bounds.
-        let s = unsafe { &(*fds).slots[i] };
+        let s = unsafe { &mut (*fds).slots[i] };
         if s.file_id != 0 && s.fd == fd {
             // dup2/dup3 onto an NVIDIA fd closed it first.
-            let (old, old_device) = (s.file_id, s.device);
-            let released = drop_file_ref(pid, tid, old);
-            file_event(
-                EventKind::GpuClose,
-                pid,
-                tid,
-                fd,
-                old_device,
-                old,
-                released as u32,
-                0,
-            );
+            close_slot(pid, tid, s);
             free = i;
             break;
         }
@@ -246,20 +234,8 @@ pub fn sys_enter_close(ctx: TracePointContext) -> i32 {
     };
     // close() removes the fd even when it reports an error, so act at entry.
     // SAFETY: a map value pointer; i is in bounds.
-    let s = unsafe { &mut (*fds).slots[i] };
-    let (device, file_id) = (s.device, s.file_id);
-    *s = Default::default();
-    let released = drop_file_ref(pid, tid, file_id);
-    file_event(
-        EventKind::GpuClose,
-        pid,
-        tid,
-        fd,
-        device,
-        file_id,
-        released as u32,
-        0,
-    );
+    let slot = unsafe { &mut (*fds).slots[i] };
+    close_slot(pid, tid, slot);
     run_releases(&ctx);
     0
 }
@@ -282,19 +258,7 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
             s.cloexec = 1;
             continue;
         }
-        let (fd, device, file_id) = (s.fd, s.device, s.file_id);
-        *s = Default::default();
-        let released = drop_file_ref(pid, tid, file_id);
-        file_event(
-            EventKind::GpuClose,
-            pid,
-            tid,
-            fd,
-            device,
-            file_id,
-            released as u32,
-            0,
-        );
+        close_slot(pid, tid, s);
     }
     run_releases(&ctx);
     0
