@@ -1,0 +1,114 @@
+//! The core's configuration: the GPUs it places on ([`GpuInfo`]) and the policy's
+//! numbers ([`SchedConfig`]). The agent owns everything about *when* inputs come
+//! (its tick period, its timeouts): none of it is configured here.
+
+use serde::{Deserialize, Serialize};
+
+/// A GPU automatic placement may choose, and how much memory it has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// The GPU's index (as in `CUDA_VISIBLE_DEVICES`).
+    pub index: u32,
+    /// Its memory; 0 counts as full.
+    pub capacity_bytes: u64,
+}
+
+/// The policy's numbers. [`Default`] gives the values the core's tests use; the
+/// agent sets its own where it has a flag for one (its `--idle-timeout-ms`, for
+/// instance, defaults to 300 ms).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SchedConfig {
+    /// The GPUs automatic placement chooses from. Default: none (tasks go to GPU 0).
+    pub gpus: Vec<GpuInfo>,
+    /// Tasks that may run at once on one GPU (0 is treated as 1). Default: 1.
+    pub slots_per_gpu: u32,
+    /// A running task without `Active` for this long stops wanting the GPU.
+    /// Default: 500 ms.
+    pub idle_timeout_ms: u64,
+    /// Session duration limit of tasks whose spec sets none. Default: 1 hour.
+    pub default_max_duration_ms: u64,
+    /// Warning window before the limit, for specs that set none. Default: 30 s.
+    pub default_grace_ms: u64,
+    /// Kill at the limit (true) or terminate with grace, for specs that set
+    /// neither. Default: true.
+    pub default_hard_kill: bool,
+    /// Terminate with grace: SIGTERM, then SIGKILL after this. Default: 5 s.
+    pub kill_grace_ms: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            gpus: Vec::new(),
+            slots_per_gpu: 1,
+            idle_timeout_ms: 500,
+            default_max_duration_ms: 3_600_000,
+            default_grace_ms: 30_000,
+            default_hard_kill: true,
+            kill_grace_ms: 5_000,
+        }
+    }
+}
+
+impl SchedConfig {
+    /// `slots_per_gpu`, with 0 treated as 1.
+    pub fn slots(&self) -> usize {
+        usize::try_from(self.slots_per_gpu.max(1)).unwrap_or(usize::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_slots_count_as_one() {
+        let slots = |slots_per_gpu| {
+            SchedConfig {
+                slots_per_gpu,
+                ..SchedConfig::default()
+            }
+            .slots()
+        };
+        assert_eq!((slots(0), slots(1), slots(4)), (1, 1, 4));
+    }
+
+    #[test]
+    fn serialized_config_is_as_before_less_tick_ms() {
+        let json = r#"{"gpus":[],"slots_per_gpu":1,"idle_timeout_ms":500,"default_max_duration_ms":3600000,"default_grace_ms":30000,"default_hard_kill":true,"kill_grace_ms":5000}"#;
+        assert_eq!(
+            serde_json::to_string(&SchedConfig::default()).unwrap(),
+            json
+        );
+        // What the core wrote when it still had `tick_ms` still reads.
+        let old = r#"{"gpus":[{"index":0,"capacity_bytes":5}],"slots_per_gpu":2,"idle_timeout_ms":500,"default_max_duration_ms":3600000,"default_grace_ms":30000,"default_hard_kill":true,"kill_grace_ms":5000,"tick_ms":10}"#;
+        assert_eq!(
+            serde_json::from_str::<SchedConfig>(old).unwrap(),
+            SchedConfig {
+                gpus: vec![GpuInfo {
+                    index: 0,
+                    capacity_bytes: 5
+                }],
+                slots_per_gpu: 2,
+                ..SchedConfig::default()
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<SchedConfig>(r#"{"slots_per_gpu":3}"#).unwrap(),
+            SchedConfig {
+                slots_per_gpu: 3,
+                ..SchedConfig::default()
+            },
+            "missing fields take the defaults"
+        );
+        assert_eq!(
+            serde_json::to_string(&GpuInfo {
+                index: 0,
+                capacity_bytes: 5
+            })
+            .unwrap(),
+            r#"{"index":0,"capacity_bytes":5}"#
+        );
+    }
+}

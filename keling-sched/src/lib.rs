@@ -1,0 +1,244 @@
+//! The scheduler core: a pure, deterministic state machine that decides which GPU
+//! tasks run, which wait and which must end.
+//!
+//! This crate owns the scheduling policy and nothing else. It has no clock, no I/O,
+//! no randomness, and never depends on hash-map order: [`Scheduler::step`] takes one
+//! timestamped [`Input`] and returns an [`Output`], the [`Action`]s the agent must
+//! carry out and the task state [`Transition`]s to log. The same inputs always give
+//! the same outputs, which is what lets `keling replay` re-run a recorded session
+//! exactly and compare policies offline. It must not touch cgroups, signals, NVML or
+//! files: the agent around it does.
+//!
+//! # Protocol
+//!
+//! ```text
+//!  kernel events ─► agent ── Input ──► Scheduler::step ── Output ──► agent ─► cgroups, signals
+//!                     ▲                                                 │
+//!                     └────────── Confirmed / TimedOut (feedback) ◄─────┘
+//! ```
+//!
+//! Every input carries `ts_ns`, the kernel timestamp (CLOCK_MONOTONIC, ns) of what it
+//! reports. The core's clock is the largest `ts_ns` seen so far: an input stamped
+//! earlier is handled at that clock, so time never runs backwards. Every rule that
+//! depends on time (quantum, idle timeout, duration limit, kill deadline) is checked
+//! on every input; `Tick` exists so they fire even when nothing else happens.
+//!
+//! ## Inputs: agent → core
+//!
+//! | Input | The agent sends it when | The core |
+//! |---|---|---|
+//! | `Arrive` | a task (a GPU process or process tree) is launched or adopted; it is running as it is | places it (`Place`), then lets it run or freezes it |
+//! | `Active` | the trace saw the task use the GPU or the CPU; or something outside the trace knows a frozen task has work (a request for a frozen server) | marks the task as wanting the GPU |
+//! | `Idle` | the task is known to be idle (optional hint) | marks it as not wanting the GPU |
+//! | `MemAlloc` / `MemFree` | the driver granted / released bytes (exact, from the kernel) | updates the task's memory, checks its quota |
+//! | `AllocFailed` | the driver answered NO_MEMORY | applies the memory-pressure rule |
+//! | `Exit` | the task's process (tree) is gone | ends the task: Completed or Failed |
+//! | `Tick` | on every tick of its own timer (the agent chooses the period), whether or not anything happened | archives finished tasks; time rules |
+//! | `Confirmed` | an action was seen to take effect (`frozen 1` in `cgroup.events`, process state `T`, ...) | completes the state change the action started |
+//! | `TimedOut` | an action was not confirmed by the timeout model's deadline | escalates (below) |
+//!
+//! Inputs naming a task the core does not know are ignored, and so is an `Arrive`
+//! for an id it already knows (ids are never reused). Nothing in `step` panics.
+//!
+//! ## Actions: core → agent
+//!
+//! Actions in one [`Output`] are listed in the order they should be carried out.
+//!
+//! | Action | The agent | Feedback the core expects |
+//! |---|---|---|
+//! | `Place { id, gpu }` | binds the task to `gpu` (`CUDA_VISIBLE_DEVICES` for tasks it launches); once per task, at arrival | none |
+//! | `Freeze { id }` | writes 1 to the task's `cgroup.freeze` (SIGSTOP for processes Keling did not launch) | `Confirmed { Freeze }` or `TimedOut { Freeze }` |
+//! | `Stop { id }` | sends SIGSTOP to the task's processes: escalation of a freeze that timed out | `Confirmed { Stop }` (a late `Confirmed { Freeze }` counts too) |
+//! | `Thaw { id }` | undoes whatever stopped the task: `cgroup.freeze` 0 and SIGCONT | `Confirmed { Thaw }` or `TimedOut { Thaw }` |
+//! | `Terminate { id }` | sends SIGTERM | `Exit` (a Kill follows after `kill_grace_ms`) |
+//! | `Kill { id }` | sends SIGKILL (or writes `cgroup.kill`) | `Exit` |
+//! | `Warn { id, remaining_ms }` | tells the task's owner its session ends in `remaining_ms` | none |
+//! | `Enforce { id, record }` | logs/reports the 4003 record; always followed in the same output by the `Kill` or `Terminate` it justifies, unless one was already sent | none |
+//!
+//! ## Who confirms what
+//!
+//! Task states are facts, not intentions. A task being frozen stays `Running` until
+//! the agent confirms the freeze, and keeps its slot until then; a task being
+//! thawed stays `Preempted` until the thaw is confirmed, but holds its slot already.
+//! [`TaskView::in_flight`] shows the actuation in flight. At most one actuation is in
+//! flight per task and it is never contradicted: if the core changes its mind while a
+//! freeze is in flight, it waits for the confirmation and then thaws. Feedback for an
+//! action that is not in flight (late, duplicate, wrong kind) is ignored.
+//!
+//! Escalation when the timeout model says an action is late:
+//! - `TimedOut { Freeze }` → `Stop` (SIGSTOP cannot be ignored). The freeze stays in
+//!   flight until `Confirmed { Stop }` or `Confirmed { Freeze }`; `TimedOut { Stop }`
+//!   is ignored (a task stuck in the kernel stops when it leaves it).
+//! - `TimedOut { Thaw }` → `Thaw` again, once. If that one times out too, the core
+//!   assumes the task runs (`Preempted → Running`, reason `thaw_unconfirmed`): a thaw
+//!   only removes a restriction, and waiting forever would hold the slot forever.
+//! - `TimedOut` of any other action is ignored: `Terminate` is followed by `Kill`
+//!   on the kill deadline anyway, and a task ends only on `Exit`.
+//!
+//! # Policy
+//!
+//! ## States
+//!
+//! ```text
+//!            ┌───────────────► COMPLETED ─┐
+//!  PENDING ──┼──► RUNNING ◄──► PREEMPTED  ├──► ARCHIVED
+//!            └───────────────► FAILED ────┘
+//! ```
+//! (see [`is_legal`] for the exact list). A task arrives `Pending` and is placed on a
+//! GPU at once. If it ranks among the tasks that should hold that GPU's slots it
+//! becomes `Running` in the same step (reason `placed`; it is already running, so no
+//! action is needed); otherwise it is frozen and becomes `Preempted` when the freeze
+//! is confirmed (reason `queued`). `Running → Preempted` reasons:
+//! `quantum_expired`, `idle`, `preempted_by_higher_priority`, `round_robin` (an
+//! equal-priority task is ahead in the rotation); `Preempted → Running`: `resumed`.
+//! `Exit` makes a task `Completed` (exit code 0, reason `exited`) or `Failed`
+//! (non-zero: `exited_with_error`; or any exit after Keling started ending it: the
+//! first enforcement's reason, `duration_limit`, `evicted_for_memory` or
+//! `over_quota`). Finished tasks become `Archived` on the next `Tick` (reason
+//! `archived`), so a reader sees the final state and exit code for one tick first.
+//! Each reason is a [`Reason`] variant; the log writes it in snake_case, as here.
+//!
+//! ## Who holds the slots
+//!
+//! Each GPU runs at most `slots_per_gpu` tasks at once. After every input, the live
+//! tasks placed on a GPU are ranked by
+//! 1. wanting the GPU first (idle tasks never hold a slot against active ones),
+//! 2. priority (0 first),
+//! 3. position in the round-robin queue of that priority,
+//! 4. id,
+//!
+//! and the first `slots_per_gpu` should hold the slots. Tasks outside that set that
+//! run are frozen at once (a higher-priority task preempts immediately); tasks in it
+//! that are frozen are thawed as soon as a slot is free, that is when the freezes in
+//! flight are confirmed. The one exception to "never more than the slots": a task
+//! that arrives and ranks among the holders is already running, so it becomes
+//! `Running` at once, and the task it displaces runs too until its freeze lands.
+//! Once the actuations in flight are confirmed the scheduler is work-conserving:
+//! while there are at least as many tasks as slots every slot is held, by idle tasks
+//! if nobody active waits, and no task runs while an active task of higher priority
+//! waits on its GPU.
+//!
+//! **Wanting the GPU.** `Active` makes a task want the GPU; `Idle`, or
+//! `idle_timeout_ms` of running without an `Active`, makes it idle. A newly arrived
+//! task wants the GPU (it is starting and has never had the chance to show
+//! activity). A frozen task cannot show activity, so it keeps what it had when frozen
+//! and the idle timeout only counts while it runs (it restarts when the task
+//! resumes). A consequence: a task frozen while idle stays frozen until a slot is
+//! free or the agent sends `Active` for it.
+//!
+//! **Round robin.** A task's quantum ([`quantum_ms`]) is used only while it is
+//! `Running`. When it is used up and an active task of the same priority on the same
+//! GPU waits, the task goes to the back of its priority's queue (and is frozen with
+//! reason `quantum_expired`); if nobody of its priority waits it starts a fresh
+//! quantum. A task preempted by a higher priority keeps its queue position and what
+//! is left of its quantum.
+//!
+//! ## Memory pressure
+//!
+//! On `AllocFailed { id, gpu, bytes }` the requester needs `bytes` minus the GPU's
+//! free bytes (capacity minus the memory all live tasks hold there), minus the memory
+//! of tasks already being ended (it is on its way back, so repeated failures while
+//! victims exit do not evict more). Candidates are live tasks of strictly lower
+//! priority that hold memory on that GPU, are not already being ended, and expect
+//! more than 3 s of remaining time (`expected_runtime_ms` minus elapsed wall time;
+//! unknown counts as more). The evicted set is the smallest that covers the need:
+//! fewest tasks, then fewest bytes, then lowest priorities, then lowest ids (see
+//! [`choose_victims`]). If no set covers it, nobody is evicted: that would not make
+//! the allocation succeed. A GPU missing from the config has no known capacity and
+//! evicts nobody. Eviction is `Terminate`, then `Kill` after `kill_grace_ms` if the
+//! task has not exited. A `MemAlloc` that takes a task's memory on all GPUs together
+//! strictly over `mem_quota_bytes` ends it the same way (reason `over_quota`). A task
+//! that Keling is already ending evicts nobody.
+//!
+//! ## Session duration limits
+//!
+//! Elapsed time counts from arrival, in wall time, frozen time included (the limit is
+//! on the session, not on GPU time). At `limit - grace` the core emits `Warn` once; at
+//! the limit it emits `Enforce` with the 4003 record (`allowed_ms` = the limit,
+//! `actual_ms` = elapsed at that input) and `Kill` (`hard_kill`, the default) or
+//! `Terminate` followed by `Kill` after `kill_grace_ms`. Because time rules run on
+//! every input and the agent ticks periodically, it fires within one tick of the
+//! deadline. If the first input past the warning point is already past the limit
+//! (or `grace_ms` is 0), no `Warn` is sent: the `Enforce` says it all. The limit is
+//! enforced even on a task already being ended for another reason.
+//!
+//! ## Placement
+//!
+//! A task with `gpu: Some(g)` goes to `g` (even one missing from the config, which is
+//! then scheduled with `slots_per_gpu` slots and unknown capacity). Otherwise the core
+//! picks the configured GPU with the highest weight
+//!
+//! `W = 0.4 × (1 − used/capacity) + 0.35 × 1/(1 + expected_queue_s) + 0.25 × success_rate`
+//!
+//! DESIGN.md's formula mixes a load term (memory used, lower is better) with two
+//! goodness terms (higher is better); Keling turns the load term into free memory so
+//! that higher W is better throughout. `expected_queue_s` is the expected remaining
+//! work of the tasks on that GPU that want it (expected runtime left, or what is left
+//! of their quantum when the runtime is unknown), divided by the slots.
+//! `success_rate` is successful allocations over all attempts on that GPU in the last
+//! 300 s (kept in 1 s buckets), 1.0 with no data. Ties go to the lowest index. With no
+//! GPUs configured, tasks go to GPU 0.
+//!
+//! ## Small decisions
+//!
+//! Priorities above 15 are treated as 15; `slots_per_gpu` 0 is treated as 1.
+//! Archived tasks are kept so that [`Scheduler::task`] can still answer for them.
+//!
+//! # Crate layout
+//!
+//! | Module | Owns |
+//! |---|---|
+//! | [`input`] | what the agent tells the core: [`Input`], [`TaskSpec`] |
+//! | [`action`] | what the core tells the agent: [`Action`], [`ActionKind`], the 4003 [`EnforcementRecord`] |
+//! | [`state`] | task states and what is shown of them: [`TaskState`], [`is_legal`], [`Transition`], [`TaskView`], [`Class`], [`quantum_ms`] |
+//! | [`reason`] | why a task changed state: [`Reason`] |
+//! | [`config`] | [`SchedConfig`], [`GpuInfo`] |
+//! | [`placement`] | the placement weight, the allocation success-rate window, [`load_balance_error`] |
+//! | [`victims`] | which tasks memory pressure evicts: [`choose_victims`] |
+//! | [`scheduler`] | the state machine: [`Scheduler`], [`Output`] |
+//!
+//! Everything the agent needs is re-exported here. The crate has no dependency that
+//! can do I/O, and a test (`tests/purity.rs`) fails if one is added or if the sources
+//! name the clock, the file system, the network, processes or threads.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod action;
+pub mod config;
+pub mod input;
+pub mod placement;
+pub mod reason;
+pub mod scheduler;
+pub mod state;
+pub mod victims;
+
+mod task;
+#[cfg(test)]
+mod tests;
+
+pub use action::{Action, ActionKind, DURATION_EXCEEDED_CODE, EnforcementData, EnforcementRecord};
+pub use config::{GpuInfo, SchedConfig};
+pub use input::{Input, TaskSpec};
+pub use placement::{
+    ALLOC_SUCCESS_WINDOW_S, PLACEMENT_ALLOC_SUCCESS_WEIGHT, PLACEMENT_FREE_MEMORY_WEIGHT,
+    PLACEMENT_QUEUE_WEIGHT, load_balance_error,
+};
+pub use reason::Reason;
+pub use scheduler::{Output, Scheduler};
+pub use state::{
+    Class, LOWEST_PRIORITY, TaskState, TaskView, Transition, class_of, is_legal, quantum_ms,
+};
+pub use victims::{
+    EVICTION_MIN_REMAINING_MS, EXACT_VICTIM_SEARCH_MAX_CANDIDATES, VictimCandidate, choose_victims,
+};
+
+/// A task's id, chosen by the agent; never reused.
+pub type TaskId = u64;
+
+pub(crate) const NS_PER_MS: u64 = 1_000_000;
+pub(crate) const NS_PER_S: u64 = 1_000_000_000;
+
+pub(crate) fn ms_to_ns(ms: u64) -> u64 {
+    ms.saturating_mul(NS_PER_MS)
+}

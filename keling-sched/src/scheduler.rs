@@ -1,0 +1,656 @@
+//! The state machine: [`Scheduler`] holds every task and turns each [`Input`] into an
+//! [`Output`] (the actions to carry out, the transitions to log). It owns the clock
+//! rule, feedback and escalation, the time rules (idle timeout, duration limits,
+//! kill deadlines), memory pressure and quotas, and who holds the slots. The rules
+//! are in the crate doc; the pieces it uses are in [`placement`](crate::placement),
+//! [`victims`](crate::victims) and the private task record.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::action::{Action, ActionKind, EnforcementRecord};
+use crate::config::SchedConfig;
+use crate::input::{Input, TaskSpec};
+use crate::placement::{AllocHistory, best_gpu, placement_weight};
+use crate::reason::Reason;
+use crate::state::{LOWEST_PRIORITY, TaskState, TaskView, Transition, is_legal, quantum_ms};
+use crate::task::{Actuation, Direction, Ending, Rank, Task};
+use crate::victims::{EVICTION_MIN_REMAINING_MS, VictimCandidate, choose_victims};
+use crate::{NS_PER_MS, TaskId, ms_to_ns};
+
+/// What one [`Scheduler::step`] decided.
+#[derive(Clone, Default, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    /// What the agent must do, in the order to do it.
+    pub actions: Vec<Action>,
+    /// The state changes to log, in order; their `event_id`s count up.
+    pub transitions: Vec<Transition>,
+}
+
+/// The scheduler core. See the crate doc.
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    config: SchedConfig,
+    capacity_bytes: BTreeMap<u32, u64>,
+    /// The largest `ts_ns` seen.
+    now_ns: u64,
+    next_event_id: u64,
+    next_queue_seq: u64,
+    /// Every task not yet archived.
+    tasks: BTreeMap<TaskId, Task>,
+    archived: BTreeMap<TaskId, Task>,
+    /// Per configured GPU, the last `ALLOC_SUCCESS_WINDOW_S` seconds.
+    alloc_history: AllocHistory,
+}
+
+impl Scheduler {
+    /// A scheduler with no tasks, its clock at 0.
+    pub fn new(config: SchedConfig) -> Self {
+        let capacity_bytes = config
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.capacity_bytes))
+            .collect();
+        Scheduler {
+            config,
+            capacity_bytes,
+            now_ns: 0,
+            next_event_id: 1,
+            next_queue_seq: 0,
+            tasks: BTreeMap::new(),
+            archived: BTreeMap::new(),
+            alloc_history: AllocHistory::default(),
+        }
+    }
+
+    /// The configuration it was made with.
+    #[cfg(test)]
+    pub fn config(&self) -> &SchedConfig {
+        &self.config
+    }
+
+    /// The core's clock: the largest `ts_ns` seen.
+    #[cfg(test)]
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Handles one input: the only way the scheduler's state changes.
+    pub fn step(&mut self, input: &Input) -> Output {
+        let mut out = Output::default();
+        self.advance_clock(input.ts_ns());
+        match input {
+            Input::Arrive { spec, .. } => self.on_arrive(spec, &mut out),
+            Input::Active { id, .. } => {
+                let now = self.now_ns;
+                if let Some(task) = self.live_task_mut(*id) {
+                    task.wants_gpu = true;
+                    task.last_active_ns = now;
+                }
+            }
+            Input::Idle { id, .. } => {
+                if let Some(task) = self.live_task_mut(*id) {
+                    task.wants_gpu = false;
+                }
+            }
+            Input::MemAlloc { id, gpu, bytes, .. } => {
+                self.on_mem_alloc(*id, *gpu, *bytes, &mut out)
+            }
+            Input::MemFree { id, gpu, bytes, .. } => {
+                if let Some(task) = self.live_task_mut(*id) {
+                    let held = task.mem_bytes.entry(*gpu).or_insert(0);
+                    *held = held.saturating_sub(*bytes);
+                    if *held == 0 {
+                        task.mem_bytes.remove(gpu);
+                    }
+                }
+            }
+            Input::AllocFailed { id, gpu, bytes, .. } => {
+                self.on_alloc_failed(*id, *gpu, *bytes, &mut out)
+            }
+            Input::Exit { id, exit_code, .. } => self.on_exit(*id, *exit_code, &mut out),
+            Input::Tick { .. } => self.archive_finished(&mut out),
+            Input::Confirmed { id, action, .. } => self.on_confirmed(*id, *action, &mut out),
+            Input::TimedOut { id, action, .. } => self.on_timed_out(*id, *action, &mut out),
+        }
+        self.apply_time_rules(&mut out);
+        self.reconcile(&mut out);
+        out
+    }
+
+    /// One task, archived ones included; `None` for an id never seen.
+    pub fn task(&self, id: TaskId) -> Option<TaskView> {
+        self.tasks
+            .get(&id)
+            .or_else(|| self.archived.get(&id))
+            .map(Task::view)
+    }
+
+    /// Every task, archived ones included, sorted by id.
+    pub fn tasks(&self) -> Vec<TaskView> {
+        let mut views: Vec<TaskView> = self
+            .tasks
+            .values()
+            .chain(self.archived.values())
+            .map(Task::view)
+            .collect();
+        views.sort_by_key(|v| v.spec.id);
+        views
+    }
+
+    /// The placement weight of each configured GPU at `ts_ns` (normally the latest
+    /// input's), sorted by index: higher is better. See "Placement" in the crate doc.
+    pub fn placement_weights(&self, ts_ns: u64) -> Vec<(u32, f64)> {
+        self.placement_weights_iter(ts_ns).collect()
+    }
+
+    fn placement_weights_iter(&self, ts_ns: u64) -> impl Iterator<Item = (u32, f64)> + '_ {
+        let slots = self.config.slots();
+        self.capacity_bytes.iter().map(move |(&gpu, &capacity)| {
+            let (mut used, mut queue_ms) = (0u128, 0u128);
+            for t in self.tasks.values().filter(|t| t.is_live()) {
+                used += u128::from(t.mem_on(gpu));
+                if t.gpu == gpu && t.wants_gpu {
+                    queue_ms += u128::from(t.expected_work_ms(ts_ns));
+                }
+            }
+            let success_rate = self.alloc_success_rate(gpu, ts_ns);
+            let weight = placement_weight(capacity, used, queue_ms, slots, success_rate);
+            (gpu, weight)
+        })
+    }
+
+    /// Successful allocations over all attempts on `gpu` in the 300 s up to `ts_ns`;
+    /// 1.0 with no attempts.
+    pub fn alloc_success_rate(&self, gpu: u32, ts_ns: u64) -> f64 {
+        self.alloc_history.success_rate(gpu, ts_ns)
+    }
+
+    fn live_task_mut(&mut self, id: TaskId) -> Option<&mut Task> {
+        self.tasks.get_mut(&id).filter(|t| t.is_live())
+    }
+
+    /// Moves the clock to `ts_ns` (never back) and charges running tasks for the time.
+    fn advance_clock(&mut self, ts_ns: u64) {
+        if ts_ns <= self.now_ns {
+            return;
+        }
+        let elapsed_ns = ts_ns - self.now_ns;
+        for task in self.tasks.values_mut() {
+            if task.state == TaskState::Running {
+                task.on_gpu_ns = task.on_gpu_ns.saturating_add(elapsed_ns);
+                task.quantum_used_ns = task.quantum_used_ns.saturating_add(elapsed_ns);
+            }
+        }
+        self.now_ns = ts_ns;
+    }
+
+    fn on_arrive(&mut self, spec: &TaskSpec, out: &mut Output) {
+        if self.tasks.contains_key(&spec.id) || self.archived.contains_key(&spec.id) {
+            return;
+        }
+        let mut spec = spec.clone();
+        spec.priority = spec.priority.min(LOWEST_PRIORITY);
+        // The configured GPU with the highest placement weight; ties: lowest index.
+        let gpu = spec
+            .gpu
+            .unwrap_or_else(|| best_gpu(self.placement_weights_iter(self.now_ns)));
+        let id = spec.id;
+        let task = Task::arrived(spec, gpu, self.now_ns, self.next_queue_seq);
+        self.next_queue_seq += 1;
+        self.tasks.insert(id, task);
+        out.actions.push(Action::Place { id, gpu });
+    }
+
+    fn record_alloc(&mut self, gpu: u32, success: bool) {
+        if self.capacity_bytes.contains_key(&gpu) {
+            self.alloc_history.record(gpu, self.now_ns, success);
+        }
+    }
+
+    fn on_mem_alloc(&mut self, id: TaskId, gpu: u32, bytes: u64, out: &mut Output) {
+        let now = self.now_ns;
+        let kill_grace_ms = self.config.kill_grace_ms;
+        let Some(task) = self.live_task_mut(id) else {
+            return;
+        };
+        let held = task.mem_bytes.entry(gpu).or_insert(0);
+        *held = held.saturating_add(bytes);
+        let over_quota = task
+            .spec
+            .mem_quota_bytes
+            .is_some_and(|quota| task.total_mem() > u128::from(quota));
+        if over_quota {
+            begin_ending(id, task, Reason::OverQuota, false, now, kill_grace_ms, out);
+        }
+        self.record_alloc(gpu, true);
+    }
+
+    fn on_alloc_failed(&mut self, id: TaskId, gpu: u32, bytes: u64, out: &mut Output) {
+        let now = self.now_ns;
+        let Some(requester) = self.tasks.get(&id).filter(|t| t.is_live()) else {
+            return;
+        };
+        let requester_priority = requester.priority();
+        let requester_ending = requester.ending.is_some();
+        self.record_alloc(gpu, false);
+        let Some(&capacity) = self.capacity_bytes.get(&gpu) else {
+            return;
+        };
+        if requester_ending {
+            return;
+        }
+        let live = || self.tasks.values().filter(|t| t.is_live());
+        let used: u128 = live().map(|t| u128::from(t.mem_on(gpu))).sum();
+        let releasing: u128 = live()
+            .filter(|t| t.ending.is_some())
+            .map(|t| u128::from(t.mem_on(gpu)))
+            .sum();
+        let free = u128::from(capacity).saturating_sub(used);
+        let need = u128::from(bytes)
+            .saturating_sub(free)
+            .saturating_sub(releasing);
+        let need = u64::try_from(need).unwrap_or(u64::MAX);
+        if need == 0 {
+            return;
+        }
+        let candidates: Vec<VictimCandidate> = self
+            .tasks
+            .iter()
+            .filter(|&(&cid, t)| {
+                cid != id
+                    && t.is_live()
+                    && t.ending.is_none()
+                    && t.priority() > requester_priority
+                    && t.mem_on(gpu) > 0
+                    && t.expected_remaining_ms(now)
+                        .is_none_or(|ms| ms > EVICTION_MIN_REMAINING_MS)
+            })
+            .map(|(&cid, t)| VictimCandidate {
+                id: cid,
+                priority: t.priority(),
+                bytes: t.mem_on(gpu),
+            })
+            .collect();
+        let kill_grace_ms = self.config.kill_grace_ms;
+        for victim in choose_victims(&candidates, need) {
+            if let Some(task) = self.tasks.get_mut(&victim) {
+                begin_ending(
+                    victim,
+                    task,
+                    Reason::EvictedForMemory,
+                    false,
+                    now,
+                    kill_grace_ms,
+                    out,
+                );
+            }
+        }
+    }
+
+    fn on_exit(&mut self, id: TaskId, exit_code: i32, out: &mut Output) {
+        let now = self.now_ns;
+        let Some(task) = self.tasks.get_mut(&id).filter(|t| t.is_live()) else {
+            return;
+        };
+        let (to, reason) = match task.ending {
+            Some(ending) => (TaskState::Failed, ending.reason),
+            None if exit_code == 0 => (TaskState::Completed, Reason::Exited),
+            None => (TaskState::Failed, Reason::ExitedWithError),
+        };
+        task.exit_code = Some(exit_code);
+        task.finished_ns = Some(now);
+        task.actuation = None;
+        task.wants_gpu = false;
+        // The driver frees a dead process's memory.
+        task.mem_bytes.clear();
+        record_transition(&mut self.next_event_id, now, task, to, reason, out);
+    }
+
+    /// Tick: tasks that finished before this tick become Archived.
+    fn archive_finished(&mut self, out: &mut Output) {
+        let now = self.now_ns;
+        let finished: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| matches!(t.state, TaskState::Completed | TaskState::Failed))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in finished {
+            if let Some(mut task) = self.tasks.remove(&id) {
+                record_transition(
+                    &mut self.next_event_id,
+                    now,
+                    &mut task,
+                    TaskState::Archived,
+                    Reason::Archived,
+                    out,
+                );
+                self.archived.insert(id, task);
+            }
+        }
+    }
+
+    fn on_confirmed(&mut self, id: TaskId, kind: ActionKind, out: &mut Output) {
+        let now = self.now_ns;
+        let Some(task) = self.tasks.get_mut(&id).filter(|t| t.is_live()) else {
+            return;
+        };
+        let Some(actuation) = task.actuation else {
+            return;
+        };
+        match (actuation.direction, kind) {
+            (Direction::Freeze, ActionKind::Freeze | ActionKind::Stop) => {
+                task.actuation = None;
+                record_transition(
+                    &mut self.next_event_id,
+                    now,
+                    task,
+                    TaskState::Preempted,
+                    actuation.reason,
+                    out,
+                );
+            }
+            (Direction::Thaw, ActionKind::Thaw) => {
+                task.actuation = None;
+                resume(&mut self.next_event_id, now, task, actuation.reason, out);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_timed_out(&mut self, id: TaskId, kind: ActionKind, out: &mut Output) {
+        let now = self.now_ns;
+        let Some(task) = self.tasks.get_mut(&id).filter(|t| t.is_live()) else {
+            return;
+        };
+        let Some(actuation) = task.actuation.as_mut() else {
+            return;
+        };
+        match (actuation.direction, kind, actuation.escalated) {
+            (Direction::Freeze, ActionKind::Freeze, false) => {
+                actuation.escalated = true;
+                out.actions.push(Action::Stop { id });
+            }
+            (Direction::Thaw, ActionKind::Thaw, false) => {
+                actuation.escalated = true;
+                out.actions.push(Action::Thaw { id });
+            }
+            (Direction::Thaw, ActionKind::Thaw, true) => {
+                task.actuation = None;
+                resume(
+                    &mut self.next_event_id,
+                    now,
+                    task,
+                    Reason::ThawUnconfirmed,
+                    out,
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// Idle timeout, session duration limits and kill deadlines, at the current clock.
+    fn apply_time_rules(&mut self, out: &mut Output) {
+        let now = self.now_ns;
+        let config = &self.config;
+        let idle_timeout_ns = ms_to_ns(config.idle_timeout_ms);
+        for (&id, task) in self.tasks.iter_mut() {
+            if !task.is_live() {
+                continue;
+            }
+            if task.state == TaskState::Running
+                && task.wants_gpu
+                && now.saturating_sub(task.last_active_ns) >= idle_timeout_ns
+            {
+                task.wants_gpu = false;
+            }
+
+            let limit_ms = task
+                .spec
+                .max_duration_ms
+                .unwrap_or(config.default_max_duration_ms);
+            let grace_ms = task.spec.grace_ms.unwrap_or(config.default_grace_ms);
+            let elapsed_ns = task.elapsed_ns(now);
+            let elapsed_ms = elapsed_ns / NS_PER_MS;
+            if !task.duration_enforced && elapsed_ns >= ms_to_ns(limit_ms) {
+                task.duration_enforced = true;
+                task.warned = true;
+                out.actions.push(Action::Enforce {
+                    id,
+                    record: EnforcementRecord::duration_exceeded(limit_ms, elapsed_ms),
+                });
+                let hard = task.spec.hard_kill.unwrap_or(config.default_hard_kill);
+                begin_ending(
+                    id,
+                    task,
+                    Reason::DurationLimit,
+                    hard,
+                    now,
+                    config.kill_grace_ms,
+                    out,
+                );
+            } else if !task.warned && elapsed_ns >= ms_to_ns(limit_ms.saturating_sub(grace_ms)) {
+                task.warned = true;
+                // elapsed_ns < limit here, so at least 1 ms remains.
+                out.actions.push(Action::Warn {
+                    id,
+                    remaining_ms: limit_ms.saturating_sub(elapsed_ms),
+                });
+            }
+
+            if let Some(ending) = task.ending.as_mut()
+                && !ending.kill_sent
+                && ending.kill_at_ns.is_some_and(|at| now >= at)
+            {
+                ending.kill_sent = true;
+                out.actions.push(Action::Kill { id });
+            }
+        }
+    }
+
+    /// Brings every GPU's slot holders in line with the ranking (crate doc).
+    fn reconcile(&mut self, out: &mut Output) {
+        let gpus: BTreeSet<u32> = self
+            .tasks
+            .values()
+            .filter(|t| t.is_live())
+            .map(|t| t.gpu)
+            .collect();
+        for gpu in gpus {
+            self.reconcile_gpu(gpu, out);
+        }
+    }
+
+    fn reconcile_gpu(&mut self, gpu: u32, out: &mut Output) {
+        let now = self.now_ns;
+        let slots = self.config.slots();
+        let rotated = self.rotate_expired_quanta(gpu);
+
+        let mut ranked: Vec<(Rank, TaskId)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.is_live() && t.gpu == gpu)
+            .map(|(&id, t)| (t.rank(), id))
+            .collect();
+        ranked.sort_unstable();
+        let ranked: Vec<TaskId> = ranked.into_iter().map(|(_, id)| id).collect();
+        let (should_hold, should_wait) = ranked.split_at(slots.min(ranked.len()));
+        let best_holder_priority = should_hold
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(Task::priority)
+            .min();
+
+        // Vacate: freeze whoever runs (or arrived running) but should wait.
+        for &id in should_wait {
+            let Some(task) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            if task.actuation.is_some() {
+                continue;
+            }
+            let reason = match task.state {
+                TaskState::Pending => Reason::Queued,
+                TaskState::Running if rotated.contains(&id) => Reason::QuantumExpired,
+                TaskState::Running if !task.wants_gpu => Reason::Idle,
+                TaskState::Running if best_holder_priority.is_some_and(|p| p < task.priority()) => {
+                    Reason::PreemptedByHigherPriority
+                }
+                TaskState::Running => Reason::RoundRobin,
+                _ => continue,
+            };
+            task.actuation = Some(Actuation {
+                direction: Direction::Freeze,
+                reason,
+                escalated: false,
+            });
+            out.actions.push(Action::Freeze { id });
+        }
+
+        // Fill. A task that arrived running and should hold a slot just keeps
+        // running (it counts first, since it runs either way); frozen ones are thawed
+        // only into a free slot, so freezes in flight are waited for.
+        for &id in should_hold {
+            if let Some(task) = self.tasks.get_mut(&id)
+                && task.state == TaskState::Pending
+                && task.actuation.is_none()
+            {
+                resume(&mut self.next_event_id, now, task, Reason::Placed, out);
+            }
+        }
+        let mut holders = ranked
+            .iter()
+            .filter(|id| self.tasks.get(id).is_some_and(Task::holds_slot))
+            .count();
+        for &id in should_hold {
+            if holders >= slots {
+                break;
+            }
+            if let Some(task) = self.tasks.get_mut(&id)
+                && task.state == TaskState::Preempted
+                && task.actuation.is_none()
+            {
+                task.actuation = Some(Actuation {
+                    direction: Direction::Thaw,
+                    reason: Reason::Resumed,
+                    escalated: false,
+                });
+                out.actions.push(Action::Thaw { id });
+                holders += 1;
+            }
+        }
+    }
+
+    /// Round robin: a running task whose quantum is used up goes to the back of its
+    /// priority's queue if an active task of that priority waits on the GPU;
+    /// otherwise it starts a fresh quantum. Returns the tasks sent to the back.
+    fn rotate_expired_quanta(&mut self, gpu: u32) -> BTreeSet<TaskId> {
+        let on_gpu = |t: &&Task| t.is_live() && t.gpu == gpu;
+        let waiting_priorities: BTreeSet<u8> = self
+            .tasks
+            .values()
+            .filter(on_gpu)
+            .filter(|t| t.wants_gpu && !t.holds_slot())
+            .map(Task::priority)
+            .collect();
+        let mut expired: Vec<(Rank, TaskId)> = self
+            .tasks
+            .values()
+            .filter(on_gpu)
+            .filter(|t| {
+                t.state == TaskState::Running
+                    && t.actuation.is_none()
+                    && t.quantum_used_ns >= ms_to_ns(quantum_ms(t.priority()))
+            })
+            .map(|t| (t.rank(), t.spec.id))
+            .collect();
+        expired.sort_unstable();
+        let mut rotated = BTreeSet::new();
+        for (_, id) in expired {
+            let seq = self.next_queue_seq;
+            let Some(task) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            task.quantum_used_ns = 0;
+            if task.wants_gpu && waiting_priorities.contains(&task.priority()) {
+                task.queue_seq = seq;
+                self.next_queue_seq += 1;
+                rotated.insert(id);
+            }
+        }
+        rotated
+    }
+}
+
+/// Pending or Preempted → Running.
+fn resume(next_event_id: &mut u64, now_ns: u64, task: &mut Task, reason: Reason, out: &mut Output) {
+    record_transition(next_event_id, now_ns, task, TaskState::Running, reason, out);
+    task.started_ns.get_or_insert(now_ns);
+    // The idle timeout counts running time only: it starts over.
+    task.last_active_ns = now_ns;
+}
+
+/// Starts (or hurries) ending a task: `Kill` at once when `hard`, else `Terminate`
+/// and a `Kill` deadline `kill_grace_ms` later. Never sends either twice.
+fn begin_ending(
+    id: TaskId,
+    task: &mut Task,
+    reason: Reason,
+    hard: bool,
+    now_ns: u64,
+    kill_grace_ms: u64,
+    out: &mut Output,
+) {
+    let ending = task.ending.get_or_insert(Ending {
+        reason,
+        terminate_sent: false,
+        kill_sent: false,
+        kill_at_ns: None,
+    });
+    if hard {
+        if !ending.kill_sent {
+            ending.kill_sent = true;
+            out.actions.push(Action::Kill { id });
+        }
+    } else if !ending.terminate_sent && !ending.kill_sent {
+        ending.terminate_sent = true;
+        ending.kill_at_ns = Some(now_ns.saturating_add(ms_to_ns(kill_grace_ms)));
+        out.actions.push(Action::Terminate { id });
+    }
+}
+
+fn record_transition(
+    next_event_id: &mut u64,
+    now_ns: u64,
+    task: &mut Task,
+    to: TaskState,
+    reason: Reason,
+    out: &mut Output,
+) {
+    let from = task.state;
+    debug_assert!(is_legal(from, to), "illegal transition {from:?} -> {to:?}");
+    if !is_legal(from, to) {
+        return;
+    }
+    task.state = to;
+    let terminal = matches!(
+        to,
+        TaskState::Completed | TaskState::Failed | TaskState::Archived
+    );
+    out.transitions.push(Transition {
+        event_id: *next_event_id,
+        task: task.spec.id,
+        name: task.spec.name.clone(),
+        pid: task.spec.pid,
+        gpu: Some(task.gpu),
+        priority: task.priority(),
+        from,
+        to,
+        reason,
+        timestamp_ns: now_ns,
+        exit_code: if terminal { task.exit_code } else { None },
+    });
+    *next_event_id = next_event_id.saturating_add(1);
+}

@@ -1,0 +1,236 @@
+//! The scheduler's private record of one task: what it knows ([`Task`]), the
+//! actuation in flight ([`Actuation`]), how Keling is ending it ([`Ending`]), how it
+//! ranks for a slot, and the [`TaskView`] it shows.
+
+use std::collections::BTreeMap;
+
+use crate::action::ActionKind;
+use crate::input::TaskSpec;
+use crate::reason::Reason;
+use crate::state::{TaskState, TaskView, class_of, quantum_ms};
+use crate::{NS_PER_MS, TaskId};
+
+/// Which way an actuation in flight moves a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    Freeze,
+    Thaw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Actuation {
+    pub(crate) direction: Direction,
+    /// The transition reason to log when it takes effect.
+    pub(crate) reason: Reason,
+    /// Freeze: `Stop` was sent. Thaw: the `Thaw` was sent a second time.
+    pub(crate) escalated: bool,
+}
+
+/// Keling has started to end the task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ending {
+    /// The first enforcement that applied; the `Failed` transition's reason.
+    pub(crate) reason: Reason,
+    pub(crate) terminate_sent: bool,
+    pub(crate) kill_sent: bool,
+    /// When the `Kill` that follows a `Terminate` is due.
+    pub(crate) kill_at_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Task {
+    /// Priority already clamped to 0..=15.
+    pub(crate) spec: TaskSpec,
+    pub(crate) state: TaskState,
+    pub(crate) gpu: u32,
+    pub(crate) mem_bytes: BTreeMap<u32, u64>,
+    pub(crate) arrived_ns: u64,
+    pub(crate) started_ns: Option<u64>,
+    pub(crate) finished_ns: Option<u64>,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) on_gpu_ns: u64,
+    pub(crate) quantum_used_ns: u64,
+    /// Position in the round-robin queue of its priority: lower goes first.
+    pub(crate) queue_seq: u64,
+    pub(crate) wants_gpu: bool,
+    pub(crate) last_active_ns: u64,
+    pub(crate) actuation: Option<Actuation>,
+    pub(crate) warned: bool,
+    pub(crate) duration_enforced: bool,
+    pub(crate) ending: Option<Ending>,
+}
+
+/// Lower ranks first for a slot: wanting the GPU, priority, queue position, id.
+pub(crate) type Rank = (bool, u8, u64, TaskId);
+
+impl Task {
+    /// A task that has just arrived: `Pending`, wanting the GPU.
+    pub(crate) fn arrived(spec: TaskSpec, gpu: u32, now_ns: u64, queue_seq: u64) -> Self {
+        Task {
+            spec,
+            state: TaskState::Pending,
+            gpu,
+            mem_bytes: BTreeMap::new(),
+            arrived_ns: now_ns,
+            started_ns: None,
+            finished_ns: None,
+            exit_code: None,
+            on_gpu_ns: 0,
+            quantum_used_ns: 0,
+            queue_seq,
+            wants_gpu: true,
+            last_active_ns: now_ns,
+            actuation: None,
+            warned: false,
+            duration_enforced: false,
+            ending: None,
+        }
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        self.state.is_live()
+    }
+
+    pub(crate) fn priority(&self) -> u8 {
+        self.spec.priority
+    }
+
+    /// Running, or about to (a thaw is in flight).
+    pub(crate) fn holds_slot(&self) -> bool {
+        self.state == TaskState::Running
+            || self
+                .actuation
+                .is_some_and(|a| a.direction == Direction::Thaw)
+    }
+
+    pub(crate) fn rank(&self) -> Rank {
+        (
+            !self.wants_gpu,
+            self.priority(),
+            self.queue_seq,
+            self.spec.id,
+        )
+    }
+
+    pub(crate) fn mem_on(&self, gpu: u32) -> u64 {
+        self.mem_bytes.get(&gpu).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn total_mem(&self) -> u128 {
+        self.mem_bytes.values().map(|&b| u128::from(b)).sum()
+    }
+
+    pub(crate) fn elapsed_ns(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.arrived_ns)
+    }
+
+    pub(crate) fn expected_remaining_ms(&self, now_ns: u64) -> Option<u64> {
+        let elapsed_ms = self.elapsed_ns(now_ns) / NS_PER_MS;
+        self.spec
+            .expected_runtime_ms
+            .map(|expected| expected.saturating_sub(elapsed_ms))
+    }
+
+    /// What placement expects the task still to need the GPU for.
+    pub(crate) fn expected_work_ms(&self, now_ns: u64) -> u64 {
+        self.expected_remaining_ms(now_ns).unwrap_or_else(|| {
+            quantum_ms(self.priority()).saturating_sub(self.quantum_used_ns / NS_PER_MS)
+        })
+    }
+
+    pub(crate) fn view(&self) -> TaskView {
+        TaskView {
+            spec: self.spec.clone(),
+            state: self.state,
+            gpu: Some(self.gpu),
+            mem_bytes: self.mem_bytes.clone(),
+            on_gpu_ns: self.on_gpu_ns,
+            on_gpu_ms: self.on_gpu_ns / NS_PER_MS,
+            wants_gpu: self.wants_gpu,
+            class: class_of(self.priority()),
+            quantum_ms: quantum_ms(self.priority()),
+            in_flight: self.actuation.map(|a| match (a.direction, a.escalated) {
+                (Direction::Freeze, false) => ActionKind::Freeze,
+                (Direction::Freeze, true) => ActionKind::Stop,
+                (Direction::Thaw, _) => ActionKind::Thaw,
+            }),
+            ending_reason: self.ending.map(|e| e.reason),
+            arrived_ns: self.arrived_ns,
+            started_ns: self.started_ns,
+            finished_ns: self.finished_ns,
+            exit_code: self.exit_code,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: TaskId, priority: u8) -> Task {
+        let spec = TaskSpec {
+            id,
+            pid: 1,
+            name: String::new(),
+            priority,
+            gpu: None,
+            mem_quota_bytes: None,
+            max_duration_ms: None,
+            grace_ms: None,
+            hard_kill: None,
+            expected_runtime_ms: None,
+        };
+        Task::arrived(spec, 0, 1_000, id)
+    }
+
+    #[test]
+    fn wanting_the_gpu_ranks_before_priority_then_queue_then_id() {
+        let mut idle_high = task(1, 0);
+        idle_high.wants_gpu = false;
+        let active_low = task(2, 15);
+        let mut early = task(3, 5);
+        early.queue_seq = 0;
+        let late = task(4, 5);
+        assert!(active_low.rank() < idle_high.rank());
+        assert!(early.rank() < late.rank());
+    }
+
+    #[test]
+    fn in_flight_shows_an_escalated_freeze_as_stop() {
+        let mut t = task(1, 5);
+        let shown = |t: &Task| t.view().in_flight;
+        assert_eq!(shown(&t), None);
+        t.actuation = Some(Actuation {
+            direction: Direction::Freeze,
+            reason: Reason::Queued,
+            escalated: false,
+        });
+        assert_eq!(shown(&t), Some(ActionKind::Freeze));
+        assert!(!t.holds_slot(), "a pending task being frozen holds no slot");
+        t.actuation = Some(Actuation {
+            escalated: true,
+            ..t.actuation.unwrap()
+        });
+        assert_eq!(shown(&t), Some(ActionKind::Stop));
+        t.actuation = Some(Actuation {
+            direction: Direction::Thaw,
+            reason: Reason::Resumed,
+            escalated: true,
+        });
+        assert_eq!(shown(&t), Some(ActionKind::Thaw));
+        assert!(t.holds_slot(), "a thaw in flight holds the slot");
+    }
+
+    #[test]
+    fn expected_work_is_the_runtime_left_or_the_quantum_left() {
+        let mut t = task(1, 7); // quantum 100 ms, arrived at 1 µs
+        t.quantum_used_ns = 30 * NS_PER_MS;
+        assert_eq!(t.expected_work_ms(2_000 * NS_PER_MS), 70);
+        t.spec.expected_runtime_ms = Some(5_000);
+        assert_eq!(
+            t.expected_remaining_ms(2_000 * NS_PER_MS + 1_000),
+            Some(3_000)
+        );
+        assert_eq!(t.expected_work_ms(9_000 * NS_PER_MS), 0);
+    }
+}

@@ -1,0 +1,106 @@
+//! Memory pressure (eviction of the smallest covering set) and memory quotas.
+
+use super::*;
+
+/// GPU 0 of 16 GiB holding 15 GiB: 1 GiB free. Task 1 (priority 1) holds 1 GiB;
+/// 2 (8) 6 GiB, 3 (9) 3 GiB, 4 (10) 3 GiB, 5 (3) 2 GiB.
+fn crowded_gpu() -> Harness {
+    let mut h = Harness::new(config(1, 8));
+    for (id, priority, gib) in [(1, 1, 1), (2, 8, 6), (3, 9, 3), (4, 10, 3), (5, 3, 2)] {
+        h.arrive(spec(id, priority));
+        h.alloc(id, 0, gib * GIB);
+    }
+    h
+}
+
+#[test]
+fn memory_pressure_evicts_the_smallest_covering_set_then_kills_after_grace() {
+    let mut h = crowded_gpu();
+    h.at_ms(1);
+    // Needs 8 GiB, 1 free: 7 more. No single task covers 7; of the pairs that
+    // do (2+3, 2+4: 9 GiB; 2+5: 8 GiB), 2+5 frees the fewest bytes.
+    let out = h.alloc_failed(1, 0, 8 * GIB);
+    assert_eq!(
+        out.actions,
+        vec![Action::Terminate { id: 2 }, Action::Terminate { id: 5 }]
+    );
+    h.at_ms(5_000);
+    assert_eq!(h.tick(), Output::default());
+    h.at_ms(5_001);
+    assert_eq!(
+        h.tick().actions,
+        vec![Action::Kill { id: 2 }, Action::Kill { id: 5 }]
+    );
+    h.at_ms(5_002);
+    let out = h.exit(2, 137);
+    assert_eq!(
+        moves(&out),
+        vec![(2, Running, Failed, "evicted_for_memory")]
+    );
+    assert_eq!(out.transitions[0].exit_code, Some(137));
+    assert!(h.view(2).mem_bytes.is_empty());
+}
+
+#[test]
+fn memory_on_its_way_back_from_victims_is_not_evicted_for_twice() {
+    let mut h = crowded_gpu();
+    assert_eq!(terminated(&h.alloc_failed(1, 0, 8 * GIB)), vec![2, 5]);
+    assert_eq!(h.alloc_failed(1, 0, 8 * GIB), Output::default());
+    // One GiB more than is on its way back: tasks 3 and 4 both hold 3 GiB, so
+    // the lower priority (4, priority 10) goes.
+    assert_eq!(terminated(&h.alloc_failed(1, 0, 10 * GIB)), vec![4]);
+}
+
+#[test]
+fn memory_pressure_with_enough_free_memory_evicts_nobody() {
+    let mut h = crowded_gpu();
+    assert_eq!(h.alloc_failed(1, 0, GIB), Output::default());
+    assert_eq!(
+        h.alloc_failed(1, 3, 100 * GIB),
+        Output::default(),
+        "unknown GPU"
+    );
+}
+
+#[test]
+fn memory_pressure_spares_equal_or_higher_priority_and_nearly_finished_tasks() {
+    let mut h = Harness::new(config(1, 8));
+    let with_runtime = |id, priority, ms| TaskSpec {
+        expected_runtime_ms: Some(ms),
+        ..spec(id, priority)
+    };
+    for (task, gib) in [
+        (spec(1, 5), 0),
+        (spec(2, 5), 8),                 // equal priority
+        (spec(3, 2), 4),                 // higher priority
+        (with_runtime(4, 9, 4_000), 2),  // 2.5 s left at 1.5 s
+        (with_runtime(5, 9, 10_000), 1), // 8.5 s left
+    ] {
+        let id = task.id;
+        h.arrive(task);
+        if gib > 0 {
+            h.alloc(id, 0, gib * GIB);
+        }
+    }
+    h.at_ms(1_500);
+    // 1 GiB free; needs 2 more: only task 5 is a candidate and it holds 1.
+    assert_eq!(h.alloc_failed(1, 0, 3 * GIB), Output::default());
+    assert_eq!(terminated(&h.alloc_failed(1, 0, 2 * GIB)), vec![5]);
+}
+
+#[test]
+fn allocation_over_quota_terminates_then_kills() {
+    let mut h = Harness::new(config(1, 1));
+    h.arrive(TaskSpec {
+        mem_quota_bytes: Some(4 * GIB),
+        ..spec(1, 5)
+    });
+    assert_eq!(h.alloc(1, 0, 3 * GIB), Output::default());
+    assert_eq!(h.alloc(1, 1, GIB), Output::default(), "exactly at quota");
+    assert_eq!(h.alloc(1, 0, 1).actions, vec![Action::Terminate { id: 1 }]);
+    assert_eq!(h.alloc(1, 0, GIB), Output::default(), "never twice");
+    h.at_ms(5_000);
+    assert_eq!(h.tick().actions, vec![Action::Kill { id: 1 }]);
+    let out = h.exit(1, 0);
+    assert_eq!(moves(&out), vec![(1, Running, Failed, "over_quota")]);
+}
