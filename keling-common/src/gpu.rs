@@ -37,6 +37,16 @@ pub const FD_SLOTS: usize = 16;
 pub const FILE_CLIENTS: usize = 8;
 /// Most (pid, device, gpu) contributors tracked per client.
 pub const CLIENT_CONTRIBUTORS: usize = 16;
+/// Open NVIDIA files tracked at once (`FILES`).
+pub const MAX_FILES: u32 = 65536;
+/// RM clients tracked at once (`CLIENTS`).
+pub const MAX_CLIENTS: u32 = 65536;
+/// RM objects tracked at once (`OBJECTS`).
+pub const MAX_OBJECTS: u32 = 262_144;
+/// (pid, GPU) totals kept at once (`TOTALS`).
+pub const MAX_TOTALS: u32 = 65536;
+/// Syscalls in flight between sys_enter and sys_exit, one per thread, per kind.
+pub const MAX_PENDING: u32 = 16384;
 /// Length of the device-path prefix in [`crate::ProbeConfig`].
 pub const DEV_PREFIX_LEN: usize = 64;
 

@@ -201,6 +201,23 @@ impl Nvsim {
         serde_json::from_str(&text).expect("nvsim state is JSON")
     }
 
+    /// `--gpu-capacity INDEX=BYTES` for every simulated GPU (what `keling run` is
+    /// told on a host without NVML).
+    pub fn capacity_args(&self) -> Vec<String> {
+        let state = self.state();
+        state["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| {
+                [
+                    "--gpu-capacity".to_string(),
+                    format!("{}={}", g["index"], g["capacity_bytes"]),
+                ]
+            })
+            .collect()
+    }
+
     pub fn dev_dir(&self) -> &str {
         self.dir.to_str().unwrap()
     }

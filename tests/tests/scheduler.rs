@@ -65,6 +65,7 @@ impl Agent {
             .arg(&sched_log)
             .arg("--input-log")
             .arg(dir.join("inputs.jsonl"))
+            .args(sim.capacity_args())
             .args(extra)
             .stderr(Stdio::piped())
             .spawn()
@@ -667,6 +668,62 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
         "continued only after {:?}",
         killed.elapsed()
     );
+    drop(a);
+    drop(agent);
+}
+
+/// A process adopted with no priority from a rule gets `--default-priority`, as a
+/// launched one does (it used to get 8 whatever the flag said).
+#[test]
+fn adopted_process_without_a_rule_priority_gets_the_default_priority() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !ready("adopted_process_without_a_rule_priority_gets_the_default_priority") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let dir = tempdir();
+    let config = dir.join("keling.toml");
+    std::fs::write(&config, "[defaults]\nmanage_unmatched = true\n").unwrap();
+    let agent = Agent::start(
+        &sim,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--default-priority",
+            "5",
+        ],
+    );
+    let a = ChildGuard(
+        Command::new(gpu_workload_bin())
+            .args([
+                "--dev-dir",
+                sim.dev_dir(),
+                "--scenario",
+                "busy",
+                "--iterations",
+                "1000000",
+                "--progress",
+            ])
+            .arg(dir.join("a"))
+            .spawn()
+            .unwrap(),
+    );
+    let pid_a = a.0.id();
+    wait_for("the process to be adopted", Duration::from_secs(10), || {
+        agent.status()["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["pid"] == pid_a)
+    });
+    let status = agent.status();
+    let task = status["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["pid"] == pid_a)
+        .unwrap();
+    assert_eq!(task["priority"], 5, "{task}");
     drop(a);
     drop(agent);
 }

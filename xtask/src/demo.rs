@@ -14,6 +14,10 @@ use std::{
 
 use anyhow::{Context, bail};
 
+/// The simulated machine of the demo: GPUs and the memory of each.
+pub(crate) const DEMO_GPUS: u32 = 2;
+pub(crate) const DEMO_MEM_PER_GPU: u64 = 16 << 30;
+
 /// A mounted simulator, unmounted (SIGTERM by pid, `umount -l` as a fallback) on drop.
 pub(crate) struct Simulator {
     child: Child,
@@ -28,9 +32,9 @@ impl Simulator {
             .arg(dir)
             .args([
                 "--gpus",
-                "2",
+                &DEMO_GPUS.to_string(),
                 "--mem-per-gpu",
-                "17179869184",
+                &DEMO_MEM_PER_GPU.to_string(),
                 "--foreground",
                 "--force",
             ])
@@ -104,6 +108,11 @@ pub fn run_with_simulated_driver(bin_dir: &Path, args: &[String]) -> anyhow::Res
     let mut keling_args = args.to_vec();
     keling_args.push("--dev-dir".into());
     keling_args.push(dev.to_string_lossy().into_owned());
+    // The simulated GPUs' capacities (NVML would say on a GPU host).
+    for gpu in 0..DEMO_GPUS {
+        keling_args.push("--gpu-capacity".into());
+        keling_args.push(format!("{gpu}={DEMO_MEM_PER_GPU}"));
+    }
     keling_args.push("--socket".into());
     keling_args.push(socket.to_string_lossy().into_owned());
     if !args.iter().any(|a| a.starts_with("--status-interval")) {

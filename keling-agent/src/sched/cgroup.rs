@@ -23,7 +23,7 @@ pub struct CgroupRoot {
 /// The cgroup v2 mount point, from /proc/self/mountinfo (here /sys/fs/cgroup/unified,
 /// on most hosts /sys/fs/cgroup).
 pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
-    crate::sys::find_mount("cgroup2")?.context(
+    crate::os::mounts::find("cgroup2")?.context(
         "no cgroup v2 hierarchy is mounted (cgroup2 in /proc/self/mountinfo); Keling freezes tasks through cgroup.freeze",
     )
 }

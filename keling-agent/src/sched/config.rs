@@ -32,7 +32,9 @@ use std::{ops::Range, path::Path};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::core::GpuInfo;
+use keling_sched::GpuInfo;
+
+pub use crate::os::proc::ProcessFacts;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,39 +85,6 @@ pub struct Settings {
     pub max_duration_ms: Option<u64>,
     pub grace_ms: Option<u64>,
     pub hard_kill: Option<bool>,
-}
-
-/// What a rule can match a process on.
-#[derive(Debug, Clone, Default)]
-pub struct ProcessFacts {
-    pub comm: String,
-    pub uid: Option<u32>,
-    pub cgroup: Option<String>,
-    pub exe: Option<String>,
-}
-
-impl ProcessFacts {
-    /// Reads the facts of a live process from /proc.
-    pub fn of_pid(pid: u32) -> Self {
-        let read =
-            |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
-        let uid = read("status")
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok());
-        let cgroup = read("cgroup")
-            .lines()
-            .find_map(|l| l.strip_prefix("0::").map(str::to_owned));
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .ok()
-            .map(|p| p.to_string_lossy().into_owned());
-        Self {
-            comm: read("comm").trim().to_owned(),
-            uid,
-            cgroup,
-            exe,
-        }
-    }
 }
 
 fn line_of(text: &str, span: Range<usize>) -> usize {

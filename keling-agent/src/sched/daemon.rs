@@ -1,45 +1,59 @@
 //! Joins the trace to the scheduler core: turns kernel events into scheduler
-//! inputs, carries out its actions with the actuators, confirms them, measures
-//! each decision's latency, and writes the scheduling and input logs.
+//! inputs, carries out the core's actions through the [`Actuator`]s, feeds
+//! confirmations back, measures each decision's latency, answers control requests,
+//! and writes the logs.
 //!
 //! "Active" (what the core's `Active` input means here): a task is active when a
 //! process of it made an NVIDIA ioctl or was switched onto a CPU; at most one
-//! `Active` per task per 5 ms reaches the core. It becomes idle after the core's
-//! idle timeout without one (a frozen task is neither, by construction).
+//! `Active` per task per [`ACTIVE_MIN_INTERVAL_NS`] reaches the core. It becomes idle
+//! after the core's idle timeout without one (a frozen task is neither, by
+//! construction).
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     ffi::OsString,
-    fs::File,
-    io::{BufWriter, Write},
     os::fd::{AsRawFd, OwnedFd},
-    path::PathBuf,
+    sync::Arc,
     time::Duration,
 };
 
-use anyhow::Context;
 use keling_common::{EventKind, nvidia::status};
-use serde_json::json;
+use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec};
 use tokio::sync::mpsc;
 
 use super::{
+    actuator::{Actuator, CgroupActuator, SignalActuator, StoppedList},
     cgroup::{CgroupRoot, TaskCgroup},
-    config::{Config, ProcessFacts},
-    control::LaunchRequest,
-    core::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec, Transition},
+    config::Config,
+    log::{Logs, Record},
 };
 use crate::{
-    decode::{Event, ExitStatus},
-    latency::{DecisionTimes, LatencyRecorder},
-    spawn::{HeldChild, SpawnOptions},
-    trace::monotonic_ns,
+    control::{
+        Accepted, ExportFormat, LaunchRequest, PlacementStatus, Reply, Request, StatusReply,
+        TaskStatus,
+        server::{Incoming, Replier},
+    },
+    event::decode::{Event, ExitStatus},
+    latency::{DecisionTimes, LatencyRecorder, Stage, Verdict},
+    os::{
+        monotonic_ns,
+        proc::ProcessFacts,
+        spawn::{HeldChild, SpawnOptions},
+    },
 };
+
+/// At most one `Active` input per task per this many ns.
+pub const ACTIVE_MIN_INTERVAL_NS: u64 = 5_000_000;
+/// Recent decisions kept for `--export tune`.
+const TUNE_SERIES_MAX: usize = 100_000;
 
 /// What the agent keeps about a task beside the core's view.
 struct TaskRuntime {
     pid: u32,
+    actuator: Arc<dyn Actuator>,
+    /// Tasks Keling launched: their cgroup.
     cgroup: Option<TaskCgroup>,
-    /// Where to send `{"exit_code": N}` (the `keling launch` connection).
-    reply: Option<tokio::net::unix::OwnedWriteHalf>,
+    /// Where to send the exit code (the `keling launch` connection).
+    reply: Option<Replier>,
     last_active_ns: u64,
 }
 
@@ -51,72 +65,44 @@ pub struct Confirmation {
     pub confirmed: bool,
 }
 
+/// Settings of the daemon that are not the core's.
+pub struct DaemonSettings {
+    /// Priority of tasks that neither the request nor a config rule gives one.
+    pub default_priority: u8,
+}
+
 pub struct Daemon {
-    pub sched: Scheduler,
-    pub latency: LatencyRecorder,
+    sched: Scheduler,
+    latency: LatencyRecorder,
     cgroups: CgroupRoot,
     tasks: BTreeMap<TaskId, TaskRuntime>,
     /// Processes of tasks (the launched process and everything it forks).
     pid_task: HashMap<u32, TaskId>,
     next_id: TaskId,
-    sched_log: Option<BufWriter<File>>,
-    input_log: Option<BufWriter<File>>,
+    logs: Logs,
     confirm_tx: mpsc::UnboundedSender<Confirmation>,
     /// (event_ns, received_ns) of the input being handled.
     cause: (u64, u64),
     /// When the kernel event now being turned into inputs reached the agent.
     received_ns: Option<u64>,
     config: Config,
+    settings: DaemonSettings,
     /// When the daemon started (the interval log's start).
     started_ns: u64,
     /// (timestamp, end-to-end latency) of recent decisions, for `--export tune`.
-    series: std::collections::VecDeque<(u64, u64)>,
-    /// Processes Keling stopped with SIGSTOP (tasks it did not launch), mirrored in
-    /// `/run/keling/stopped` for the fail-safe.
-    stopped: std::collections::BTreeSet<u32>,
-}
-
-/// Waits until every process in `pids` shows state `T` (stopped) in /proc.
-fn wait_stopped(pids: &[u32], timeout: Duration) -> bool {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let all = pids.iter().all(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            // Gone counts as stopped: it will not run again.
-            stat.is_empty()
-                || stat
-                    .rsplit(')')
-                    .next()
-                    .and_then(|r| r.trim().chars().next())
-                    == Some('T')
-        });
-        if all {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
+    series: VecDeque<(u64, u64)>,
+    stopped: StoppedList,
 }
 
 impl Daemon {
     pub fn new(
         sched: Scheduler,
         latency: LatencyRecorder,
-        sched_log: Option<PathBuf>,
-        input_log: Option<PathBuf>,
+        logs: Logs,
         confirm_tx: mpsc::UnboundedSender<Confirmation>,
         config: Config,
+        settings: DaemonSettings,
     ) -> anyhow::Result<Self> {
-        let open = |p: Option<PathBuf>| -> anyhow::Result<Option<BufWriter<File>>> {
-            p.map(|p| {
-                File::create(&p)
-                    .map(BufWriter::new)
-                    .with_context(|| format!("create {}", p.display()))
-            })
-            .transpose()
-        };
         Ok(Self {
             sched,
             latency,
@@ -124,15 +110,15 @@ impl Daemon {
             tasks: BTreeMap::new(),
             pid_task: HashMap::new(),
             next_id: 1,
-            sched_log: open(sched_log)?,
-            input_log: open(input_log)?,
+            logs,
             confirm_tx,
             cause: (0, 0),
             received_ns: None,
             config,
-            stopped: Default::default(),
+            settings,
+            stopped: StoppedList::default(),
             started_ns: monotonic_ns(),
-            series: Default::default(),
+            series: VecDeque::new(),
         })
     }
 
@@ -141,66 +127,32 @@ impl Daemon {
         // The decisions this input leads to are timed from it: its kernel timestamp
         // and when the agent received it.
         self.cause = (input.ts_ns(), self.received_ns.unwrap_or_else(monotonic_ns));
-        if let Some(log) = &mut self.input_log {
-            let _ = serde_json::to_writer(&mut *log, &input);
-            let _ = log.write_all(b"\n");
-        }
+        self.logs.input(&input);
         let out = self.sched.step(&input);
         self.apply(out);
     }
 
     fn apply(&mut self, out: Output) {
         for t in &out.transitions {
-            self.log_transition(t);
+            log::info!(
+                "task {} ({}, pid {}, priority {}) {}: {}",
+                t.task,
+                t.name,
+                t.pid,
+                t.priority,
+                t.state_transition(),
+                t.reason
+            );
+            self.logs.transition(t);
         }
         for a in out.actions {
             self.act(a);
         }
-        if let Some(log) = &mut self.sched_log {
-            let _ = log.flush();
-        }
-        if let Some(log) = &mut self.input_log {
-            let _ = log.flush();
-        }
+        self.logs.flush();
     }
 
-    fn log_transition(&mut self, t: &Transition) {
-        log::info!(
-            "task {} ({}, pid {}, priority {}) {}: {}",
-            t.task,
-            t.name,
-            t.pid,
-            t.priority,
-            t.state_transition(),
-            t.reason
-        );
-        if let Some(log) = &mut self.sched_log {
-            let line = json!({
-                "event_id": t.event_id,
-                "state_transition": t.state_transition(),
-                "timestamp_ns": t.timestamp_ns,
-                "task": t.task,
-                "name": t.name,
-                "pid": t.pid,
-                "gpu": t.gpu,
-                "priority": t.priority,
-                "reason": t.reason,
-                "exit_code": t.exit_code,
-            });
-            let _ = serde_json::to_writer(&mut *log, &line);
-            let _ = log.write_all(b"\n");
-        }
-    }
-
-    fn log_line(&mut self, v: serde_json::Value) {
-        if let Some(log) = &mut self.sched_log {
-            let _ = serde_json::to_writer(&mut *log, &v);
-            let _ = log.write_all(b"\n");
-        }
-    }
-
-    /// Carries out one action, timing it; freezes and thaws are confirmed on a
-    /// blocking thread, which reports back through the confirmation channel.
+    /// Carries out one action, timing it. Freezes, thaws and stops are confirmed on
+    /// a blocking thread, which reports back through the confirmation channel.
     fn act(&mut self, action: Action) {
         let decided_ns = monotonic_ns();
         // Enforce is logged with the Kill/Terminate that follows it.
@@ -208,131 +160,100 @@ impl Daemon {
         let Some(task) = self.tasks.get(&id) else {
             return;
         };
-        let (pid, cgroup) = (task.pid, task.cgroup.clone());
-        let (cause_ns, received_ns) = self.cause;
+        let (pid, actuator) = (task.pid, task.actuator.clone());
+        let (event_ns, received_ns) = self.cause;
         let mut times = DecisionTimes {
             action: format!("{kind:?}").to_lowercase(),
-            event_ns: cause_ns,
+            event_ns,
             received_ns,
             decided_ns,
             actuated_ns: decided_ns,
             confirmed_ns: None,
         };
-        let signal_all = |sig: i32| match &cgroup {
-            Some(cg) => cg.signal(sig),
-            // SAFETY: a signal to the task's own process, by pid.
-            None => unsafe {
-                libc::kill(pid as i32, sig);
-            },
-        };
         match action {
-            Action::Freeze { .. } | Action::Thaw { .. } => {
-                let freeze = kind == ActionKind::Freeze;
-                let Some(cg) = cgroup else {
-                    // Not launched by Keling: SIGSTOP/SIGCONT, listed for the fail-safe
-                    // before the stop and after the continue.
-                    if freeze {
-                        self.stopped.insert(pid);
-                        self.save_stopped();
-                    }
-                    signal_all(if freeze { libc::SIGSTOP } else { libc::SIGCONT });
-                    if !freeze {
-                        self.stopped.remove(&pid);
-                        self.save_stopped();
-                    }
-                    times.actuated_ns = monotonic_ns();
-                    times.confirmed_ns = Some(times.actuated_ns);
-                    let _ = self.confirm_tx.send(Confirmation {
-                        id,
-                        action: kind,
-                        times,
-                        confirmed: true,
-                    });
-                    return;
+            Action::Freeze { .. } | Action::Thaw { .. } | Action::Stop { .. } => {
+                let started = match kind {
+                    ActionKind::Freeze => actuator.set_frozen(true),
+                    ActionKind::Thaw => actuator.set_frozen(false),
+                    _ => actuator.stop(),
                 };
-                if let Err(e) = cg.set_frozen(freeze) {
+                if let Err(e) = started {
                     log::warn!("task {id}: {e:#}");
                 }
-                if !freeze {
-                    // A freeze escalated to SIGSTOP is undone too.
-                    cg.signal(libc::SIGCONT);
-                }
                 times.actuated_ns = monotonic_ns();
-                let timeout = Duration::from_nanos(self.latency.timeout_ns());
-                let tx = self.confirm_tx.clone();
-                tokio::task::spawn_blocking(move || {
-                    let confirmed = cg.wait_frozen(freeze, timeout).unwrap_or(false);
-                    if confirmed {
-                        times.confirmed_ns = Some(monotonic_ns());
-                    }
-                    let _ = tx.send(Confirmation {
-                        id,
-                        action: kind,
-                        times,
-                        confirmed,
-                    });
-                });
+                self.confirm_later(id, kind, actuator, times);
                 return;
             }
-            Action::Stop { .. } => {
-                if cgroup.is_none() {
-                    self.stopped.insert(pid);
-                    self.save_stopped();
+            Action::Terminate { .. } => actuator.terminate(),
+            Action::Kill { .. } => {
+                if let Err(e) = actuator.kill() {
+                    log::warn!("task {id}: {e:#}");
                 }
-                signal_all(libc::SIGSTOP);
-                times.actuated_ns = monotonic_ns();
-                let pids = match &cgroup {
-                    Some(cg) => cg.pids(),
-                    None => vec![pid],
-                };
-                let timeout = Duration::from_nanos(self.latency.timeout_ns());
-                let tx = self.confirm_tx.clone();
-                tokio::task::spawn_blocking(move || {
-                    let confirmed = wait_stopped(&pids, timeout);
-                    if confirmed {
-                        times.confirmed_ns = Some(monotonic_ns());
-                    }
-                    let _ = tx.send(Confirmation {
-                        id,
-                        action: kind,
-                        times,
-                        confirmed,
-                    });
-                });
-                return;
             }
-            Action::Terminate { .. } => signal_all(libc::SIGTERM),
-            Action::Kill { .. } => match &cgroup {
-                Some(cg) => {
-                    if let Err(e) = cg.kill() {
-                        log::warn!("task {id}: {e:#}");
-                    }
-                }
-                None => signal_all(libc::SIGKILL),
-            },
-            Action::Place { gpu, .. } => {
-                self.log_line(json!({"type": "placement", "task": id, "pid": pid, "gpu": gpu, "timestamp_ns": decided_ns}));
-            }
+            Action::Place { gpu, .. } => self.logs.record(&Record::Placement {
+                task: id,
+                pid,
+                gpu,
+                timestamp_ns: decided_ns,
+            }),
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
-                self.log_line(json!({"type": "warning", "task": id, "pid": pid, "remaining_ms": remaining_ms, "timestamp_ns": decided_ns}));
+                self.logs.record(&Record::Warning {
+                    task: id,
+                    pid,
+                    remaining_ms,
+                    timestamp_ns: decided_ns,
+                });
             }
             Action::Enforce { record, .. } => {
                 log::warn!(
                     "task {id} (pid {pid}): {}",
                     serde_json::to_string(&record).unwrap_or_default()
                 );
-                self.log_line(json!({"type": "enforcement", "task": id, "pid": pid, "timestamp_ns": decided_ns, "record": record}));
+                self.logs.record(&Record::Enforcement {
+                    task: id,
+                    pid,
+                    timestamp_ns: decided_ns,
+                    record: &record,
+                });
             }
         }
         times.actuated_ns = monotonic_ns();
         self.record(&times);
     }
 
+    /// Waits for `kind` to take effect on a blocking thread and reports back.
+    fn confirm_later(
+        &self,
+        id: TaskId,
+        kind: ActionKind,
+        actuator: Arc<dyn Actuator>,
+        mut times: DecisionTimes,
+    ) {
+        let timeout = Duration::from_nanos(self.latency.timeout_ns());
+        let tx = self.confirm_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let confirmed = match kind {
+                ActionKind::Freeze => actuator.wait_frozen(true, timeout),
+                ActionKind::Thaw => actuator.wait_frozen(false, timeout),
+                _ => actuator.wait_stopped(timeout),
+            };
+            if confirmed {
+                times.confirmed_ns = Some(monotonic_ns());
+            }
+            let _ = tx.send(Confirmation {
+                id,
+                action: kind,
+                times,
+                confirmed,
+            });
+        });
+    }
+
     /// Records one decision's latency.
-    fn record(&mut self, times: &DecisionTimes) -> crate::latency::Verdict {
+    fn record(&mut self, times: &DecisionTimes) -> Verdict {
         let verdict = self.latency.record(times);
-        if self.series.len() == 100_000 {
+        if self.series.len() == TUNE_SERIES_MAX {
             self.series.pop_front();
         }
         self.series
@@ -341,14 +262,16 @@ impl Daemon {
     }
 
     /// The latency figures in one of the export formats (`keling status --export`).
-    pub fn export(&self, format: &str) -> anyhow::Result<String> {
+    pub fn export(&self, format: ExportFormat) -> anyhow::Result<String> {
         let mut out = Vec::new();
         match format {
-            "prometheus" => self.latency.write_prometheus(&mut out)?,
-            "percentiles" => self.latency.write_percentile_table(&mut out)?,
-            "interval-log" => self.latency.write_interval_log(&mut out, self.started_ns)?,
-            "json" => self.latency.write_json(&mut out)?,
-            "tune" => {
+            ExportFormat::Prometheus => self.latency.write_prometheus(&mut out)?,
+            ExportFormat::Percentiles => self.latency.write_percentile_table(&mut out)?,
+            ExportFormat::IntervalLog => {
+                self.latency.write_interval_log(&mut out, self.started_ns)?
+            }
+            ExportFormat::Json => self.latency.write_json(&mut out)?,
+            ExportFormat::Tune => {
                 let series: Vec<(u64, u64)> = self.series.iter().copied().collect();
                 out.extend(
                     crate::latency::tune_report(&series)
@@ -356,30 +279,21 @@ impl Daemon {
                         .into_bytes(),
                 );
             }
-            other => anyhow::bail!(
-                "unknown export {other:?}: prometheus, percentiles, interval-log, json or tune"
-            ),
         }
         Ok(String::from_utf8_lossy(&out).into_owned())
-    }
-
-    fn save_stopped(&self) {
-        let pids: Vec<u32> = self.stopped.iter().copied().collect();
-        if let Err(e) = super::cgroup::write_stopped(&pids) {
-            log::warn!("cannot record stopped processes for the fail-safe: {e:#}");
-        }
     }
 
     /// A confirmation came back: record its latency and tell the core.
     pub fn confirmed(&mut self, c: Confirmation) {
         let verdict = self.record(&c.times);
         if verdict.late || !c.confirmed {
-            let line = json!({
-                "type": "late_decision", "task": c.id, "action": c.times.action,
-                "end_to_end_ns": verdict.end_to_end_ns, "timeout_ns": verdict.timeout_ns,
-                "confirmed": c.confirmed,
+            self.logs.record(&Record::LateDecision {
+                task: c.id,
+                action: &c.times.action,
+                end_to_end_ns: verdict.end_to_end_ns,
+                timeout_ns: verdict.timeout_ns,
+                confirmed: c.confirmed,
             });
-            self.log_line(line);
         }
         let ts_ns = c.times.confirmed_ns.unwrap_or_else(monotonic_ns);
         let input = if c.confirmed {
@@ -398,15 +312,46 @@ impl Daemon {
         self.step(input);
     }
 
+    /// Answers one control request.
+    pub fn handle(&mut self, incoming: Incoming, track: &mut dyn FnMut(u32) -> anyhow::Result<()>) {
+        let Incoming {
+            request,
+            fds,
+            reply,
+            ..
+        } = incoming;
+        match request {
+            Request::Status(_) => reply.send(Reply::Status(Box::new(self.status()))),
+            Request::Export(format) => reply.send(match self.export(format) {
+                Ok(text) => Reply::Export(text),
+                Err(e) => Reply::Error(format!("{e:#}")),
+            }),
+            Request::Launch(req) => match self.launch(&req, &fds, track) {
+                Ok(accepted) => {
+                    log::info!(
+                        "task {}: pid {} {:?} on GPU {:?}",
+                        accepted.task,
+                        accepted.pid,
+                        req.argv,
+                        accepted.gpu
+                    );
+                    if let Some(t) = self.tasks.get_mut(&accepted.task) {
+                        t.reply = Some(reply.clone());
+                    }
+                    reply.send(Reply::Accepted(accepted));
+                }
+                Err(e) => reply.send(Reply::Error(format!("{e:#}"))),
+            },
+        }
+    }
+
     /// Starts a launched task: its own cgroup, held until tracked, then exec'd.
-    /// Returns (task id, gpu, pid).
-    pub fn launch(
+    fn launch(
         &mut self,
         req: &LaunchRequest,
         stdio: &[OwnedFd],
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-        default_priority: u8,
-    ) -> anyhow::Result<(TaskId, Option<u32>, u32)> {
+    ) -> anyhow::Result<Accepted> {
         let id = self.next_id;
         self.next_id += 1;
         // The config's rules fill in what the request leaves out.
@@ -427,8 +372,7 @@ impl Daemon {
         let gpu = match req.gpu.or(rule.gpu) {
             Some(g) => Some(g),
             None => {
-                let now = monotonic_ns();
-                let weights = self.sched.placement_weights(now);
+                let weights = self.sched.placement_weights(monotonic_ns());
                 weights
                     .iter()
                     .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
@@ -460,20 +404,26 @@ impl Daemon {
             cgroup_procs: Some(cgroup.procs_file()),
             cwd: Some(req.cwd.clone()),
         };
-        let held = HeldChild::spawn_with(&argv, &opts)?;
-        let pid = held.pid();
-        track(pid)?;
-        let pid = held.release(&argv[0])?;
-        let name = req.argv[0]
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        let now = monotonic_ns();
+        let started = HeldChild::spawn_with(&argv, &opts).and_then(|held| {
+            track(held.pid())?;
+            held.release(&argv[0])
+        });
+        let pid = match started {
+            Ok(pid) => pid,
+            Err(e) => {
+                // A failed launch leaves no cgroup behind.
+                let _ = cgroup.remove();
+                return Err(e);
+            }
+        };
+        let name = argv0.rsplit('/').next().unwrap_or_default().to_owned();
         self.tasks.insert(
             id,
             TaskRuntime {
                 pid,
+                actuator: Arc::new(CgroupActuator {
+                    cgroup: cgroup.clone(),
+                }),
                 cgroup: Some(cgroup),
                 reply: None,
                 last_active_ns: 0,
@@ -484,7 +434,10 @@ impl Daemon {
             id,
             pid,
             name,
-            priority: req.priority.or(rule.priority).unwrap_or(default_priority),
+            priority: req
+                .priority
+                .or(rule.priority)
+                .unwrap_or(self.settings.default_priority),
             gpu,
             mem_quota_bytes: req.mem_quota_bytes.or(rule.mem_quota_bytes),
             max_duration_ms: req.max_duration_ms.or(rule.max_duration_ms),
@@ -492,36 +445,27 @@ impl Daemon {
             hard_kill: req.hard_kill.or(rule.hard_kill),
             expected_runtime_ms: req.expected_runtime_ms,
         };
-        self.step(Input::Arrive { spec, ts_ns: now });
-        Ok((id, gpu, pid))
+        self.step(Input::Arrive {
+            spec,
+            ts_ns: monotonic_ns(),
+        });
+        Ok(Accepted { task: id, gpu, pid })
     }
 
-    /// Where to answer `{"exit_code": N}` when the task ends.
-    pub fn set_reply(&mut self, id: TaskId, reply: tokio::net::unix::OwnedWriteHalf) {
-        if let Some(t) = self.tasks.get_mut(&id) {
-            t.reply = Some(reply);
-        }
-    }
-
-    /// The task's root process ended (we reaped it): tell the core and the client.
+    /// The task's root process ended (we reaped it, or the kernel said so for an
+    /// adopted one): tell the core and the client.
     pub fn exited(&mut self, pid: u32, status: ExitStatus) {
         let Some(&id) = self.pid_task.get(&pid) else {
             return;
         };
-        let now = monotonic_ns();
         self.step(Input::Exit {
             id,
             exit_code: status.code(),
-            ts_ns: now,
+            ts_ns: monotonic_ns(),
         });
-        if let Some(mut task) = self.tasks.remove(&id) {
-            if let Some(reply) = task.reply.take() {
-                let line = format!("{}\n", json!({"exit_code": status.code()}));
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    let mut reply = reply;
-                    let _ = reply.write_all(line.as_bytes()).await;
-                });
+        if let Some(task) = self.tasks.remove(&id) {
+            if let Some(reply) = &task.reply {
+                reply.send(Reply::ExitCode(status.code()));
             }
             if let Some(cg) = task.cgroup {
                 // Whatever the task left behind goes with it.
@@ -646,6 +590,10 @@ impl Daemon {
             id,
             TaskRuntime {
                 pid,
+                actuator: Arc::new(SignalActuator {
+                    pid,
+                    stopped: self.stopped.clone(),
+                }),
                 cgroup: None,
                 reply: None,
                 last_active_ns: 0,
@@ -656,7 +604,7 @@ impl Daemon {
             id,
             pid,
             name: facts.comm,
-            priority: settings.priority.unwrap_or(8),
+            priority: settings.priority.unwrap_or(self.settings.default_priority),
             gpu,
             mem_quota_bytes: settings.mem_quota_bytes,
             max_duration_ms: settings.max_duration_ms,
@@ -671,7 +619,7 @@ impl Daemon {
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
-        if ts_ns.saturating_sub(t.last_active_ns) < 5_000_000 {
+        if ts_ns.saturating_sub(t.last_active_ns) < ACTIVE_MIN_INTERVAL_NS {
             return;
         }
         t.last_active_ns = ts_ns;
@@ -684,48 +632,48 @@ impl Daemon {
         self.step(Input::Tick { ts_ns: now });
     }
 
-    /// The JSON `keling status` shows.
-    pub fn status_json(&self) -> serde_json::Value {
+    /// What `keling status` shows.
+    pub fn status(&self) -> StatusReply {
         let now = monotonic_ns();
-        let tasks: Vec<serde_json::Value> = self
+        let tasks = self
             .sched
             .tasks()
             .iter()
-            .map(|t| {
-                json!({
-                    "id": t.spec.id,
-                    "pid": t.spec.pid,
-                    "name": t.spec.name,
-                    "priority": t.spec.priority,
-                    "class": t.class,
-                    "state": t.state.as_str(),
-                    "gpu": t.gpu,
-                    "mem_bytes": t.mem_bytes.values().sum::<u64>(),
-                    "mem_bytes_per_gpu": t.mem_bytes,
-                    "on_gpu_ms": t.on_gpu_ms,
-                    "elapsed_ms": t.finished_ns.unwrap_or(now).saturating_sub(t.arrived_ns) / 1_000_000,
-                    "wants_gpu": t.wants_gpu,
-                    "in_flight": t.in_flight,
-                    "cgroup": self.tasks.get(&t.spec.id).and_then(|r| r.cgroup.as_ref()).map(|c| c.dir.clone()),
-                })
+            .map(|t| TaskStatus {
+                id: t.spec.id,
+                pid: t.spec.pid,
+                name: t.spec.name.clone(),
+                priority: t.spec.priority,
+                class: t.class,
+                state: t.state.as_str().to_owned(),
+                gpu: t.gpu,
+                mem_bytes: t.mem_bytes.values().sum(),
+                mem_bytes_per_gpu: t.mem_bytes.clone(),
+                on_gpu_ms: t.on_gpu_ms,
+                elapsed_ms: t.finished_ns.unwrap_or(now).saturating_sub(t.arrived_ns) / 1_000_000,
+                wants_gpu: t.wants_gpu,
+                in_flight: t.in_flight,
+                cgroup: self
+                    .tasks
+                    .get(&t.spec.id)
+                    .and_then(|r| r.cgroup.as_ref())
+                    .map(|c| c.dir.clone()),
             })
             .collect();
         // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
-        let mut stages_by_action = serde_json::Map::new();
-        for action in ["freeze", "thaw"] {
-            let mut per = serde_json::Map::new();
-            for stage in crate::latency::Stage::ALL {
-                if let Some(p) = self.latency.percentiles(stage, Some(action)) {
-                    per.insert(
-                        stage.as_str().to_owned(),
-                        serde_json::to_value(p).unwrap_or_default(),
-                    );
-                }
-            }
-            stages_by_action.insert(action.to_owned(), per.into());
-        }
-        // Placement: each GPU's weight (higher is better) and how evenly memory is
-        // spread, (max - min) / mean of the bytes used per GPU.
+        let stages_by_action = ["freeze", "thaw"]
+            .into_iter()
+            .map(|action| {
+                let per = Stage::ALL
+                    .iter()
+                    .filter_map(|&stage| {
+                        let p = self.latency.percentiles(stage, Some(action))?;
+                        Some((stage.as_str().to_owned(), p))
+                    })
+                    .collect();
+                (action.to_owned(), per)
+            })
+            .collect();
         let weights = self.sched.placement_weights(now);
         let mut used: BTreeMap<u32, f64> = weights.iter().map(|&(g, _)| (g, 0.0)).collect();
         for t in self.sched.tasks() {
@@ -734,26 +682,21 @@ impl Daemon {
             }
         }
         let used: Vec<f64> = used.into_values().collect();
-        json!({
-            "tasks": tasks,
-            "latency": self.latency.status_json(),
-            "stages_by_action": stages_by_action,
-            "placement": {
-                "weights": weights,
-                "load_balance_error": super::core::load_balance_error(&used),
+        StatusReply {
+            tasks,
+            latency: self.latency.status(),
+            stages_by_action,
+            placement: PlacementStatus {
+                weights,
+                load_balance_error: keling_sched::load_balance_error(&used),
             },
-        })
+        }
     }
 
     /// Thaws every task and continues every process it stopped (the agent is
     /// stopping; the tasks run on).
     pub fn shutdown(&mut self) {
-        for &pid in &self.stopped {
-            // SAFETY: SIGCONT to a process Keling stopped.
-            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-        }
-        self.stopped.clear();
-        self.save_stopped();
+        self.stopped.continue_all();
         for t in self.tasks.values() {
             if let Some(cg) = &t.cgroup {
                 let _ = cg.set_frozen(false);

@@ -1,9 +1,10 @@
-//! The scheduler: a pure core (`core`) and, around it, the agent's actuators
-//! (`cgroup`), the fail-safe that outlives the agent (`supervisor`), and the
-//! daemon that joins them to the trace (`daemon`).
+//! The scheduler around its pure core (`keling-sched`): the daemon that joins the
+//! trace to the core ([`daemon`]), the actuators that carry out its decisions
+//! ([`actuator`], [`cgroup`]), the logs ([`log`]), the rules file ([`config`]) and
+//! the fail-safe that outlives the agent ([`supervisor`]).
+pub mod actuator;
 pub mod cgroup;
 pub mod config;
-pub mod control;
-pub mod core;
 pub mod daemon;
+pub mod log;
 pub mod supervisor;

@@ -12,25 +12,26 @@ use aya_ebpf::{
 };
 use keling_common::{
     ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, EventKind, FD_SLOTS, FILE_CLIENTS, FdSlot, FileInfo,
-    GpuEvent, GpuFileEvent, ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, teardown, undecoded,
+    GpuEvent, GpuFileEvent, MAX_CLIENTS, MAX_FILES, MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS,
+    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, teardown, undecoded,
 };
 
 use crate::{atomic_add, atomic_cas, emit, header};
 
 #[map]
-pub static PROC_FDS: HashMap<u32, ProcFds> = HashMap::with_max_entries(16384, 0);
+pub static PROC_FDS: HashMap<u32, ProcFds> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
 #[map]
-pub static FILES: HashMap<u64, FileInfo> = HashMap::with_max_entries(65536, 0);
+pub static FILES: HashMap<u64, FileInfo> = HashMap::with_max_entries(MAX_FILES, 0);
 #[map]
-pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(65536, 0);
+pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(MAX_CLIENTS, 0);
 #[map]
-pub static OBJECTS: HashMap<ObjectKey, ObjectInfo> = HashMap::with_max_entries(262144, 0);
+pub static OBJECTS: HashMap<ObjectKey, ObjectInfo> = HashMap::with_max_entries(MAX_OBJECTS, 0);
 #[map]
-pub static TOTALS: HashMap<TotalKey, Totals> = HashMap::with_max_entries(65536, 0);
+pub static TOTALS: HashMap<TotalKey, Totals> = HashMap::with_max_entries(MAX_TOTALS, 0);
 #[map]
 pub static UNDECODED: PerCpuArray<u64> = PerCpuArray::with_max_entries(undecoded::COUNT, 0);
 #[map]
-pub static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+pub static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
 
 /// Zeroed values to insert from (too large for the 512-byte BPF stack).
 #[map]

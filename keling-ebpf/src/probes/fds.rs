@@ -41,7 +41,8 @@ struct PendingFd {
 }
 
 #[map]
-static PENDING_FD: HashMap<u32, PendingFd> = HashMap::with_max_entries(16384, 0);
+static PENDING_FD: HashMap<u32, PendingFd> =
+    HashMap::with_max_entries(keling_common::MAX_PENDING, 0);
 
 #[inline(always)]
 fn arg(ctx: &TracePointContext, i: usize) -> u64 {

@@ -56,7 +56,8 @@ struct PendingIoctl {
 }
 
 #[map]
-static PENDING_IOCTL: HashMap<u32, PendingIoctl> = HashMap::with_max_entries(16384, 0);
+static PENDING_IOCTL: HashMap<u32, PendingIoctl> =
+    HashMap::with_max_entries(keling_common::MAX_PENDING, 0);
 
 #[inline(always)]
 fn user<T>(addr: u64) -> Result<T, u32> {

@@ -1,31 +1,35 @@
 //! `keling trace`: trace one command (or one running process) and its descendants.
 //!
-//! The pipeline: kernel ring buffer -> [`decode`] -> [`Model`] + [`Output`]. The trace
-//! ends when every tracked process has exited (the kernel's tracked map is the
-//! judge, so dropped events cannot make it hang or end early) or on a second Ctrl-C.
+//! The pipeline: kernel ring buffer -> [`EventStream`] (decode) -> [`Model`] +
+//! an output [`Sink`]. The trace ends when every tracked process has exited (the
+//! kernel's tracked map is the judge, so dropped events cannot make it hang or end
+//! early) or on a second Ctrl-C.
 use std::{
     ffi::OsString,
     fs::File,
     io::{BufWriter, Write},
-    os::fd::{FromRawFd, OwnedFd},
+    os::fd::OwnedFd,
     path::PathBuf,
     time::Duration,
 };
 
 use anyhow::Context;
-use aya::maps::{MapData, RingBuf};
 use tokio::{
     io::unix::{AsyncFd, AsyncFdReadyGuard},
     signal::unix::{SignalKind, signal},
 };
 
 use crate::{
-    decode::{self, ExitStatus},
-    model::Model,
-    output::{Format, Output, Summary},
-    probes::{LoadOptions, Probes},
-    spawn::HeldChild,
+    bpf::{LoadOptions, Probes, programs::Feature},
+    defaults,
+    event::{EventStream, decode::ExitStatus, model::Model},
+    gpu::{env::GpuArgs, nvml::NvmlCheck, stats::gpu_stats},
+    os::{self, monotonic_ns, spawn::HeldChild},
+    output::{self, Format, Sink, Summary},
 };
+
+/// What a trace cannot do without.
+const REQUIRED: &[Feature] = &[Feature::ProcessLifecycle, Feature::ContextSwitches];
 
 #[derive(Debug, clap::Args)]
 pub struct TraceArgs {
@@ -44,24 +48,14 @@ pub struct TraceArgs {
     #[arg(long)]
     pub switches: bool,
     /// Size of the kernel ring buffer in KiB (a power of two, at least 4).
-    #[arg(long, default_value_t = 4096, value_name = "KIB")]
+    #[arg(long, default_value_t = defaults::RINGBUF_KIB, value_name = "KIB")]
     pub ringbuf_kib: u32,
     #[command(flatten)]
-    pub gpu: crate::gpu_env::GpuArgs,
+    pub gpu: GpuArgs,
     /// The command to run and trace, after `--`. It is held before exec until the
     /// probes track it, so nothing it does is missed.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
-}
-
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer; CLOCK_MONOTONIC is the clock of bpf_ktime_get_ns.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The command we started: we wait for it and exit with its code. (Absent when
@@ -79,49 +73,6 @@ async fn child_readable(child: &Option<Child>) -> std::io::Result<AsyncFdReadyGu
     }
 }
 
-fn pidfd_open(pid: u32) -> anyhow::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("pidfd_open");
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// Reaps our child if it has exited.
-fn try_wait(pid: u32) -> Option<ExitStatus> {
-    let mut status = 0;
-    // SAFETY: our own child; WNOHANG never blocks.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-    (r == pid as i32).then(|| ExitStatus::from_wait_status(status as u32))
-}
-
-/// Reads `/proc/PID/stat` for (ppid, comm).
-fn proc_identity(pid: u32) -> anyhow::Result<(u32, String)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("no process {pid}"))?;
-    // "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-    let open = stat.find('(').context("bad stat")?;
-    let close = stat.rfind(')').context("bad stat")?;
-    let comm = stat[open + 1..close].to_owned();
-    let ppid = stat[close + 2..]
-        .split(' ')
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok((ppid, comm))
-}
-
-fn tids_of(pid: u32) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Runs the trace; returns the exit code `keling` should exit with.
 pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
     if args.pid.is_none() && args.command.is_empty() {
@@ -129,7 +80,7 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             "nothing to trace: give a command after `--` or --pid PID (see `keling trace --help`)"
         );
     }
-    crate::sys::check_privileges()?;
+    os::check_privileges()?;
     // Fork first, before the probes and the runtime exist: a child that is only
     // forked (not exec'd) is cheap to throw away if loading fails.
     let held = if args.command.is_empty() {
@@ -137,14 +88,12 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
     } else {
         Some(HeldChild::spawn(&args.command)?)
     };
-    args.gpu.check_dev_dir()?;
-    let driver_major = args.gpu.driver_major()?;
-    let mut probes = Probes::load(&LoadOptions {
-        system_wide: false,
-        ringbuf_bytes: args.ringbuf_kib.saturating_mul(1024),
-        dev_dir: args.gpu.dev_dir.clone(),
-        driver_major,
-    })?;
+    let mut probes = Probes::load(&LoadOptions::new(
+        &args.gpu,
+        false,
+        args.ringbuf_kib,
+        REQUIRED,
+    )?)?;
     let out: Box<dyn Write + Send> = match &args.output {
         Some(path) => Box::new(BufWriter::new(
             File::create(path).with_context(|| format!("create {}", path.display()))?,
@@ -165,71 +114,66 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             let comm = comm.rsplit('/').next().unwrap_or_default().to_owned();
             model.add_process(pid, std::process::id(), comm, &[pid]);
             let pid = held.release(&args.command[0])?;
+            let pidfd = os::pidfd_open(pid).context("pidfd_open")?;
             Some(Child {
                 pid,
-                pidfd: crate::sys::async_fd(pidfd_open(pid)?)?,
+                pidfd: os::async_fd(pidfd)?,
             })
         }
         None => {
             let pid = args.pid.expect("checked above");
-            let (ppid, comm) = proc_identity(pid)?;
+            let stat = os::proc::stat(pid)?;
             probes.track(pid, pid)?;
             probes.adopt_existing_fds(&args.gpu.dev_dir, Some(&[pid]), false)?;
-            log::info!("tracing process {pid} ({comm}) and the children it forks from now on");
-            model.add_process(pid, ppid, comm, &tids_of(pid));
+            log::info!(
+                "tracing process {pid} ({}) and the children it forks from now on",
+                stat.comm
+            );
+            let tids: Vec<u32> = os::proc::tids(pid)?.into_iter().collect();
+            model.add_process(pid, stat.ppid, stat.comm, &tids);
             None
         }
     };
-    let output = Output::new(args.format, out, start_ns, args.switches);
-    runtime.block_on(event_loop(probes, model, output, child, start_ns))
+    let sink = output::open(args.format, out, start_ns, args.switches);
+    runtime.block_on(event_loop(probes, model, sink, child, start_ns))
 }
 
-struct Loop {
-    model: Model,
-    output: Output,
-    decode_errors: u64,
-}
-
-impl Loop {
-    fn drain(&mut self, ring: &mut RingBuf<MapData>) -> anyhow::Result<()> {
-        while let Some(item) = ring.next() {
-            match decode::decode(&item) {
-                Ok(event) => {
-                    self.model.apply(&event);
-                    self.output.event(&event)?;
-                }
-                Err(e) => {
-                    if self.decode_errors == 0 {
-                        log::warn!("undecodable event from the kernel: {e}");
-                    }
-                    self.decode_errors += 1;
-                }
-            }
+/// Decodes everything waiting into the model and the sink.
+fn drain(
+    events: &mut EventStream,
+    model: &mut Model,
+    sink: &mut Box<dyn Sink + Send>,
+) -> anyhow::Result<()> {
+    let mut failed = None;
+    events.drain(|event| {
+        model.apply(event);
+        if failed.is_none()
+            && let Err(e) = sink.event(event)
+        {
+            failed = Some(e);
         }
-        self.output.flush()?;
-        Ok(())
-    }
+    });
+    failed.map_or(Ok(()), |e| Err(e).context("writing the trace"))
 }
 
 async fn event_loop(
     mut probes: Probes,
-    model: Model,
-    output: Output,
+    mut model: Model,
+    mut sink: Box<dyn Sink + Send>,
     child: Option<Child>,
     start_ns: u64,
 ) -> anyhow::Result<i32> {
-    let mut ring = crate::sys::async_fd(probes.take_events()?)?;
-    let mut state = Loop {
-        model,
-        output,
-        decode_errors: 0,
-    };
+    let mut events = EventStream::new(probes.take_events()?)?;
     // Detail events (switches, plain ioctls) do not wake us: drain on this tick too.
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let tick_period = Duration::from_millis(defaults::TRACE_TICK_MS);
+    let mut tick = tokio::time::interval(tick_period);
+    let nvml_every = (defaults::NVML_CHECK_EVERY_S * 1000 / defaults::TRACE_TICK_MS).max(1);
+    // Drops are checked a few times a second.
+    let drops_every = (400 / defaults::TRACE_TICK_MS).max(1);
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigusr1 = signal(SignalKind::user_defined1())?;
-    let nvml = crate::nvml::NvmlCheck::open();
+    let nvml = NvmlCheck::open();
     let mut snapshots = 0u64;
     let mut interrupts = 0;
     let mut reported_drops = 0u64;
@@ -238,34 +182,33 @@ async fn event_loop(
     loop {
         let child_running = child.is_some() && child_status.is_none();
         tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                state.drain(guard.get_inner_mut())?;
-                guard.clear_ready();
+            ready = events.ready() => {
+                ready?;
+                drain(&mut events, &mut model, &mut sink)?;
             }
             guard = child_readable(&child), if child_running => {
                 let mut guard = guard?;
                 let pid = child.as_ref().expect("child_running").pid;
-                child_status = try_wait(pid);
+                child_status = os::try_wait(pid).map(ExitStatus::from_wait_status);
                 if child_status.is_none() {
                     guard.clear_ready(); // spurious wake-up
                 }
             }
             _ = tick.tick() => {
-                // Detail events do not wake us: collect them here.
-                state.drain(ring.get_mut())?;
+                drain(&mut events, &mut model, &mut sink)?;
+                sink.flush()?;
                 ticks += 1;
-                // Every 5 s, when NVML is there: its view next to ours.
-                if ticks.is_multiple_of(250) && nvml.available() {
-                    let (procs, _) = crate::model::gpu_stats(&probes.gpu_accounting()?);
-                    state.output.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
+                // Every few seconds, when NVML is there: its view next to ours.
+                if ticks.is_multiple_of(nvml_every) && nvml.available() {
+                    let (procs, _) = gpu_stats(&probes.gpu_accounting()?);
+                    sink.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
                 }
-                if ticks.is_multiple_of(20) {
+                if ticks.is_multiple_of(drops_every) {
                     let per_cpu = probes.drops_per_cpu()?;
                     let total: u64 = per_cpu.iter().sum();
                     if total > reported_drops {
                         reported_drops = total;
-                        state.output.drops(crate::trace::monotonic_ns(), &per_cpu)?;
+                        sink.drops(monotonic_ns(), &per_cpu)?;
                     }
                 }
                 if !child_running && probes.tracked_processes()? == 0 {
@@ -274,12 +217,11 @@ async fn event_loop(
             }
             _ = sigusr1.recv() => {
                 // Everything the kernel wrote so far first, then the exact figures.
-                state.drain(ring.get_mut())?;
-                let acc = probes.gpu_accounting()?;
-                let (procs, gpus) = crate::model::gpu_stats(&acc);
+                drain(&mut events, &mut model, &mut sink)?;
+                let (procs, gpus) = gpu_stats(&probes.gpu_accounting()?);
                 snapshots += 1;
-                state.output.gpu_snapshot(monotonic_ns(), snapshots, &procs, &gpus)?;
-                state.output.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
+                sink.gpu_snapshot(monotonic_ns(), snapshots, &procs, &gpus)?;
+                sink.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
             }
             _ = sigint.recv() => {
                 interrupts += 1;
@@ -303,24 +245,24 @@ async fn event_loop(
         }
     }
     // Whatever the kernel wrote before we stopped.
-    state.drain(ring.get_mut())?;
+    drain(&mut events, &mut model, &mut sink)?;
     let per_cpu = probes.drops_per_cpu()?;
     let now = monotonic_ns();
-    state.output.drops(now, &per_cpu)?;
+    sink.drops(now, &per_cpu)?;
     let acc = probes.gpu_accounting()?;
-    let (gpu_procs, gpus) = crate::model::gpu_stats(&acc);
-    let processes = state.model.summary(gpu_procs);
-    state.output.summary(&Summary {
+    let (gpu_procs, gpus) = gpu_stats(&acc);
+    let processes = model.summary(gpu_procs);
+    sink.summary(&Summary {
         ts_ns: now,
         duration_ns: now.saturating_sub(start_ns),
-        events: state.model.events,
+        events: model.events,
         drops: per_cpu.iter().sum(),
-        decode_errors: state.decode_errors,
+        decode_errors: events.decode_errors,
         processes: &processes,
         gpus: &gpus,
         undecoded: &acc.undecoded_per_reason,
     })?;
-    state.output.flush()?;
+    sink.flush()?;
     Ok(match (child, child_status) {
         (Some(_), Some(status)) => status.code(),
         (Some(c), None) => {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use nvml_wrapper::{Nvml, enums::device::UsedGpuMemory};
 use serde::Serialize;
 
-use crate::model::GpuProcessStats;
+use super::stats::GpuProcessStats;
 
 pub struct NvmlCheck {
     nvml: Option<Nvml>,
@@ -69,6 +69,23 @@ impl NvmlCheck {
     }
 }
 
+/// Each GPU's memory capacity as NVML reports it (empty without NVML).
+pub fn capacities() -> Vec<keling_sched::GpuInfo> {
+    let Ok(nvml) = Nvml::init() else {
+        return Vec::new();
+    };
+    let n = nvml.device_count().unwrap_or(0);
+    (0..n)
+        .filter_map(|i| {
+            let mem = nvml.device_by_index(i).ok()?.memory_info().ok()?;
+            Some(keling_sched::GpuInfo {
+                index: i,
+                capacity_bytes: mem.total,
+            })
+        })
+        .collect()
+}
+
 /// Pairs NVML's figures with Keling's, per (pid, GPU).
 fn diff(
     theirs: &BTreeMap<(u32, u32), Option<u64>>,
@@ -103,7 +120,7 @@ fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::GpuDeviceStats;
+    use crate::gpu::stats::GpuDeviceStats;
 
     #[test]
     fn pairs_figures_per_process_and_gpu() {

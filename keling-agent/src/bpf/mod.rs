@@ -1,13 +1,10 @@
 //! Loads Keling's eBPF programs into the kernel and owns them while they run.
 //!
-//! This module knows which programs exist, what they attach to, and what the
-//! kernel must provide for them; it hands out the maps the rest of the agent needs
-//! and nothing else. Dropping [`Probes`] detaches everything.
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fs,
-    path::PathBuf,
-};
+//! This module knows which programs exist ([`programs`]), what they attach to, and
+//! what the kernel must provide for them (offsets from [`btf`] and [`tracefs`]); it
+//! hands out the maps the rest of the agent needs and nothing else. Dropping
+//! [`Probes`] detaches everything.
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, bail};
 use aya::{
@@ -22,11 +19,25 @@ use keling_common::{
     nvidia, undecoded,
 };
 
-use crate::{btf::Btf, sys};
+use self::{
+    btf::Btf,
+    programs::{Attach, Feature, PROGRAMS, RELEASE_PROG_MAP, RELEASE_PROGRAM},
+    tracefs::TracepointFormat,
+};
+use crate::gpu::{env::GpuArgs, stats::GpuAccounting};
+
+pub mod btf;
+pub mod programs;
+pub mod tracefs;
 
 /// The compiled eBPF object (`cargo xtask build` puts it there; empty when the agent
 /// was built with a plain `cargo build`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/keling.bpf.o"));
+
+/// Test hook: programs named here (comma-separated) are treated as if this kernel
+/// could not attach them, so the degraded paths can be tested on a kernel that has
+/// every tracepoint.
+pub const SKIP_PROGRAMS_ENV: &str = "KELING_SKIP_PROGRAMS";
 
 /// What to load.
 pub struct LoadOptions {
@@ -36,101 +47,49 @@ pub struct LoadOptions {
     /// Size of the event ring buffer (a power of two, multiple of the page size).
     pub ringbuf_bytes: u32,
     /// Where the NVIDIA device files are (`/dev`, or a simulator's mount).
-    pub dev_dir: PathBuf,
+    pub dev_dir: std::path::PathBuf,
     /// The driver's major version, which selects the NVOS21 layout.
     pub driver_major: u32,
+    /// Features whose programs must attach; the others are skipped with a warning
+    /// when this kernel cannot attach them.
+    pub required: &'static [Feature],
+}
+
+impl LoadOptions {
+    /// The options for a command that traces GPU processes with `gpu`'s settings.
+    pub fn new(
+        gpu: &GpuArgs,
+        system_wide: bool,
+        ringbuf_kib: u32,
+        required: &'static [Feature],
+    ) -> anyhow::Result<Self> {
+        gpu.check_dev_dir()?;
+        Ok(Self {
+            system_wide,
+            ringbuf_bytes: ringbuf_kib.saturating_mul(1024),
+            dev_dir: gpu.dev_dir.clone(),
+            driver_major: gpu.driver_major()?,
+            required,
+        })
+    }
 }
 
 /// The loaded, attached programs and their maps.
 pub struct Probes {
     ebpf: Ebpf,
-}
-
-/// (program name, kind): the raw tracepoint gets the fork arguments as
-/// `task_struct` pointers, the others are classic tracepoints.
-const PROGRAMS: &[(&str, Attach)] = &[
-    ("sched_process_fork", Attach::Raw("sched_process_fork")),
-    (
-        "sched_process_exec",
-        Attach::Tracepoint("sched", "sched_process_exec"),
-    ),
-    (
-        "sched_process_exit",
-        Attach::Tracepoint("sched", "sched_process_exit"),
-    ),
-    ("sched_switch", Attach::Tracepoint("sched", "sched_switch")),
-    (
-        "sys_enter_openat",
-        Attach::Tracepoint("syscalls", "sys_enter_openat"),
-    ),
-    (
-        "sys_exit_openat",
-        Attach::Tracepoint("syscalls", "sys_exit_openat"),
-    ),
-    (
-        "sys_enter_close",
-        Attach::Tracepoint("syscalls", "sys_enter_close"),
-    ),
-    (
-        "sys_enter_close_range",
-        Attach::Tracepoint("syscalls", "sys_enter_close_range"),
-    ),
-    (
-        "sys_enter_dup",
-        Attach::Tracepoint("syscalls", "sys_enter_dup"),
-    ),
-    (
-        "sys_exit_dup",
-        Attach::Tracepoint("syscalls", "sys_exit_dup"),
-    ),
-    (
-        "sys_enter_dup2",
-        Attach::Tracepoint("syscalls", "sys_enter_dup2"),
-    ),
-    (
-        "sys_exit_dup2",
-        Attach::Tracepoint("syscalls", "sys_exit_dup2"),
-    ),
-    (
-        "sys_enter_dup3",
-        Attach::Tracepoint("syscalls", "sys_enter_dup3"),
-    ),
-    (
-        "sys_exit_dup3",
-        Attach::Tracepoint("syscalls", "sys_exit_dup3"),
-    ),
-    (
-        "sys_enter_fcntl",
-        Attach::Tracepoint("syscalls", "sys_enter_fcntl"),
-    ),
-    (
-        "sys_exit_fcntl",
-        Attach::Tracepoint("syscalls", "sys_exit_fcntl"),
-    ),
-    (
-        "sys_enter_ioctl",
-        Attach::Tracepoint("syscalls", "sys_enter_ioctl"),
-    ),
-    (
-        "sys_exit_ioctl",
-        Attach::Tracepoint("syscalls", "sys_exit_ioctl"),
-    ),
-];
-
-enum Attach {
-    Raw(&'static str),
-    Tracepoint(&'static str, &'static str),
+    /// Features with a program this kernel could not attach.
+    pub degraded: BTreeSet<Feature>,
 }
 
 /// Offsets this kernel needs, from BTF and the tracepoints' format files.
 fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
-    let tracefs = sys::ensure_tracefs()?;
+    let tracefs = tracefs::ensure_mounted()?;
     let btf = Btf::from_sys_fs()?;
     let task = |m: &str| {
         btf.member_offset("task_struct", m)
             .with_context(|| format!("task_struct.{m}"))
     };
-    let exit = sys::TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
+    let exit = TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
     let prefix = opts.dev_dir.join("nvidia");
     let prefix = prefix.as_os_str().as_encoded_bytes();
     if prefix.len() >= DEV_PREFIX_LEN {
@@ -143,8 +102,8 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
     let mut dev_prefix = [0u8; DEV_PREFIX_LEN];
     dev_prefix[..prefix.len()].copy_from_slice(prefix);
     let dev_prefix_len = prefix.len() as u32;
-    let switch = sys::TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
-    let exec = sys::TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
+    let switch = TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
+    let exec = TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
     Ok(ProbeConfig {
         task_pid_off: task("pid")?,
         task_tgid_off: task("tgid")?,
@@ -176,8 +135,8 @@ impl Probes {
                  build it with `cargo xtask build` or run it with `cargo xtask run`"
             );
         }
-        sys::check_privileges()?;
-        sys::raise_memlock();
+        crate::os::check_privileges()?;
+        crate::os::raise_memlock();
         let config = probe_config(opts)?;
         log::debug!("probe config: {config:?}");
         let mut ebpf = EbpfLoader::new()
@@ -189,38 +148,43 @@ impl Probes {
         // it in RELEASE_PROG before anything that can close a file is attached.
         {
             let prog: &mut TracePoint = ebpf
-                .program_mut("release_files")
-                .context("program release_files missing")?
+                .program_mut(RELEASE_PROGRAM)
+                .with_context(|| format!("program {RELEASE_PROGRAM} missing"))?
                 .try_into()?;
-            prog.load().context("verifier rejected release_files")?;
+            prog.load()
+                .with_context(|| format!("verifier rejected {RELEASE_PROGRAM}"))?;
             let fd = prog.fd()?.try_clone()?;
             let mut array = ProgramArray::try_from(
-                ebpf.map_mut("RELEASE_PROG")
-                    .context("RELEASE_PROG map missing")?,
+                ebpf.map_mut(RELEASE_PROG_MAP)
+                    .with_context(|| format!("{RELEASE_PROG_MAP} map missing"))?,
             )?;
             array.set(0, &fd, 0)?;
         }
-        for (name, attach) in PROGRAMS {
-            let prog = ebpf
-                .program_mut(name)
-                .with_context(|| format!("program {name} missing"))?;
-            let what = match attach {
-                Attach::Raw(tp) => {
-                    let p: &mut RawTracePoint = prog.try_into()?;
-                    p.load()
-                        .with_context(|| format!("verifier rejected {name}"))?;
-                    p.attach(tp).map(drop)
-                }
-                Attach::Tracepoint(cat, tp) => {
-                    let p: &mut TracePoint = prog.try_into()?;
-                    p.load()
-                        .with_context(|| format!("verifier rejected {name}"))?;
-                    p.attach(cat, tp).map(drop)
-                }
+        let skip = std::env::var(SKIP_PROGRAMS_ENV).unwrap_or_default();
+        let skip: BTreeSet<&str> = skip.split(',').filter(|s| !s.is_empty()).collect();
+        let mut degraded = BTreeSet::new();
+        for p in PROGRAMS {
+            let attached = if skip.contains(p.name) {
+                Err(anyhow::anyhow!("skipped by {SKIP_PROGRAMS_ENV}"))
+            } else {
+                attach(&mut ebpf, p.name, p.attach)
             };
-            what.with_context(|| format!("attaching {name}"))?;
+            if let Err(e) = attached {
+                if opts.required.contains(&p.feature) {
+                    return Err(e.context(format!(
+                        "program {} is required for what was asked and cannot run here",
+                        p.name
+                    )));
+                }
+                log::warn!(
+                    "program {} not attached ({e:#}); carrying on without it: {}",
+                    p.name,
+                    p.feature.lost()
+                );
+                degraded.insert(p.feature);
+            }
         }
-        Ok(Self { ebpf })
+        Ok(Self { ebpf, degraded })
     }
 
     /// Takes the event ring buffer (once) for the reader task.
@@ -250,7 +214,7 @@ impl Probes {
         )?;
         // Listed after the pid is in the map: a thread created from now on is added
         // by the fork probe, so none falls between the two.
-        let threads = threads_of(pid)?;
+        let threads = crate::os::proc::tids(pid)?;
         let mut tids: HashMap<_, u32, u32> = HashMap::try_from(
             self.ebpf
                 .map_mut(MAP_TRACKED_TIDS)
@@ -287,15 +251,26 @@ impl Probes {
     }
 }
 
-/// Exact GPU figures read from the kernel's maps.
-#[derive(Clone, Debug, Default)]
-pub struct GpuAccounting {
-    /// (pid, gpu) -> totals; gpu [`ALL_GPUS`] is the process total, pid 0 the device.
-    pub totals: BTreeMap<(u32, u32), Totals>,
-    /// Undecoded or faulted calls per process.
-    pub undecoded_per_pid: BTreeMap<u32, u64>,
-    /// Undecoded calls per reason (see `keling_common::undecoded`).
-    pub undecoded_per_reason: Vec<u64>,
+fn attach(ebpf: &mut Ebpf, name: &str, attach: Attach) -> anyhow::Result<()> {
+    let prog = ebpf
+        .program_mut(name)
+        .with_context(|| format!("program {name} missing"))?;
+    match attach {
+        Attach::Raw(tp) => {
+            let p: &mut RawTracePoint = prog.try_into()?;
+            p.load()
+                .with_context(|| format!("verifier rejected {name}"))?;
+            p.attach(tp).with_context(|| format!("attaching {name}"))?;
+        }
+        Attach::Tracepoint(cat, tp) => {
+            let p: &mut TracePoint = prog.try_into()?;
+            p.load()
+                .with_context(|| format!("verifier rejected {name}"))?;
+            p.attach(cat, tp)
+                .with_context(|| format!("attaching {name}"))?;
+        }
+    }
+    Ok(())
 }
 
 impl Probes {
@@ -350,30 +325,19 @@ fn same_file(a: &ExistingFd, b: &ExistingFd) -> bool {
     r == 0
 }
 
-/// The NVIDIA fds of process `pid` under `dev_dir`, from /proc.
+/// The NVIDIA fds of process `pid` under `dev_dir`.
 fn existing_fds(pid: u32, dev_dir: &std::path::Path) -> Vec<ExistingFd> {
-    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let fd: i32 = e.file_name().to_str()?.parse().ok()?;
-        let target = fs::read_link(e.path()).ok()?;
-        let device = crate::gpu_env::device_file_of(dev_dir, &target)?;
-        let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
-        let flags = info
-            .lines()
-            .find_map(|l| l.strip_prefix("flags:"))
-            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-            .unwrap_or(0);
-        Some(ExistingFd {
-            pid,
-            fd,
-            device,
-            cloexec: flags & libc::O_CLOEXEC as u32 != 0,
+    crate::os::proc::fds(pid)
+        .into_iter()
+        .filter_map(|f| {
+            Some(ExistingFd {
+                pid,
+                fd: f.fd,
+                device: crate::gpu::env::device_file_of(dev_dir, &f.target)?,
+                cloexec: f.flags & libc::O_CLOEXEC as u32 != 0,
+            })
         })
-    })
-    .collect()
+        .collect()
 }
 
 impl Probes {
@@ -390,9 +354,9 @@ impl Probes {
     ) -> anyhow::Result<BTreeSet<u32>> {
         let all: Vec<u32> = match pids {
             Some(p) => p.to_vec(),
-            None => fs::read_dir("/proc")?
-                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .filter(|&p: &u32| p != std::process::id())
+            None => crate::os::proc::pids()?
+                .into_iter()
+                .filter(|&p| p != std::process::id())
                 .collect(),
         };
         let fds: Vec<ExistingFd> = all.iter().flat_map(|&p| existing_fds(p, dev_dir)).collect();
@@ -466,13 +430,4 @@ impl Probes {
         }
         Ok(found)
     }
-}
-
-/// Thread ids of a live process, from /proc.
-fn threads_of(pid: u32) -> anyhow::Result<BTreeSet<u32>> {
-    let dir = format!("/proc/{pid}/task");
-    let entries = fs::read_dir(&dir).with_context(|| format!("no process {pid} ({dir})"))?;
-    Ok(entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect())
 }

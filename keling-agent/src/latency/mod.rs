@@ -213,12 +213,12 @@ impl StageDurations {
 }
 
 /// Which timeout model is in force.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     /// mean + 3 sigma over the window.
     Static,
-    /// p99 of the window x 1.2.
+    /// p99 of the window x 1.2, recomputed every second.
     Adaptive,
 }
 
@@ -355,7 +355,7 @@ pub struct Verdict {
 }
 
 /// Summary of one histogram, all values in ns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Percentiles {
     pub p50_ns: u64,
     pub p90_ns: u64,
@@ -520,30 +520,38 @@ impl LatencyRecorder {
         self.late_by_action.keys()
     }
 
-    /// A compact status object (ms values) for the agent's status endpoint.
+    /// A compact status (ms values) for the agent's status endpoint.
+    pub fn status(&self) -> LatencyStatus {
+        LatencyStatus {
+            timeout_ms: self.timeout_ns() as f64 / NS_PER_MS,
+            model: self.model.kind().as_str().to_owned(),
+            late: self.late,
+            decisions: self.decisions,
+            stages: Stage::ALL
+                .iter()
+                .map(|&s| {
+                    (
+                        s.as_str().to_owned(),
+                        MsPercentiles::of(self.percentiles(s, None)),
+                    )
+                })
+                .collect(),
+            by_action: self
+                .actions()
+                .map(|a| {
+                    (
+                        a.clone(),
+                        MsPercentiles::of(self.percentiles(Stage::EndToEnd, Some(a))),
+                    )
+                })
+                .collect(),
+            late_by_action: self.late_by_action.clone(),
+        }
+    }
+
+    /// [`LatencyRecorder::status`] as JSON.
     pub fn status_json(&self) -> Value {
-        let stages: serde_json::Map<String, Value> = Stage::ALL
-            .iter()
-            .map(|&s| (s.as_str().to_owned(), ms_entry(self.percentiles(s, None))))
-            .collect();
-        let by_action: serde_json::Map<String, Value> = self
-            .actions()
-            .map(|a| {
-                (
-                    a.clone(),
-                    ms_entry(self.percentiles(Stage::EndToEnd, Some(a))),
-                )
-            })
-            .collect();
-        json!({
-            "timeout_ms": self.timeout_ns() as f64 / NS_PER_MS,
-            "model": self.model.kind().as_str(),
-            "late": self.late,
-            "decisions": self.decisions,
-            "stages": stages,
-            "by_action": by_action,
-            "late_by_action": self.late_by_action,
-        })
+        serde_json::to_value(self.status()).expect("plain data serialises")
     }
 
     /// Every histogram in export order: end-to-end of all actions, the other stages of all
@@ -721,21 +729,52 @@ impl LatencyRecorder {
     }
 }
 
-/// `{"p50_ms","p90_ms","p99_ms","max_ms","count"}`; null percentiles and count 0 when empty.
-fn ms_entry(p: Option<Percentiles>) -> Value {
-    let ms = |v: u64| v as f64 / NS_PER_MS;
-    match p {
-        Some(p) => json!({
-            "p50_ms": ms(p.p50_ns),
-            "p90_ms": ms(p.p90_ns),
-            "p99_ms": ms(p.p99_ns),
-            "max_ms": ms(p.max_ns),
-            "count": p.count,
-        }),
-        None => json!({
-            "p50_ms": null, "p90_ms": null, "p99_ms": null, "max_ms": null, "count": 0,
-        }),
+/// One histogram's summary in ms; null percentiles and count 0 when empty.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MsPercentiles {
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+    pub count: u64,
+}
+
+impl MsPercentiles {
+    fn of(p: Option<Percentiles>) -> Self {
+        let ms = |v: u64| Some(v as f64 / NS_PER_MS);
+        match p {
+            Some(p) => Self {
+                p50_ms: ms(p.p50_ns),
+                p90_ms: ms(p.p90_ns),
+                p99_ms: ms(p.p99_ns),
+                max_ms: ms(p.max_ns),
+                count: p.count,
+            },
+            None => Self {
+                p50_ms: None,
+                p90_ms: None,
+                p99_ms: None,
+                max_ms: None,
+                count: 0,
+            },
+        }
     }
+}
+
+/// What `keling status` shows of the decision latency.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LatencyStatus {
+    /// The timeout in force.
+    pub timeout_ms: f64,
+    /// `static` or `adaptive`.
+    pub model: String,
+    pub late: u64,
+    pub decisions: u64,
+    /// Per stage, all actions.
+    pub stages: BTreeMap<String, MsPercentiles>,
+    /// End-to-end, per action.
+    pub by_action: BTreeMap<String, MsPercentiles>,
+    pub late_by_action: BTreeMap<String, u64>,
 }
 
 /// Replaces the characters an interval-log tag cannot hold.

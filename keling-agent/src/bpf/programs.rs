@@ -1,0 +1,112 @@
+//! The program table: every eBPF program Keling has, what it attaches to, and which
+//! feature it serves. A program that cannot attach on this kernel stops the agent
+//! only when its feature is required for what was asked; otherwise it is skipped
+//! with a message saying what is lost.
+
+/// What a program serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Feature {
+    /// fork, exec, exit: which processes exist and are tracked.
+    ProcessLifecycle,
+    /// Context switches of tracked threads.
+    ContextSwitches,
+    /// NVIDIA fds: opened, duplicated, closed, released.
+    NvidiaFiles,
+    /// NVIDIA ioctls: decoding and exact accounting.
+    NvidiaIoctls,
+    /// One way of duplicating or closing fds; without it that way is not followed.
+    FdVariant,
+}
+
+impl Feature {
+    /// What a user loses when a program of this feature is missing.
+    pub fn lost(self) -> &'static str {
+        match self {
+            Feature::ProcessLifecycle => "process creation and exit are not seen",
+            Feature::ContextSwitches => {
+                "no context switches: per-thread CPU time and switch counts are missing, \
+                 and the scheduler sees activity only from GPU calls"
+            }
+            Feature::NvidiaFiles => {
+                "NVIDIA device files are not followed: the release of an open file does not \
+                 free its clients in Keling's totals"
+            }
+            Feature::NvidiaIoctls => "NVIDIA ioctls are not decoded: no GPU memory figures",
+            Feature::FdVariant => {
+                "fds duplicated or closed this way are not followed (a release may be missed)"
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    /// A raw tracepoint (its arguments are the kernel function's).
+    Raw(&'static str),
+    /// A classic tracepoint: (category, name).
+    Tracepoint(&'static str, &'static str),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Program {
+    /// The program's symbol in the eBPF object.
+    pub name: &'static str,
+    pub attach: Attach,
+    pub feature: Feature,
+}
+
+const fn tp(name: &'static str, category: &'static str, feature: Feature) -> Program {
+    Program {
+        name,
+        attach: Attach::Tracepoint(category, name),
+        feature,
+    }
+}
+
+/// Every attached program. (`release_files` is reached by tail call only.)
+pub const PROGRAMS: &[Program] = &[
+    Program {
+        name: "sched_process_fork",
+        attach: Attach::Raw("sched_process_fork"),
+        feature: Feature::ProcessLifecycle,
+    },
+    tp("sched_process_exec", "sched", Feature::ProcessLifecycle),
+    tp("sched_process_exit", "sched", Feature::ProcessLifecycle),
+    tp("sched_switch", "sched", Feature::ContextSwitches),
+    tp("sys_enter_openat", "syscalls", Feature::NvidiaFiles),
+    tp("sys_exit_openat", "syscalls", Feature::NvidiaFiles),
+    tp("sys_enter_close", "syscalls", Feature::NvidiaFiles),
+    tp("sys_enter_close_range", "syscalls", Feature::FdVariant),
+    tp("sys_enter_dup", "syscalls", Feature::FdVariant),
+    tp("sys_exit_dup", "syscalls", Feature::FdVariant),
+    tp("sys_enter_dup2", "syscalls", Feature::FdVariant),
+    tp("sys_exit_dup2", "syscalls", Feature::FdVariant),
+    tp("sys_enter_dup3", "syscalls", Feature::FdVariant),
+    tp("sys_exit_dup3", "syscalls", Feature::FdVariant),
+    tp("sys_enter_fcntl", "syscalls", Feature::FdVariant),
+    tp("sys_exit_fcntl", "syscalls", Feature::FdVariant),
+    tp("sys_enter_ioctl", "syscalls", Feature::NvidiaIoctls),
+    tp("sys_exit_ioctl", "syscalls", Feature::NvidiaIoctls),
+];
+
+/// The program that releases files, reached by tail call from every program that
+/// can drop the last reference to one.
+pub const RELEASE_PROGRAM: &str = "release_files";
+/// Its slot in the program array.
+pub const RELEASE_PROG_MAP: &str = "RELEASE_PROG";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_every_feature_says_what_is_lost() {
+        let mut names: Vec<&str> = PROGRAMS.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PROGRAMS.len());
+        for p in PROGRAMS {
+            assert!(!p.feature.lost().is_empty());
+        }
+    }
+}

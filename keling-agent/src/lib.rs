@@ -1,0 +1,28 @@
+//! Keling's userspace agent: a library (this crate) and the thin `keling` binary
+//! (`main.rs`). The map of its modules, each with one job:
+//!
+//! | module | owns | must not |
+//! |---|---|---|
+//! | [`cmd`] | one module per subcommand: parse its arguments, wire the pipeline, exit code | be imported by any other module |
+//! | [`bpf`] | loading the eBPF object, the program table (required / optional per feature), BTF and tracefs offsets, reading the kernel maps | decide anything about scheduling or output |
+//! | [`event`] | draining the ring buffer, decoding raw records into typed events, the process model | do I/O besides the ring buffer |
+//! | [`gpu`] | the device directory and driver version, names of ABI numbers, GPU figures per process, NVML | touch the kernel maps (it is handed what `bpf` read) |
+//! | [`sched`] | the daemon loop glue around `keling-sched`, actuators (cgroup, signals), logs, config, fail-safe | parse `/proc` itself (it asks `os`) |
+//! | [`control`] | the typed control protocol, its server (one task per client, deadlines, size limits) and client | block the event loop |
+//! | [`latency`] | decision latency histograms, timeout models, exports | read clocks |
+//! | [`output`] | trace sinks (text, JSON lines) behind one interface | read `/proc`, maps or clocks |
+//! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
+//! | [`defaults`] | every default value the command line shows | |
+//!
+//! The scheduler core is the separate crate `keling-sched` (no I/O, no clock); the
+//! kernel/user contract is `keling-common`.
+pub mod bpf;
+pub mod cmd;
+pub mod control;
+pub mod defaults;
+pub mod event;
+pub mod gpu;
+pub mod latency;
+pub mod os;
+pub mod output;
+pub mod sched;

@@ -1,0 +1,183 @@
+//! `/proc`, parsed in one place. Every reader here treats the text as hostile: a
+//! process may exit between two reads, and `comm` may hold any bytes, spaces and
+//! parentheses included.
+use std::{collections::BTreeSet, fs, path::PathBuf};
+
+use anyhow::Context;
+
+/// What `/proc/PID/stat` says about a process that Keling uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub ppid: u32,
+    pub comm: String,
+    /// The one-letter state (`R`, `S`, `T`, `Z`, ...).
+    pub state: char,
+}
+
+/// Parses the text of `/proc/PID/stat`: "pid (comm) state ppid ...".
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text.get(open + 1..close)?.to_owned();
+    let mut rest = text.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some(Stat { ppid, comm, state })
+}
+
+/// `/proc/PID/stat`, or an error saying there is no such process.
+pub fn stat(pid: u32) -> anyhow::Result<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("no process {pid}"))?;
+    parse_stat(&text).with_context(|| format!("unreadable /proc/{pid}/stat"))
+}
+
+/// Whether the process is stopped (`T`) or gone: either way it does not run.
+pub fn stopped_or_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(text) => parse_stat(&text).is_none_or(|s| matches!(s.state, 'T' | 't' | 'Z' | 'X')),
+        Err(_) => true,
+    }
+}
+
+/// Thread ids of a live process.
+pub fn tids(pid: u32) -> anyhow::Result<BTreeSet<u32>> {
+    let dir = format!("/proc/{pid}/task");
+    let entries = fs::read_dir(&dir).with_context(|| format!("no process {pid} ({dir})"))?;
+    Ok(numeric_entries(entries).collect())
+}
+
+/// Every process id on the host, now.
+pub fn pids() -> anyhow::Result<Vec<u32>> {
+    Ok(numeric_entries(fs::read_dir("/proc").context("read /proc")?).collect())
+}
+
+fn numeric_entries(dir: fs::ReadDir) -> impl Iterator<Item = u32> {
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+}
+
+/// `CapEff` from the text of `/proc/PID/status` (0 when absent).
+pub fn parse_cap_eff(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// What config rules can match a process on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessFacts {
+    pub comm: String,
+    /// Real uid.
+    pub uid: Option<u32>,
+    /// The cgroup v2 path (`0::` line of `/proc/PID/cgroup`).
+    pub cgroup: Option<String>,
+    pub exe: Option<String>,
+}
+
+impl ProcessFacts {
+    /// Reads the facts of a live process.
+    pub fn of_pid(pid: u32) -> Self {
+        let read =
+            |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+        let uid = read("status")
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok());
+        let cgroup = read("cgroup")
+            .lines()
+            .find_map(|l| l.strip_prefix("0::").map(str::to_owned));
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned());
+        Self {
+            comm: read("comm").trim().to_owned(),
+            uid,
+            cgroup,
+            exe,
+        }
+    }
+}
+
+/// One open fd of a process.
+#[derive(Clone, Debug)]
+pub struct OpenFd {
+    pub fd: i32,
+    /// What `/proc/PID/fd/N` points at.
+    pub target: PathBuf,
+    /// The open flags from `fdinfo` (octal there).
+    pub flags: u32,
+}
+
+/// The open fds of a process (empty when it is gone or unreadable).
+pub fn fds(pid: u32) -> Vec<OpenFd> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+        let target = fs::read_link(e.path()).ok()?;
+        let info = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .unwrap_or(0);
+        Some(OpenFd { fd, target, flags })
+    })
+    .collect()
+}
+
+/// The major number of a character device driver from `/proc/devices`.
+pub fn char_major(name: &str) -> Option<u32> {
+    let text = fs::read_to_string("/proc/devices").ok()?;
+    parse_char_major(&text, name)
+}
+
+fn parse_char_major(text: &str, name: &str) -> Option<u32> {
+    text.lines()
+        .skip_while(|l| !l.starts_with("Character devices:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .find_map(|l| {
+            let mut parts = l.split_whitespace();
+            let major = parts.next()?.parse().ok()?;
+            (parts.next()? == name).then_some(major)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_survives_hostile_comm() {
+        let s = parse_stat("42 (a) b (c)) S 7 42 42 0 -1").unwrap();
+        assert_eq!((s.ppid, s.comm.as_str(), s.state), (7, "a) b (c)", 'S'));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x)"), None);
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        let s = stat(me).unwrap();
+        assert_eq!(s.ppid, std::os::unix::process::parent_id());
+        assert!(tids(me).unwrap().contains(&me));
+        assert!(!stopped_or_gone(me));
+        assert!(pids().unwrap().contains(&me));
+    }
+
+    #[test]
+    fn finds_char_majors() {
+        let text = "Character devices:\n  1 mem\n195 nvidia-frontend\n509 nvidia-uvm\n\nBlock devices:\n  8 sd\n";
+        assert_eq!(parse_char_major(text, "nvidia-uvm"), Some(509));
+        assert_eq!(parse_char_major(text, "sd"), None);
+        assert_eq!(
+            parse_cap_eff("Name:\tx\nCapEff:\t000001ffffffffff\n"),
+            0x1ff_ffff_ffff
+        );
+    }
+}
