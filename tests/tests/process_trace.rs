@@ -251,3 +251,51 @@ fn attach_to_running_process_by_pid() {
     drop(target);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A program this kernel cannot attach (simulated with KELING_SKIP_PROGRAMS) is
+/// skipped with a message saying what is lost when the command can do without it,
+/// and stops the command with a clear error when it cannot.
+#[test]
+fn missing_programs_degrade_or_refuse_by_what_was_asked() {
+    if !can_load_ebpf("missing_programs_degrade_or_refuse_by_what_was_asked") {
+        return;
+    }
+    let keling = keling_tests::keling_bin();
+    // A trace can do without dup3 (an fd variant) ...
+    let out = std::process::Command::new(&keling)
+        .env("KELING_SKIP_PROGRAMS", "sys_enter_dup3,sys_exit_dup3")
+        .args([
+            "trace",
+            "--format",
+            "jsonl",
+            "--output",
+            "/dev/null",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("sys_enter_dup3 not attached") && stderr.contains("not followed"),
+        "{stderr}"
+    );
+    // ... but not without context switches, which it is asked to report.
+    let out = std::process::Command::new(&keling)
+        .env("KELING_SKIP_PROGRAMS", "sched_switch")
+        .args([
+            "trace",
+            "--format",
+            "jsonl",
+            "--output",
+            "/dev/null",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("sched_switch is required"), "{stderr}");
+}
