@@ -42,6 +42,7 @@ pub mod esc {
     pub const RM_MAP_MEMORY: u8 = 0x4E;
     pub const RM_UNMAP_MEMORY: u8 = 0x4F;
     pub const RM_ALLOC_CONTEXT_DMA2: u8 = 0x54;
+    pub const RM_UPDATE_DEVICE_MAPPING_INFO: u8 = 0x5E;
     pub const RM_MAP_MEMORY_DMA: u8 = 0x57;
     pub const RM_UNMAP_MEMORY_DMA: u8 = 0x58;
     pub const CARD_INFO: u8 = 200;
@@ -88,6 +89,30 @@ pub mod size {
     pub const OS_DESCRIPTOR_PARAMS: usize = 40;
     pub const TSG_ALLOC: usize = 20;
     pub const CHANNEL_ALLOC: usize = 368;
+    /// NVOS56 (RM_UPDATE_DEVICE_MAPPING_INFO).
+    pub const NVOS56: usize = 40;
+    /// `nv_ioctl_alloc_os_event_t` / `nv_ioctl_free_os_event_t`.
+    pub const OS_EVENT: usize = 16;
+    /// `nv_ioctl_sys_params_t`.
+    pub const SYS_PARAMS: usize = 8;
+    /// `nv_ioctl_wait_open_complete_t` (drivers 550 and later).
+    pub const WAIT_OPEN_COMPLETE: usize = 8;
+    /// Class 0xC2 (`NV01_MEMORY_LOCAL_PHYSICAL`) alloc params.
+    pub const PHYS_MEM_PARAMS: usize = 24;
+    /// Class 0xF8 (`NV_MEMORY_FABRIC`) alloc params.
+    pub const FABRIC_PARAMS: usize = 48;
+    /// Class 0xFD alloc params before driver 550.
+    pub const MULTICAST_PARAMS_LEGACY: usize = 40;
+    /// Class 0xFD alloc params from driver 550 on.
+    pub const MULTICAST_PARAMS: usize = 80;
+    /// RM_CONTROL 0x3d05 EXPORT_OBJECT_TO_FD params.
+    pub const EXPORT_OBJECT_TO_FD: usize = 24;
+    /// RM_CONTROL 0x3d0b EXPORT_OBJECTS_TO_FD params.
+    pub const EXPORT_OBJECTS_TO_FD: usize = 2128;
+    /// RM_CONTROL 0x3d06 IMPORT_OBJECT_FROM_FD params.
+    pub const IMPORT_OBJECT_FROM_FD: usize = 20;
+    /// RM_CONTROL 0x3d0c IMPORT_OBJECTS_FROM_FD params.
+    pub const IMPORT_OBJECTS_FROM_FD: usize = 652;
 }
 
 /// NVOS00 (RM_FREE).
@@ -135,6 +160,8 @@ pub mod nvos54 {
     pub const PARAMS: usize = 16;
     pub const PARAMS_SIZE: usize = 24;
     pub const STATUS: usize = 28;
+    /// `flags & 4`: FINN-serialized params.
+    pub const FLAGS_FINN_SERIALIZED: u32 = 4;
 }
 
 /// NVOS02 + fd (RM_ALLOC_MEMORY).
@@ -163,12 +190,131 @@ pub mod nvos32 {
     pub const H_MEMORY: usize = 44;
     pub const TYPE: usize = 48;
     pub const ALLOC_FLAGS: usize = 52;
+    pub const ATTR: usize = 56;
     pub const SIZE: usize = 88;
     pub const OFFSET: usize = 104;
     pub const LIMIT: usize = 112;
     pub const ADDRESS: usize = 120;
+    pub const ATTR2: usize = 144;
     pub const FUNCTION_ALLOC_SIZE: u32 = 2;
     pub const FUNCTION_FREE: u32 = 3;
+    pub const FUNCTION_ALLOC_SIZE_RANGE: u32 = 14;
+    pub const FUNCTION_ALLOC_OS_DESCRIPTOR: u32 = 27;
+    /// ALLOC_SIZE_RANGE: size@80 (in/out); the other fields as ALLOC_SIZE.
+    pub const RANGE_SIZE: usize = 80;
+    /// ALLOC_OS_DESCRIPTOR: hMemory@40 (in/out), limit@72 (bytes = limit + 1).
+    pub const OS_DESC_H_MEMORY: usize = 40;
+    pub const OS_DESC_LIMIT: usize = 72;
+    /// `flags & 0x80000`: NVOS32_ALLOC_FLAGS_VIRTUAL, the class is 0x50A0.
+    pub const FLAGS_VIRTUAL: u32 = 0x80000;
+    /// `attr` bits 26:25: the location; 0 = VIDMEM.
+    pub const ATTR_LOCATION_SHIFT: u32 = 25;
+    pub const ATTR_LOCATION_MASK: u32 = 3;
+    /// `attr2` bit 24: USE_EGM (drivers 550 and later), the class is 0x42.
+    pub const ATTR2_USE_EGM: u32 = 1 << 24;
+    /// First driver major whose ALLOC_SIZE looks at USE_EGM.
+    pub const EGM_SINCE: u32 = 550;
+}
+
+/// NVOS56 (RM_UPDATE_DEVICE_MAPPING_INFO, 40 bytes).
+pub mod nvos56 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_DEVICE: usize = 4;
+    pub const H_MEMORY: usize = 8;
+    pub const P_OLD_CPU_ADDRESS: usize = 16;
+    pub const P_NEW_CPU_ADDRESS: usize = 24;
+    pub const STATUS: usize = 32;
+}
+
+/// ALLOC_OS_EVENT / FREE_OS_EVENT (16 bytes).
+pub mod os_event {
+    pub const H_CLIENT: usize = 0;
+    pub const H_DEVICE: usize = 4;
+    pub const FD: usize = 8;
+    pub const STATUS: usize = 12;
+}
+
+/// WAIT_OPEN_COMPLETE (8 bytes, drivers 550 and later).
+pub mod wait_open_complete {
+    pub const RC: usize = 0;
+    pub const ADAPTER_STATUS: usize = 4;
+    pub const SINCE: u32 = 550;
+}
+
+/// Class 0xC2 params (24 bytes): memSize@0 is written with the whole heap.
+pub mod phys_mem {
+    pub const MEM_SIZE: usize = 0;
+    pub const FORMAT: usize = 8;
+    pub const PAGE_SIZE: usize = 16;
+}
+
+/// Class 0xF8 params (48 bytes).
+pub mod fabric {
+    pub const ALIGNMENT: usize = 0;
+    pub const ALLOC_SIZE: usize = 8;
+    pub const PAGE_SIZE: usize = 16;
+    pub const ALLOC_FLAGS: usize = 24;
+    pub const MAP_OFFSET: usize = 32;
+    pub const MAP_H_VIDMEM: usize = 40;
+    pub const MAP_FLAGS: usize = 44;
+}
+
+/// Class 0xFD params: allocSize@8 in the 40-byte struct before 550, @48 in
+/// the 80-byte one from 550 on.
+pub mod multicast {
+    pub const ALLOC_SIZE_LEGACY: usize = 8;
+    pub const ALLOC_SIZE: usize = 48;
+    pub const SINCE: u32 = 550;
+}
+
+/// RM_CONTROL commands on the client (class 0x0000, `ctrl0000unix.h`) that
+/// share objects through an nvidiactl open file (the "export file"), and
+/// their params.
+pub mod unix_ctrl {
+    pub const EXPORT_OBJECT_TO_FD: u32 = 0x3d05;
+    pub const IMPORT_OBJECT_FROM_FD: u32 = 0x3d06;
+    pub const EXPORT_OBJECTS_TO_FD: u32 = 0x3d0b;
+    pub const IMPORT_OBJECTS_FROM_FD: u32 = 0x3d0c;
+    /// `NV0000_CTRL_OS_UNIX_EXPORT_OBJECT_TYPE_RM`.
+    pub const OBJECT_TYPE_RM: u32 = 1;
+    /// EXPORT_OBJECT_TO_FD `flags` bit 0 (EMPTY_FD): refused by the kernel.
+    pub const FLAGS_EMPTY_FD: u32 = 1;
+    /// EXPORT_OBJECT_TO_FD (24 bytes).
+    pub const EXP1_TYPE: usize = 0;
+    pub const EXP1_H_DEVICE: usize = 4;
+    pub const EXP1_H_PARENT: usize = 8;
+    pub const EXP1_H_OBJECT: usize = 12;
+    pub const EXP1_FD: usize = 16;
+    pub const EXP1_FLAGS: usize = 20;
+    /// EXPORT_OBJECTS_TO_FD (2128 bytes).
+    pub const EXPN_FD: usize = 0;
+    pub const EXPN_H_DEVICE: usize = 4;
+    pub const EXPN_MAX_OBJECTS: usize = 8;
+    pub const EXPN_METADATA: usize = 10;
+    pub const EXPN_OBJECTS: usize = 76;
+    pub const EXPN_NUM_OBJECTS: usize = 2124;
+    pub const EXPN_INDEX: usize = 2126;
+    pub const EXPN_MAX: usize = 512;
+    /// IMPORT_OBJECT_FROM_FD (20 bytes).
+    pub const IMP1_FD: usize = 0;
+    pub const IMP1_TYPE: usize = 4;
+    pub const IMP1_H_DEVICE: usize = 8;
+    pub const IMP1_H_PARENT: usize = 12;
+    pub const IMP1_H_OBJECT: usize = 16;
+    /// IMPORT_OBJECTS_FROM_FD (652 bytes).
+    pub const IMPN_FD: usize = 0;
+    pub const IMPN_H_PARENT: usize = 4;
+    pub const IMPN_OBJECTS: usize = 8;
+    pub const IMPN_OBJECT_TYPES: usize = 520;
+    pub const IMPN_NUM_OBJECTS: usize = 648;
+    pub const IMPN_INDEX: usize = 650;
+    pub const IMPN_MAX: usize = 128;
+    /// objectTypes values.
+    pub const IMPORT_TYPE_NONE: u8 = 0;
+    pub const IMPORT_TYPE_VIDMEM: u8 = 1;
+    pub const IMPORT_TYPE_SYSMEM: u8 = 2;
+    pub const IMPORT_TYPE_FABRIC: u8 = 3;
+    pub const IMPORT_TYPE_FABRIC_MC: u8 = 4;
 }
 
 /// NVOS33 + fd (RM_MAP_MEMORY).
@@ -219,8 +365,14 @@ pub mod nvos39 {
     pub const STATUS: usize = 48;
 }
 
-/// NVOS55 (RM_DUP_OBJECT): status is the last field (@24 of 28).
+/// NVOS55 (RM_DUP_OBJECT, 28 bytes).
 pub mod nvos55 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_PARENT: usize = 4;
+    pub const H_OBJECT: usize = 8;
+    pub const H_CLIENT_SRC: usize = 12;
+    pub const H_OBJECT_SRC: usize = 16;
+    pub const FLAGS: usize = 20;
     pub const STATUS: usize = 24;
 }
 
@@ -305,12 +457,23 @@ pub mod class {
     pub const NV01_DEVICE_0: u32 = 0x80;
     pub const NV20_SUBDEVICE_0: u32 = 0x2080;
     pub const NV01_MEMORY_SYSTEM: u32 = 0x3E;
+    /// `NV01_MEMORY_LOCAL_PRIVILEGED` (name from `g_allclasses.h`):
+    /// RM_ALLOC_MEMORY writes limit 0xFFFFFFFF and allocates nothing.
+    pub const NV01_MEMORY_LOCAL_PRIVILEGED: u32 = 0x3F;
     pub const NV01_MEMORY_LOCAL_USER: u32 = 0x40;
+    /// EGM (extended GPU memory, GH200).
+    pub const NV_MEMORY_EXTENDED_USER: u32 = 0x42;
     pub const NV01_MEMORY_VIRTUAL: u32 = 0x70;
     pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
     pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;
     pub const NV50_MEMORY_VIRTUAL: u32 = 0x50A0;
     pub const NV_MEMORY_FABRIC: u32 = 0xF8;
+    /// The other 0-byte memory classes of the ABI table (names from
+    /// `g_allclasses.h`): their memory is attached by controls, if any.
+    pub const NV_MEMORY_FABRIC_IMPORT_V2: u32 = 0xF9;
+    pub const NV_MEMORY_FABRIC_IMPORTED_REF: u32 = 0xFB;
+    pub const NV_MEMORY_MULTICAST_FABRIC: u32 = 0xFD;
+    pub const NV_MEMORY_EXPORT: u32 = 0xE0;
     pub const FERMI_VASPACE_A: u32 = 0x90F1;
     pub const KEPLER_CHANNEL_GROUP_A: u32 = 0xA06C;
     pub const FERMI_CONTEXT_SHARE_A: u32 = 0x9067;
@@ -334,9 +497,16 @@ pub mod status {
     pub const NV_ERR_INVALID_LIMIT: u32 = 0x2E;
     pub const NV_ERR_INVALID_OBJECT_HANDLE: u32 = 0x33;
     pub const NV_ERR_INVALID_OBJECT_PARENT: u32 = 0x36;
+    /// Not in the ABI file (`nvstatuscodes.h`): what the export/import
+    /// controls answer for a bad fd or params.
+    pub const NV_ERR_INVALID_PARAMETER: u32 = 0x3B;
     pub const NV_ERR_NO_MEMORY: u32 = 0x51;
     pub const NV_ERR_NOT_SUPPORTED: u32 = 0x56;
     pub const NV_ERR_OBJECT_NOT_FOUND: u32 = 0x57;
+    /// Not in the ABI file: index + numObjects past the export file's size.
+    pub const NV_ERR_OUT_OF_RANGE: u32 = 0x5B;
+    /// Not in the ABI file: the export file already holds objects.
+    pub const NV_ERR_STATE_IN_USE: u32 = 0x63;
     pub const NV_ERR_UVM_ADDRESS_IN_USE: u32 = 0x68;
 }
 
@@ -428,6 +598,11 @@ pub fn version_major(version: &str) -> Option<u32> {
 /// Little-endian field access on a parameter buffer. Out-of-range reads give 0
 /// and out-of-range writes are dropped; callers size their buffers first.
 pub mod le {
+    pub fn u16_at(b: &[u8], off: usize) -> u16 {
+        b.get(off..off + 2)
+            .map(|s| u16::from_le_bytes(s.try_into().expect("2 bytes")))
+            .unwrap_or(0)
+    }
     pub fn u32_at(b: &[u8], off: usize) -> u32 {
         b.get(off..off + 4)
             .map(|s| u32::from_le_bytes(s.try_into().expect("4 bytes")))

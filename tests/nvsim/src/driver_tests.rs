@@ -338,21 +338,19 @@ fn rounding_and_write_back() {
     );
     let (st, _, real) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, 2 * MIB);
     assert_eq!((st, real), (0, 2 * MIB), "exact multiple unchanged");
-    let (st, _, real) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xC2, 1);
-    assert_eq!((st, real), (0, 2 * MIB), "0xC2 is video memory too");
     let (st, _, real) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x3E, 5000);
     assert_eq!((st, real), (0, 8192), "host memory rounds to 4 KiB");
     let (st, _, real) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, 0);
     assert_eq!((st, real), (0x1F, 0), "size 0 is invalid and not written");
     let (st, _, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, u64::MAX);
     assert_eq!(st, 0x1F);
-    assert_eq!(d.gpu_used(1), 8 * MIB);
+    assert_eq!(d.gpu_used(1), 6 * MIB);
     assert_eq!(d.gpu_host(1), 8192);
     assert_eq!(d.gpu_used(0), 0);
     let pg = d.proc_gpu(PID, 1).unwrap();
     assert_eq!(
         (pg.bytes, pg.host_bytes, pg.allocs, pg.frees),
-        (8 * MIB, 8192, 4, 0)
+        (6 * MIB, 8192, 3, 0)
     );
     // the rest of the 128-byte struct is untouched
     let mut p = vec![0xABu8; 128];
@@ -368,7 +366,7 @@ fn rounding_and_write_back() {
     assert_eq!(st, 0);
     let (st, _, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0x40, MIB);
     assert_eq!(st, 0);
-    assert_eq!(d.gpu_used(1), 12 * MIB);
+    assert_eq!(d.gpu_used(1), 10 * MIB);
 }
 
 #[test]
@@ -771,28 +769,25 @@ fn rm_alloc_memory_on_nvidia_n() {
     assert_eq!(r32(&b, 40), 0);
     let h = r32(&b, 8);
     assert_ne!(h, 0);
-    assert_eq!(
-        r64(&b, 32),
-        12288 - 1,
-        "limit written back as rounded size - 1"
-    );
+    assert_eq!(r64(&b, 32), 10_000 - 1, "limit left as it was");
     assert_eq!(r32(&b, 48), 7, "fd untouched");
     assert_eq!(
         d.gpu_host(1),
-        12288,
-        "attributed to the GPU of the nvidiaN file"
+        10_000,
+        "limit + 1 bytes, attributed to the GPU of the nvidiaN file"
     );
     assert_eq!(d.gpu_host(0), 0);
-    assert_eq!(d.proc_gpu(PID, 1).unwrap().host_bytes, 12288);
-    // class 0x3E works too; 0x40 is not accepted here
+    assert_eq!(d.proc_gpu(PID, 1).unwrap().host_bytes, 10_000);
+    // class 0x3E works too, limit not written back; 0x50A0 is not accepted here
     w32(&mut b, 8, 0);
     w32(&mut b, 12, 0x3E);
     w64(&mut b, 32, 4095);
     call(&mut d, &m, GPU0_FH, PID, 0xC038_4627, &mut b).unwrap();
     assert_eq!(r32(&b, 40), 0);
+    assert_eq!(r64(&b, 32), 4095);
     assert_eq!(d.gpu_host(0), 4096);
     w32(&mut b, 8, 0);
-    w32(&mut b, 12, 0x40);
+    w32(&mut b, 12, 0x50A0);
     call(&mut d, &m, GPU0_FH, PID, 0xC038_4627, &mut b).unwrap();
     assert_eq!(r32(&b, 40), 0x22);
     // freed by RM_FREE on nvidiactl
@@ -800,14 +795,14 @@ fn rm_alloc_memory_on_nvidia_n() {
     assert_eq!(d.gpu_host(1), 0);
     let pg = d.proc_gpu(PID, 1).unwrap();
     assert_eq!((pg.host_bytes, pg.allocs, pg.frees), (0, 1, 1));
-    // class 0x71 via RM_ALLOC: 40-byte params, limit@24
+    // class 0x71 via RM_ALLOC: limit@24 + 1 bytes, as written (no rounding)
     let mut op = vec![0u8; 40];
     w64(&mut op, 16, 0x7000_0000);
-    w64(&mut op, 24, 8191);
+    w64(&mut op, 24, 8190);
     let opa = m.place(&op);
     let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x71, opa, 40);
     assert_eq!(st, 0);
-    assert_eq!(d.gpu_host(0), 4096 + 8192);
+    assert_eq!(d.gpu_host(0), 4096 + 8191);
 }
 
 #[test]
@@ -900,10 +895,11 @@ fn control_map_dup_share() {
     w32(&mut um, 24, 0xffff_ffff);
     call(&mut d, &m, CTL_FH, PID, 0xC020_464F, &mut um).unwrap();
     assert_eq!(r32(&um, 24), 0);
-    // DUP_OBJECT / SHARE: not supported, status in the last field
+    // DUP_OBJECT of nothing: no client 0; SHARE: not supported; the status
+    // is the last field
     let mut dup = vec![0u8; 28];
     call(&mut d, &m, CTL_FH, PID, 0xC01C_4634, &mut dup).unwrap();
-    assert_eq!(r32(&dup, 24), 0x56);
+    assert_eq!(r32(&dup, 24), 0x23);
     let mut sh = vec![0u8; 24];
     call(&mut d, &m, CTL_FH, PID, 0xC018_4635, &mut sh).unwrap();
     assert_eq!(r32(&sh, 20), 0x56);
