@@ -1065,3 +1065,1013 @@ fn state_json_schema() {
     assert_eq!(v["ioctls"]["total"], 4);
     assert_eq!(v["ioctls"]["failed"], 0);
 }
+
+// ----- memories shared between handles, processes and export files -------
+
+const PID_A: u32 = 100;
+const PID_B: u32 = 200;
+const B_CTL_FH: u64 = 30;
+const EXP_FH: u64 = 20;
+const EXP2_FH: u64 = 21;
+
+/// RM_CONTROL (NVOS54: hClient@0 hObject@4 cmd@8 flags@12 params@16
+/// paramsSize@24 status@28) with `params` placed in caller memory and the
+/// caller's descriptors resolved by `fds`. Returns (status, params after).
+#[allow(clippy::too_many_arguments)]
+fn control(
+    d: &mut Driver,
+    m: &FakeMem,
+    fh: u64,
+    pid: u32,
+    fds: &dyn FdResolver,
+    client: u32,
+    obj: u32,
+    cmd: u32,
+    params: &[u8],
+) -> (u32, Vec<u8>) {
+    let a = m.place(params);
+    let mut b = vec![0u8; 32];
+    w32(&mut b, 0, client);
+    w32(&mut b, 4, obj);
+    w32(&mut b, 8, cmd);
+    w64(&mut b, 16, a);
+    w32(&mut b, 24, params.len() as u32);
+    w32(&mut b, 28, 0xffff_ffff);
+    let out = d
+        .ioctl_fds(fh, kind(fh), pid, 0xC020_462A, 0, &b, 32, m, fds)
+        .expect("RM_CONTROL ioctl succeeds");
+    (r32(&out, 28), m.get(a))
+}
+
+/// EXPORT_OBJECT_TO_FD (24): type@0 (1 = RM) hDevice@4 hParent@8 hObject@12
+/// fd@16 flags@20.
+fn export1(dev: u32, obj: u32, fd: i32) -> Vec<u8> {
+    let mut p = vec![0u8; 24];
+    w32(&mut p, 0, 1);
+    w32(&mut p, 4, dev);
+    w32(&mut p, 12, obj);
+    w32(&mut p, 16, fd as u32);
+    p
+}
+
+/// IMPORT_OBJECT_FROM_FD (20): fd@0 type@4 hDevice@8 hParent@12 hObject@16.
+fn import1(fd: i32, parent: u32, new: u32) -> Vec<u8> {
+    let mut p = vec![0u8; 20];
+    w32(&mut p, 0, fd as u32);
+    w32(&mut p, 4, 1);
+    w32(&mut p, 12, parent);
+    w32(&mut p, 16, new);
+    p
+}
+
+/// EXPORT_OBJECTS_TO_FD (2128): fd@0 hDevice@4 maxObjects u16@8
+/// metadata[64]@10 objects[512]@76 numObjects u16@2124 index u16@2126.
+fn export_n(fd: i32, dev: u32, max: u16, objs: &[u32], index: u16) -> Vec<u8> {
+    let mut p = vec![0u8; 2128];
+    w32(&mut p, 0, fd as u32);
+    w32(&mut p, 4, dev);
+    p[8..10].copy_from_slice(&max.to_le_bytes());
+    p[10..74].fill(0x5a);
+    for (i, o) in objs.iter().enumerate() {
+        w32(&mut p, 76 + 4 * i, *o);
+    }
+    p[2124..2126].copy_from_slice(&(objs.len() as u16).to_le_bytes());
+    p[2126..2128].copy_from_slice(&index.to_le_bytes());
+    p
+}
+
+/// IMPORT_OBJECTS_FROM_FD (652): fd@0 hParent@4 objects[128]@8
+/// objectTypes[128] u8@520 numObjects u16@648 index u16@650.
+fn import_n(fd: i32, parent: u32, objs: &[u32], index: u16) -> Vec<u8> {
+    let mut p = vec![0u8; 652];
+    w32(&mut p, 0, fd as u32);
+    w32(&mut p, 4, parent);
+    for (i, o) in objs.iter().enumerate() {
+        w32(&mut p, 8 + 4 * i, *o);
+    }
+    p[520..648].fill(0xee);
+    p[648..650].copy_from_slice(&(objs.len() as u16).to_le_bytes());
+    p[650..652].copy_from_slice(&index.to_le_bytes());
+    p
+}
+
+/// RM_DUP_OBJECT (NVOS55, 28): hClient@0 hParent@4 hObject@8 hClientSrc@12
+/// hObjectSrc@16 flags@20 status@24. Returns (status, hObject after).
+#[allow(clippy::too_many_arguments)]
+fn dup(
+    d: &mut Driver,
+    m: &FakeMem,
+    fh: u64,
+    pid: u32,
+    client: u32,
+    parent: u32,
+    new: u32,
+    src_client: u32,
+    src_obj: u32,
+) -> (u32, u32) {
+    let mut b = vec![0u8; 28];
+    w32(&mut b, 0, client);
+    w32(&mut b, 4, parent);
+    w32(&mut b, 8, new);
+    w32(&mut b, 12, src_client);
+    w32(&mut b, 16, src_obj);
+    w32(&mut b, 24, 0xffff_ffff);
+    call(d, m, fh, pid, 0xC01C_4634, &mut b).unwrap();
+    (r32(&b, 24), r32(&b, 8))
+}
+
+/// A client and a device on `gpu` for `pid` on file `fh`.
+fn setup_on(d: &mut Driver, m: &FakeMem, fh: u64, pid: u32, gpu: u32) -> (u32, u32) {
+    d.open(fh, kind(fh));
+    let cl = client(d, m, fh, pid, 0);
+    let (st, dev) = device(d, m, fh, pid, cl, 0, gpu);
+    assert_eq!(st, 0);
+    (cl, dev)
+}
+
+fn fig(d: &Driver, pid: u32, gpu: u32) -> (u64, u64, u64, u64, u64) {
+    let p = d.proc_gpu(pid, gpu).unwrap_or_default();
+    (
+        p.bytes,
+        p.peak_bytes,
+        p.driver_video_bytes,
+        p.allocs,
+        p.frees,
+    )
+}
+
+#[test]
+fn alloc_memory_of_video_classes_allocates_nothing() {
+    let m = FakeMem::new();
+    let mut d = drv(2, 80 * GIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 1);
+    // NVOS02 + fd: hRoot@0 hObjectParent@4 hObjectNew@8 hClass@12 limit@32
+    // status@40 fd@48
+    let mut b = vec![0u8; 56];
+    w32(&mut b, 0, cl);
+    w32(&mut b, 4, dev);
+    w32(&mut b, 12, 0x40);
+    w64(&mut b, 32, 4095);
+    w32(&mut b, 40, 0xffff_ffff);
+    call(&mut d, &m, GPU1_FH, PID, 0xC038_4627, &mut b).unwrap();
+    assert_eq!(r32(&b, 40), 0);
+    let h = r32(&b, 8);
+    assert_eq!(d.object_class(cl, h), Some(0x40), "a 0-byte object exists");
+    assert_eq!(
+        r64(&b, 32),
+        80 * GIB - 1,
+        "limit = the whole heap of that GPU - 1"
+    );
+    assert_eq!((d.gpu_used(1), d.gpu_host(1)), (0, 0));
+    assert_eq!(d.proc_gpu(PID, 1), None, "no figure moved: no entry");
+    // 0x3F: limit 0xFFFFFFFF, nothing allocated
+    w32(&mut b, 8, 0);
+    w32(&mut b, 12, 0x3F);
+    w64(&mut b, 32, 0);
+    call(&mut d, &m, GPU0_FH, PID, 0xC038_4627, &mut b).unwrap();
+    assert_eq!((r32(&b, 40), r64(&b, 32)), (0, 0xFFFF_FFFF));
+    assert_eq!(d.gpu_used(0), 0);
+    assert_eq!(d.memory_count(), 2);
+    // the objects can be mapped and freed like any memory
+    assert_eq!(free(&mut d, &m, CTL_FH, cl, dev, h), 0);
+    assert_eq!(d.memory_count(), 1);
+    assert_eq!(d.proc_gpu(PID, 1), None);
+}
+
+/// NVOS32 ALLOC_SIZE (function 2): hRoot@0 hObjectParent@4 function@8
+/// status@20 hMemory@44 flags@52 attr@56 size@88 attr2@144.
+fn vid_heap_alloc(flags: u32, attr: u32, attr2: u32, size: u64, cl: u32, dev: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 184];
+    w32(&mut b, 0, cl);
+    w32(&mut b, 4, dev);
+    w32(&mut b, 8, 2);
+    w32(&mut b, 20, 0xffff_ffff);
+    w32(&mut b, 52, flags);
+    w32(&mut b, 56, attr);
+    w64(&mut b, 88, size);
+    w32(&mut b, 144, attr2);
+    b
+}
+
+#[test]
+fn vid_heap_classifies_like_the_driver() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let run = |d: &mut Driver, b: &mut Vec<u8>| {
+        call(d, &m, CTL_FH, PID, 0xC0B8_464A, b).unwrap();
+        assert_eq!(r32(b, 20), 0);
+        r32(b, 44)
+    };
+    // flags & 0x80000 (VIRTUAL) wins over everything: 0x50A0, 0 bytes
+    let mut b = vid_heap_alloc(0x80000, 1 << 25, 1 << 24, 3 * MIB, cl, dev);
+    let h = run(&mut d, &mut b);
+    assert_eq!(d.object_class(cl, h), Some(0x50A0));
+    assert_eq!((d.gpu_used(0), d.gpu_host(0), d.gpu_egm(0)), (0, 0, 0));
+    // attr2 bit 24 (USE_EGM, 550+): EGM, rounded like video
+    let mut b = vid_heap_alloc(0, 0, 1 << 24, 3 * MIB, cl, dev);
+    let h = run(&mut d, &mut b);
+    assert_eq!(d.object_class(cl, h), Some(0x42));
+    assert_eq!(r64(&b, 88), 4 * MIB, "size@88 written back");
+    assert_eq!((d.gpu_used(0), d.gpu_egm(0)), (0, 4 * MIB));
+    // attr bits 26:25 == 0: video
+    let mut b = vid_heap_alloc(0, 0xF9FF_FFFF, 0, 3 * MIB, cl, dev);
+    let h = run(&mut d, &mut b);
+    assert_eq!(d.object_class(cl, h), Some(0x40));
+    assert_eq!(d.gpu_used(0), 4 * MIB);
+    // any other location: host 0x3E, rounded to 4 KiB
+    for loc in [1u32, 2, 3] {
+        let mut b = vid_heap_alloc(0, loc << 25, 0, 5000, cl, dev);
+        let h = run(&mut d, &mut b);
+        assert_eq!(d.object_class(cl, h), Some(0x3E));
+        assert_eq!(r64(&b, 88), 8192);
+    }
+    assert_eq!((d.gpu_used(0), d.gpu_host(0)), (4 * MIB, 3 * 8192));
+    let pg = d.proc_gpu(PID, 0).unwrap();
+    assert_eq!(
+        (pg.bytes, pg.host_bytes, pg.egm_bytes, pg.allocs),
+        (4 * MIB, 3 * 8192, 4 * MIB, 5),
+        "the virtual range is not an allocation"
+    );
+    // ALLOC_SIZE_RANGE (14): size@80; the EGM bit is not looked at
+    let mut b = vid_heap_alloc(0, 0, 1 << 24, 0, cl, dev);
+    w32(&mut b, 8, 14);
+    w64(&mut b, 80, MIB + 1);
+    let h = run(&mut d, &mut b);
+    assert_eq!(d.object_class(cl, h), Some(0x40));
+    assert_eq!(r64(&b, 80), 2 * MIB, "size@80 written back");
+    assert_eq!(r64(&b, 88), 0, "size@88 untouched");
+    let mut b = vid_heap_alloc(0, 2 << 25, 0, 0, cl, dev);
+    w32(&mut b, 8, 14);
+    w64(&mut b, 80, 100);
+    let h = run(&mut d, &mut b);
+    assert_eq!(d.object_class(cl, h), Some(0x3E));
+    let mut b = vid_heap_alloc(0x80000, 0, 0, 0, cl, dev);
+    w32(&mut b, 8, 14);
+    w64(&mut b, 80, MIB);
+    let h = run(&mut d, &mut b);
+    assert_eq!(d.object_class(cl, h), Some(0x50A0));
+    // ALLOC_OS_DESCRIPTOR (27): hMemory@40 (out), limit@72: host, limit + 1
+    let mut b = vec![0u8; 184];
+    w32(&mut b, 0, cl);
+    w32(&mut b, 4, dev);
+    w32(&mut b, 8, 27);
+    w32(&mut b, 20, 0xffff_ffff);
+    w64(&mut b, 72, 9999);
+    call(&mut d, &m, CTL_FH, PID, 0xC0B8_464A, &mut b).unwrap();
+    assert_eq!(r32(&b, 20), 0);
+    let h = r32(&b, 40);
+    assert_eq!(d.object_class(cl, h), Some(0x71));
+    assert_eq!(r64(&b, 72), 9999, "limit untouched");
+    assert_eq!(d.gpu_used(0), 6 * MIB);
+    assert_eq!(d.gpu_host(0), 3 * 8192 + 4096 + 10_000);
+    // before 550 the EGM bit means nothing: video
+    let mut d = drv(1, 80 * GIB, "535.104");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let mut b = vid_heap_alloc(0, 0, 1 << 24, MIB, cl, dev);
+    call(&mut d, &m, CTL_FH, PID, 0xC0B8_464A, &mut b).unwrap();
+    assert_eq!(r32(&b, 20), 0);
+    assert_eq!(d.object_class(cl, r32(&b, 44)), Some(0x40));
+    assert_eq!((d.gpu_used(0), d.gpu_egm(0)), (2 * MIB, 0));
+    // unknown function: NV_ERR_NOT_SUPPORTED
+    w32(&mut b, 8, 99);
+    call(&mut d, &m, CTL_FH, PID, 0xC0B8_464A, &mut b).unwrap();
+    assert_eq!(r32(&b, 20), 0x56);
+}
+
+#[test]
+fn zero_byte_classes_and_egm() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let (_, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x2080, 0, 0);
+    // 0xC2: 24-byte params, memSize@0 written with the whole heap
+    let mut p = vec![0u8; 24];
+    w64(&mut p, 0, 7);
+    w64(&mut p, 8, 0x1234);
+    w64(&mut p, 16, 0x5678);
+    let a = m.place(&p);
+    let (st, h) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xC2, a, 24);
+    assert_eq!(st, 0);
+    let back = m.get(a);
+    assert_eq!(r64(&back, 0), 80 * GIB, "memSize = the whole heap");
+    assert_eq!((r64(&back, 8), r64(&back, 16)), (0x1234, 0x5678));
+    assert_eq!(d.object_class(cl, h), Some(0xC2));
+    let short = m.place(&[0u8; 23]);
+    let mut b = nvos21(cl, dev, 0, 0xC2, short, 24);
+    assert_eq!(
+        call(&mut d, &m, CTL_FH, PID, 0xC020_462B, &mut b),
+        Err(libc::EFAULT),
+        "0xC2 reads 24 bytes"
+    );
+    // 0xF8: 48 bytes, allocSize@8; only under a subdevice
+    let mut p = vec![0u8; 48];
+    w64(&mut p, 8, 64 * MIB);
+    let a = m.place(&p);
+    let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xF8, a, 48);
+    assert_eq!(
+        st, 0x36,
+        "fabric under a device: NV_ERR_INVALID_OBJECT_PARENT"
+    );
+    let (st, h) = alloc21(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0xF8, a, 48);
+    assert_eq!(st, 0);
+    assert_eq!(d.object_class(cl, h), Some(0xF8));
+    let short = m.place(&[0u8; 47]);
+    let mut b = nvos21(cl, sub, 0, 0xF8, short, 48);
+    assert_eq!(
+        call(&mut d, &m, CTL_FH, PID, 0xC020_462B, &mut b),
+        Err(libc::EFAULT)
+    );
+    // 0xFD from 550 on: 80 bytes (allocSize@48)
+    let mut p = vec![0u8; 80];
+    w64(&mut p, 48, 32 * MIB);
+    let a = m.place(&p);
+    let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xFD, a, 80);
+    assert_eq!(st, 0);
+    let short = m.place(&[0u8; 79]);
+    let mut b = nvos21(cl, dev, 0, 0xFD, short, 80);
+    assert_eq!(
+        call(&mut d, &m, CTL_FH, PID, 0xC020_462B, &mut b),
+        Err(libc::EFAULT),
+        "80 bytes read from 550 on"
+    );
+    // 0xF9, 0xFB, 0xE0, 0x50A0, 0x70: no params needed
+    for c in [0xF9u32, 0xFB, 0xE0, 0x50A0, 0x70] {
+        let (st, h) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, c, 0, 0);
+        assert_eq!(st, 0, "class {c:#x}");
+        assert_eq!(d.object_class(cl, h), Some(c));
+    }
+    assert_eq!((d.gpu_used(0), d.gpu_host(0), d.gpu_egm(0)), (0, 0, 0));
+    assert_eq!(d.proc_gpu(PID, 0), None, "no bytes, no entry");
+    assert_eq!(d.memory_count(), 8);
+    // 0x42 EGM: NV_MEMORY_ALLOCATION_PARAMS, size@64 rounded like video
+    let (st, eh, real) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x42, 3 * MIB);
+    assert_eq!((st, real), (0, 4 * MIB));
+    assert_eq!((d.gpu_used(0), d.gpu_egm(0)), (0, 4 * MIB));
+    let pg = d.proc_gpu(PID, 0).unwrap();
+    assert_eq!(
+        (pg.bytes, pg.egm_bytes, pg.driver_video_bytes, pg.allocs),
+        (0, 4 * MIB, 0, 1),
+        "EGM is its own kind, not in the driver figure"
+    );
+    assert_eq!(free(&mut d, &m, CTL_FH, cl, dev, eh), 0);
+    let pg = d.proc_gpu(PID, 0).unwrap();
+    assert_eq!((pg.egm_bytes, pg.frees), (0, 1));
+    // before 550, 0xFD reads 40 bytes (allocSize@8)
+    let mut d = drv(1, 80 * GIB, "535.104");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let a = m.place(&[0u8; 40]);
+    let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xFD, a, 40);
+    assert_eq!(st, 0, "40 bytes are enough before 550");
+}
+
+#[test]
+fn dup_takes_a_reference_and_the_charge_moves() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    // A's client on one file; a forked child C allocates through it
+    let child = 300;
+    let (cl, dev) = setup_on(&mut d, &m, CTL_FH, PID_A, 0);
+    let (st, mh, _) = memalloc(&mut d, &m, CTL_FH, child, cl, dev, 0, 0x40, 6 * MIB);
+    assert_eq!(st, 0);
+    // A dups it into a second client of its own, on another file
+    let (cl2, dev2) = setup_on(&mut d, &m, 40, PID_A, 0);
+    let (st, dh) = dup(&mut d, &m, 40, PID_A, cl2, dev2, 0x7700, cl, mh);
+    assert_eq!((st, dh), (0, 0x7700), "hObject@8 kept");
+    assert_eq!(d.object_class(cl2, dh), Some(0x40));
+    assert_eq!(d.gpu_used(0), 6 * MIB, "a reference, no new bytes");
+    assert_eq!(d.memory_count(), 1);
+    assert_eq!(fig(&d, child, 0), (6 * MIB, 6 * MIB, 0, 1, 0));
+    assert_eq!(
+        fig(&d, PID_A, 0),
+        (0, 0, 6 * MIB, 0, 0),
+        "driver figure: A's client"
+    );
+    // the child's handle goes: the charge moves to A (the dup's creator)
+    let mut b = vec![0u8; 16];
+    w32(&mut b, 0, cl);
+    w32(&mut b, 8, mh);
+    call(&mut d, &m, CTL_FH, child, 0xC010_4629, &mut b).unwrap();
+    assert_eq!(r32(&b, 12), 0);
+    assert_eq!(d.gpu_used(0), 6 * MIB, "memory stays");
+    assert_eq!(fig(&d, child, 0), (0, 6 * MIB, 0, 1, 0), "not a free");
+    assert_eq!(
+        fig(&d, PID_A, 0),
+        (6 * MIB, 6 * MIB, 6 * MIB, 0, 0),
+        "not an allocation; the peak rises"
+    );
+    // the dup goes: the memory is freed, from A
+    assert_eq!(free(&mut d, &m, 40, cl2, dev2, dh), 0);
+    assert_eq!(d.gpu_used(0), 0);
+    assert_eq!(fig(&d, PID_A, 0), (0, 6 * MIB, 0, 0, 1));
+    assert_eq!(d.memory_count(), 0);
+    // a dup picked by the driver (hObject 0) is written back; duplicate
+    // handles and wrong parents are refused
+    let (_, mh, _) = memalloc(&mut d, &m, CTL_FH, PID_A, cl, dev, 0, 0x40, 2 * MIB);
+    let (st, h) = dup(&mut d, &m, CTL_FH, PID_A, cl, dev, 0, cl, mh);
+    assert_eq!(st, 0);
+    assert_ne!(h, 0);
+    let (st, _) = dup(&mut d, &m, CTL_FH, PID_A, cl, dev, h, cl, mh);
+    assert_eq!(st, 0x19);
+    let (st, _) = dup(&mut d, &m, CTL_FH, PID_A, cl, cl, 0, cl, mh);
+    assert_eq!(st, 0x36, "memory needs a device on its GPU");
+    let (st, _) = dup(&mut d, &m, CTL_FH, PID_A, cl, dev, 0, cl, 0x9999);
+    assert_eq!(st, 0x57, "unknown source object");
+    let (st, _) = dup(&mut d, &m, CTL_FH, PID_A, cl2, dev2, 0, cl, mh);
+    assert_eq!(st, 0x23, "destination client of another open file");
+    // non-memory objects are duplicated as plain objects
+    let (st, dd) = dup(&mut d, &m, 40, PID_A, cl2, cl2, 0, cl, dev);
+    assert_eq!(st, 0);
+    assert_eq!(d.object_class(cl2, dd), Some(0x80));
+    let (st, _, _) = memalloc(&mut d, &m, 40, PID_A, cl2, dd, 0, 0x40, 2 * MIB);
+    assert_eq!(st, 0, "the dup'd device is a device on the same GPU");
+    assert_eq!(d.gpu_used(0), 4 * MIB);
+}
+
+#[test]
+fn dup_is_refused_across_processes() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (ca, deva) = setup_on(&mut d, &m, CTL_FH, PID_A, 0);
+    let (_, mh, _) = memalloc(&mut d, &m, CTL_FH, PID_A, ca, deva, 0, 0x40, 2 * MIB);
+    let (cb, devb) = setup_on(&mut d, &m, B_CTL_FH, PID_B, 0);
+    let (st, _) = dup(&mut d, &m, B_CTL_FH, PID_B, cb, devb, 0x55, ca, mh);
+    assert_eq!(st, 0x23, "source client of another process");
+    assert_eq!(d.object_class(cb, 0x55), None);
+    // even through the same open file (a forked child): the pid decides
+    let (st, _) = dup(&mut d, &m, CTL_FH, PID_B, ca, deva, 0x56, ca, mh);
+    assert_eq!(st, 0x23);
+    assert_eq!(d.state().memories[0].handles, 1);
+    assert_eq!(d.state().ioctls.failed, 2);
+}
+
+#[test]
+fn export_and_import_between_two_processes() {
+    let m = FakeMem::new();
+    let mut d = drv(2, 80 * GIB, "580.159");
+    let (ca, deva) = setup_on(&mut d, &m, CTL_FH, PID_A, 1);
+    let (_, m1, _) = memalloc(&mut d, &m, CTL_FH, PID_A, ca, deva, 0, 0x40, 8 * MIB);
+    let (_, m2, _) = memalloc(&mut d, &m, CTL_FH, PID_A, ca, deva, 0, 0x3E, 8192);
+    let (cb, devb) = setup_on(&mut d, &m, B_CTL_FH, PID_B, 1);
+    d.open(EXP_FH, FileKind::Ctl);
+    d.open(EXP2_FH, FileKind::Ctl);
+    d.open(GPU0_FH, FileKind::Gpu(0));
+    // fd numbers mean different files in A and B
+    let fds_a: BTreeMap<i32, u64> = [(5, EXP_FH), (6, EXP2_FH), (7, GPU0_FH)].into();
+    let fds_b: BTreeMap<i32, u64> = [(9, EXP_FH), (11, EXP2_FH)].into();
+    let exp = |d: &mut Driver, p: &[u8]| control(d, &m, CTL_FH, PID_A, &fds_a, ca, ca, 0x3d05, p).0;
+    // bad requests first: nothing changes
+    assert_eq!(
+        exp(&mut d, &export1(deva, m1, 8)),
+        0x3B,
+        "fd not resolvable"
+    );
+    assert_eq!(exp(&mut d, &export1(deva, m1, 7)), 0x3B, "fd not nvidiactl");
+    assert_eq!(exp(&mut d, &export1(deva, m1, -1)), 0x3B);
+    let mut p = export1(deva, m1, 5);
+    w32(&mut p, 20, 1);
+    assert_eq!(exp(&mut d, &p), 0x3B, "EMPTY_FD flag");
+    let mut p = export1(deva, m1, 5);
+    w32(&mut p, 0, 0);
+    assert_eq!(exp(&mut d, &p), 0x3B, "type NONE");
+    assert_eq!(exp(&mut d, &export1(deva, 0x4444, 5)), 0x57);
+    assert_eq!(exp(&mut d, &export1(deva, deva, 5)), 0x56, "not a memory");
+    let (st, _) = control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds_a,
+        ca,
+        deva,
+        0x3d05,
+        &export1(deva, m1, 5),
+    );
+    assert_eq!(st, 0x56, "a class-0000 control on a device");
+    let (st, _) = control(
+        &mut d, &m, CTL_FH, PID_A, &fds_a, ca, ca, 0x3d05, &[0u8; 20],
+    );
+    assert_eq!(st, 0x1F, "paramsSize must be 24");
+    assert_eq!(
+        d.state()
+            .memories
+            .iter()
+            .map(|x| x.export_refs)
+            .sum::<u64>(),
+        0
+    );
+    // A exports m1 to the file of its fd 5
+    assert_eq!(exp(&mut d, &export1(deva, m1, 5)), 0);
+    assert_eq!(
+        exp(&mut d, &export1(deva, m2, 5)),
+        0x63,
+        "already an export file"
+    );
+    // B imports it through its fd 9 (the same open file)
+    let (st, p) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d06,
+        &import1(9, devb, 0),
+    );
+    assert_eq!(st, 0);
+    let ib = r32(&p, 16);
+    assert_ne!(ib, 0, "hObject@16 written back");
+    assert_eq!(d.object_class(cb, ib), Some(0x40));
+    assert_eq!(d.gpu_used(1), 8 * MIB, "no new bytes");
+    assert_eq!(fig(&d, PID_A, 1), (8 * MIB, 8 * MIB, 8 * MIB, 2, 0));
+    assert_eq!(fig(&d, PID_B, 1), (0, 0, 0, 0, 0), "B has no entry yet");
+    assert_eq!(d.proc_gpu(PID_B, 1), None);
+    // a chosen handle; a wrong type; fd of a file without a table
+    let (st, p) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d06,
+        &import1(9, devb, 0x4242),
+    );
+    assert_eq!((st, r32(&p, 16)), (0, 0x4242));
+    let mut p = import1(9, devb, 0);
+    w32(&mut p, 4, 2);
+    let (st, _) = control(&mut d, &m, B_CTL_FH, PID_B, &fds_b, cb, cb, 0x3d06, &p);
+    assert_eq!(st, 0x3B);
+    let (st, _) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d06,
+        &import1(11, devb, 0),
+    );
+    assert_eq!(st, 0x3B, "no table on that file yet");
+    // batch export of [m2, 0, m1] at index 1 of a 4-slot table on EXP2
+    let (st, _) = control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds_a,
+        ca,
+        ca,
+        0x3d0b,
+        &export_n(6, deva, 4, &[m2, m1], 3),
+    );
+    assert_eq!(
+        st, 0x5B,
+        "index + numObjects > maxObjects: NV_ERR_OUT_OF_RANGE"
+    );
+    let (st, _) = control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds_a,
+        ca,
+        ca,
+        0x3d0b,
+        &export_n(6, 0, 4, &[m2], 0),
+    );
+    assert_eq!(st, 0x3B, "hDevice 0: objects of a device do not match");
+    let (st, _) = control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds_a,
+        ca,
+        ca,
+        0x3d0b,
+        &export_n(6, deva, 4, &[m2, 0, m1], 1),
+    );
+    assert_eq!(st, 0);
+    // B imports slots 0..4: 0 and 2 are empty
+    let (st, p) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d0c,
+        &import_n(11, devb, &[0, 0, 0x5000, 0], 0),
+    );
+    assert_eq!(st, 0);
+    let types: Vec<u8> = p[520..524].to_vec();
+    assert_eq!(
+        types,
+        vec![0, 2, 0, 1],
+        "objectTypes: none, sysmem, none, vidmem"
+    );
+    assert_eq!(p[524], 0xee, "the rest untouched");
+    let (o0, o1, o2, o3) = (r32(&p, 8), r32(&p, 12), r32(&p, 16), r32(&p, 20));
+    assert_eq!((o0, o2), (0, 0x5000), "empty slots leave objects[i] alone");
+    assert_eq!(d.object_class(cb, o1), Some(0x3E));
+    assert_eq!(d.object_class(cb, o3), Some(0x40));
+    assert_eq!(d.object_class(cb, 0x5000), None);
+    let (st, _) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d0c,
+        &import_n(11, devb, &[0, 0], 3),
+    );
+    assert_eq!(st, 0x5B);
+    // a failing batch imports nothing
+    let before = d.client_objects(cb);
+    let (st, _) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d0c,
+        &import_n(11, devb, &[0, o1, 0, 0], 0),
+    );
+    assert_eq!(st, 0x19, "objects[1] is taken");
+    assert_eq!(d.client_objects(cb), before);
+    // the import into a device of another GPU is refused
+    let (_, dev0) = device(&mut d, &m, B_CTL_FH, PID_B, cb, 0, 0);
+    let (st, _) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds_b,
+        cb,
+        cb,
+        0x3d06,
+        &import1(9, dev0, 0),
+    );
+    assert_eq!(st, 0x36);
+    // overwriting a slot drops its reference: [m1] at 1 replaces m2
+    let (st, _) = control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds_a,
+        ca,
+        ca,
+        0x3d0b,
+        &export_n(6, 0, 0, &[m1], 1),
+    );
+    assert_eq!(st, 0);
+    let s = d.state();
+    assert_eq!(
+        s.memories
+            .iter()
+            .map(|x| (x.handles, x.export_refs))
+            .collect::<Vec<_>>(),
+        vec![(4, 3), (2, 0)],
+        "m1: A's + 3 imports, EXP slot 0 + EXP2 slots 1 and 3; m2: A's + 1 import"
+    );
+    assert_eq!(d.gpu_used(1), 8 * MIB);
+    assert_eq!(d.gpu_host(1), 8192);
+}
+
+#[test]
+fn export_reference_outlives_the_exporters_free() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (ca, deva) = setup_on(&mut d, &m, CTL_FH, PID_A, 0);
+    let (cb, devb) = setup_on(&mut d, &m, B_CTL_FH, PID_B, 0);
+    d.open(EXP_FH, FileKind::Ctl);
+    let fds: BTreeMap<i32, u64> = [(3, EXP_FH)].into();
+    let (_, mh, _) = memalloc(&mut d, &m, CTL_FH, PID_A, ca, deva, 0, 0x40, 10 * MIB);
+    let (st, _) = control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds,
+        ca,
+        ca,
+        0x3d05,
+        &export1(0, mh, 3),
+    );
+    assert_eq!(st, 0);
+    // A frees its only handle: the export keeps the memory, the charge stays
+    assert_eq!(free(&mut d, &m, CTL_FH, ca, deva, mh), 0);
+    assert_eq!(d.gpu_used(0), 10 * MIB);
+    assert_eq!(
+        fig(&d, PID_A, 0),
+        (10 * MIB, 10 * MIB, 0, 1, 0),
+        "still charged to A, in nobody's driver figure"
+    );
+    // B imports it: B's handle is now the oldest and takes the charge
+    let (st, p) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds,
+        cb,
+        cb,
+        0x3d06,
+        &import1(3, devb, 0),
+    );
+    assert_eq!(st, 0);
+    let ib = r32(&p, 16);
+    assert_eq!(fig(&d, PID_A, 0), (0, 10 * MIB, 0, 1, 0));
+    assert_eq!(fig(&d, PID_B, 0), (10 * MIB, 10 * MIB, 10 * MIB, 0, 0));
+    // the export file goes: B's handle keeps it
+    d.release(EXP_FH);
+    assert_eq!(d.gpu_used(0), 10 * MIB);
+    // B frees: gone, the free is B's
+    let mut b = vec![0u8; 16];
+    w32(&mut b, 0, cb);
+    w32(&mut b, 8, ib);
+    call(&mut d, &m, B_CTL_FH, PID_B, 0xC010_4629, &mut b).unwrap();
+    assert_eq!(d.gpu_used(0), 0);
+    assert_eq!(fig(&d, PID_B, 0), (0, 10 * MIB, 0, 0, 1));
+    assert_eq!(fig(&d, PID_A, 0), (0, 10 * MIB, 0, 1, 0));
+    // when nobody imports, the release of the export file frees it from A
+    d.open(EXP_FH, FileKind::Ctl);
+    let (_, mh, _) = memalloc(&mut d, &m, CTL_FH, PID_A, ca, deva, 0, 0x40, 2 * MIB);
+    control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds,
+        ca,
+        ca,
+        0x3d05,
+        &export1(0, mh, 3),
+    );
+    free(&mut d, &m, CTL_FH, ca, deva, mh);
+    assert_eq!(d.gpu_used(0), 2 * MIB);
+    d.release(EXP_FH);
+    assert_eq!(d.gpu_used(0), 0);
+    assert_eq!(fig(&d, PID_A, 0), (0, 10 * MIB, 0, 2, 1));
+    assert_eq!(d.memory_count(), 0);
+}
+
+#[test]
+fn subdevice_free_tears_down_the_memory_under_it() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let (_, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x2080, 0, 0);
+    let (_, a, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0x40, 4 * MIB);
+    memalloc(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0x3E, 4096);
+    let fp = m.place(&[0u8; 48]);
+    alloc21(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0xF8, fp, 48);
+    memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, 2 * MIB);
+    // a dup of the subdevice's memory elsewhere keeps that one alive
+    let (st, keep) = dup(&mut d, &m, CTL_FH, PID, cl, dev, 0, cl, a);
+    assert_eq!(st, 0);
+    assert_eq!(d.gpu_used(0), 6 * MIB);
+    assert_eq!(free(&mut d, &m, CTL_FH, cl, dev, sub), 0);
+    assert_eq!(d.object_class(cl, sub), None);
+    assert_eq!(d.object_class(cl, a), None);
+    assert_eq!(d.gpu_used(0), 6 * MIB, "the dup keeps the 4 MiB");
+    assert_eq!(d.gpu_host(0), 0);
+    let pg = d.proc_gpu(PID, 0).unwrap();
+    assert_eq!(
+        (pg.bytes, pg.host_bytes, pg.allocs, pg.frees),
+        (6 * MIB, 0, 3, 1)
+    );
+    assert_eq!(free(&mut d, &m, CTL_FH, cl, dev, keep), 0);
+    assert_eq!(d.gpu_used(0), 2 * MIB);
+    assert_eq!(d.memory_count(), 1);
+}
+
+#[test]
+fn file_release_moves_the_charges_of_shared_memories() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (ca, deva) = setup_on(&mut d, &m, CTL_FH, PID_A, 0);
+    let (ca2, deva2) = setup_on(&mut d, &m, CTL_FH, PID_A, 0);
+    let (cb, devb) = setup_on(&mut d, &m, B_CTL_FH, PID_B, 0);
+    d.open(EXP_FH, FileKind::Ctl);
+    let fds: BTreeMap<i32, u64> = [(3, EXP_FH)].into();
+    let (_, mh, _) = memalloc(&mut d, &m, CTL_FH, PID_A, ca, deva, 0, 0x40, 4 * MIB);
+    // A's second client (same file) dups it; B imports it later
+    let (st, _) = dup(&mut d, &m, CTL_FH, PID_A, ca2, deva2, 0, ca, mh);
+    assert_eq!(st, 0);
+    control(
+        &mut d,
+        &m,
+        CTL_FH,
+        PID_A,
+        &fds,
+        ca,
+        ca,
+        0x3d05,
+        &export1(deva, mh, 3),
+    );
+    let (st, _) = control(
+        &mut d,
+        &m,
+        B_CTL_FH,
+        PID_B,
+        &fds,
+        cb,
+        cb,
+        0x3d06,
+        &import1(3, devb, 0),
+    );
+    assert_eq!(st, 0);
+    d.release(EXP_FH);
+    // an unrelated 8 MiB of B's so that a transient state would show in B's peak
+    memalloc(&mut d, &m, B_CTL_FH, PID_B, cb, devb, 0, 0x40, 8 * MIB);
+    assert_eq!(fig(&d, PID_B, 0), (8 * MIB, 8 * MIB, 8 * MIB, 1, 0));
+    // A's file goes: both of A's handles go at once, then the charge moves
+    // to B's (the oldest survivor), not to A's dup on the way
+    d.release(CTL_FH);
+    assert!(!d.has_client(ca) && !d.has_client(ca2));
+    assert_eq!(d.gpu_used(0), 12 * MIB);
+    assert_eq!(fig(&d, PID_A, 0), (0, 4 * MIB, 0, 1, 0), "not a free");
+    assert_eq!(fig(&d, PID_B, 0), (12 * MIB, 12 * MIB, 12 * MIB, 1, 0));
+    d.release(B_CTL_FH);
+    assert_eq!(d.gpu_used(0), 0);
+    assert_eq!(fig(&d, PID_B, 0), (0, 12 * MIB, 0, 1, 2));
+}
+
+#[test]
+fn driver_figure_and_caller_figure_for_a_forked_child() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let parent = 500;
+    let child = 501;
+    let (cl, dev) = setup_on(&mut d, &m, CTL_FH, parent, 0);
+    memalloc(&mut d, &m, CTL_FH, parent, cl, dev, 0, 0x40, 2 * MIB);
+    memalloc(&mut d, &m, CTL_FH, child, cl, dev, 0, 0x40, 6 * MIB);
+    memalloc(&mut d, &m, CTL_FH, child, cl, dev, 0, 0x3E, 4096);
+    // per-caller: who allocated; driver: who created the client
+    assert_eq!(fig(&d, child, 0), (6 * MIB, 6 * MIB, 0, 2, 0));
+    assert_eq!(fig(&d, parent, 0), (2 * MIB, 2 * MIB, 8 * MIB, 1, 0));
+    assert_eq!(d.proc_gpu(child, 0).unwrap().host_bytes, 4096);
+    let s = d.state();
+    let by_pid: BTreeMap<u32, (u64, u64)> = s
+        .processes
+        .iter()
+        .map(|p| (p.pid, (p.gpus[0].bytes, p.gpus[0].driver_video_bytes)))
+        .collect();
+    assert_eq!(by_pid[&parent], (2 * MIB, 8 * MIB));
+    assert_eq!(by_pid[&child], (6 * MIB, 0));
+    assert_eq!(s.memories.len(), 3);
+    assert_eq!(s.memories[1].charged_pid, child);
+    assert_eq!(s.memories[1].driver_pid, Some(parent));
+    assert_eq!(s.memories[2].driver_pid, None, "host memory");
+    d.release(CTL_FH);
+    assert_eq!(fig(&d, child, 0), (0, 6 * MIB, 0, 2, 2));
+    assert_eq!(fig(&d, parent, 0), (0, 2 * MIB, 0, 1, 1));
+}
+
+#[test]
+fn startup_escapes_answer_success_and_allocate_nothing() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let total = d.state().ioctls.total;
+    // ALLOC_OS_EVENT 206 / FREE_OS_EVENT 207 (16): hClient@0 hDevice@4 fd@8 status@12
+    for nr in [206u32, 207] {
+        for fh in [CTL_FH, GPU0_FH] {
+            let mut b = vec![0u8; 16];
+            w32(&mut b, 0, cl);
+            w32(&mut b, 4, dev);
+            w32(&mut b, 8, 7);
+            w32(&mut b, 12, 0xffff_ffff);
+            call(&mut d, &m, fh, PID, iowr(nr, 16), &mut b).unwrap();
+            assert_eq!((r32(&b, 0), r32(&b, 8), r32(&b, 12)), (cl, 7, 0));
+        }
+        let mut b = vec![0u8; 12];
+        assert_eq!(
+            call(&mut d, &m, CTL_FH, PID, iowr(nr, 12), &mut b),
+            Err(libc::EINVAL)
+        );
+    }
+    // SYS_PARAMS 214 (8): an input, left alone
+    let mut b = 0x1234_5678u64.to_le_bytes().to_vec();
+    call(&mut d, &m, CTL_FH, PID, iowr(214, 8), &mut b).unwrap();
+    assert_eq!(r64(&b, 0), 0x1234_5678);
+    // NUMA_INFO 215: any size, zero-filled
+    for n in [8usize, 64, 1200] {
+        let mut b = vec![0xffu8; n];
+        call(&mut d, &m, GPU0_FH, PID, iowr(215, n as u32), &mut b).unwrap();
+        assert!(b.iter().all(|&x| x == 0), "{n} bytes");
+    }
+    // WAIT_OPEN_COMPLETE 218 (8, 550+): rc@0 adapterStatus@4
+    let mut b = vec![0xffu8; 8];
+    call(&mut d, &m, GPU0_FH, PID, iowr(218, 8), &mut b).unwrap();
+    assert_eq!((r32(&b, 0), r32(&b, 4)), (0, 0));
+    // RM_UPDATE_DEVICE_MAPPING_INFO 0x5E (NVOS56, 40): status@32
+    let mut b = vec![0u8; 40];
+    w32(&mut b, 0, cl);
+    w32(&mut b, 4, dev);
+    w64(&mut b, 16, 0x7000_0000);
+    w64(&mut b, 24, 0x7100_0000);
+    w32(&mut b, 32, 0xffff_ffff);
+    call(&mut d, &m, CTL_FH, PID, 0xC028_465E, &mut b).unwrap();
+    assert_eq!(r32(&b, 32), 0);
+    assert_eq!(r64(&b, 24), 0x7100_0000);
+    let s = d.state();
+    assert_eq!(s.ioctls.total, total + 4 + 2 + 1 + 3 + 1 + 1);
+    assert_eq!(s.ioctls.failed, 2, "only the two wrong sizes");
+    assert_eq!(d.memory_count(), 0);
+    assert_eq!(d.gpu_used(0), 0);
+    assert!(s.processes.is_empty());
+    // before 550 there is no WAIT_OPEN_COMPLETE
+    let mut d = drv(1, 80 * GIB, "535.104");
+    let mut b = vec![0u8; 8];
+    assert_eq!(
+        call(&mut d, &m, GPU0_FH, PID, iowr(218, 8), &mut b),
+        Err(libc::EINVAL)
+    );
+}
+
+#[test]
+fn named_fd_finds_the_descriptor_inside_the_controls() {
+    let m = FakeMem::new();
+    let d = drv(1, 80 * GIB, "580.159");
+    let ctl = |cmd: u32, params: &[u8]| {
+        let a = m.place(params);
+        let mut b = vec![0u8; 32];
+        w32(&mut b, 8, cmd);
+        w64(&mut b, 16, a);
+        w32(&mut b, 24, params.len() as u32);
+        b
+    };
+    let cases = [
+        (0x3d05, export1(0, 1, 17), Some(17)),
+        (0x3d06, import1(18, 1, 0), Some(18)),
+        (0x3d0b, export_n(19, 0, 1, &[1], 0), Some(19)),
+        (0x3d0c, import_n(20, 1, &[0], 0), Some(20)),
+        (0x3d05, export1(0, 1, -1), None),
+        (0x2080_0110, export1(0, 1, 17), None),
+    ];
+    for (cmd, p, want) in cases {
+        let b = ctl(cmd, &p);
+        assert_eq!(
+            d.named_fd(FileKind::Ctl, 0xC020_462A, 0, &b, &m),
+            want,
+            "{cmd:#x}"
+        );
+        assert_eq!(d.named_fd(FileKind::Gpu(0), 0xC020_462A, 0, &b, &m), None);
+        // through XFER_CMD {cmd@0 size@4 ptr@8}
+        let ba = m.place(&b);
+        let mut x = vec![0u8; 16];
+        w32(&mut x, 0, 0x2A);
+        w32(&mut x, 4, 32);
+        w64(&mut x, 8, ba);
+        assert_eq!(d.named_fd(FileKind::Ctl, 0xC010_46D3, 0, &x, &m), want);
+    }
+    // a wrong paramsSize names nothing
+    let mut b = ctl(0x3d05, &export1(0, 1, 17));
+    w32(&mut b, 24, 20);
+    assert_eq!(d.named_fd(FileKind::Ctl, 0xC020_462A, 0, &b, &m), None);
+}
+
+#[test]
+fn state_json_has_the_new_fields() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x42, MIB);
+    memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, MIB);
+    alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x50A0, 0, 0);
+    let v: serde_json::Value = serde_json::from_str(&d.state_json()).unwrap();
+    assert_eq!(v["gpus"][0]["egm_bytes"], 2 * MIB);
+    let g = &v["processes"][0]["gpus"][0];
+    assert_eq!(g["egm_bytes"], 2 * MIB);
+    assert_eq!(g["driver_video_bytes"], 2 * MIB);
+    let mems = v["memories"].as_array().unwrap();
+    assert_eq!(mems.len(), 3);
+    assert_eq!(mems[0]["kind"], "egm");
+    assert_eq!(mems[1]["kind"], "video");
+    assert_eq!(mems[1]["driver_pid"], PID);
+    assert_eq!(mems[2]["kind"], "none");
+    assert_eq!(mems[2]["class"], 0x50A0);
+    assert_eq!(mems[2]["driver_pid"], serde_json::Value::Null);
+    for k in [
+        "id",
+        "gpu",
+        "bytes",
+        "charged_pid",
+        "handles",
+        "export_refs",
+    ] {
+        assert!(mems[0][k].is_u64(), "{k}");
+    }
+}
