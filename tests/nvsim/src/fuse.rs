@@ -15,15 +15,39 @@
 //! One thread serves every request in order, so the driver state needs no
 //! locks. Nothing in a request handler blocks: the only syscalls on the way
 //! are `process_vm_*` on a caller that is itself waiting for our reply, reads
-//! of `/proc/<tid>/status`, and the reply write.
+//! of `/proc/<tid>/status`, `pidfd_open`/`pidfd_getfd`, and the reply write.
+//!
+//! ## Descriptors named inside the params
+//! The export/import controls name an nvidiactl file by its descriptor number
+//! *in the calling process*; a FUSE request only carries the fh of the file
+//! the ioctl was made on. To learn the fh of the named one, the server takes
+//! its own copy of the caller's descriptor (`pidfd_open` + `pidfd_getfd`,
+//! which needs ptrace rights over the caller), and a helper thread checks that
+//! the copy is a regular file of this mount and issues [`WHICH_FILE_CMD`] on
+//! it: the kernel sends that ioctl to us with the fh of the very same open
+//! file description. The loop answers it (recording the fh), the helper
+//! closes its copy (a FLUSH, and the RELEASE if the caller closed its own
+//! meanwhile) and wakes the loop through an eventfd; only then is the
+//! export/import request handed to the driver and answered. The loop keeps
+//! serving everything else while such a request is pending. A descriptor that
+//! cannot be resolved this way is answered as one that names no nvidiactl
+//! file (NV_ERR_INVALID_PARAMETER).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::mpsc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::driver::{Driver, FileKind};
+use crate::driver::{Driver, FdResolver, FileKind, NoFds};
 use crate::procmem::{ProcMem, tgid_of};
+
+/// `_IOW('K', 1, 16)`: the server's own command, issued by a helper thread on
+/// a copy of a caller's descriptor to learn which open file (fh) it is. Its
+/// type is not `'F'` (an RM escape) and it is not a plain UVM number. The 16
+/// bytes are the pending request's token (u64) and 8 zero bytes.
+pub const WHICH_FILE_CMD: u32 = (1 << 30) | (16 << 16) | ((b'K' as u32) << 8) | 1;
 
 // Opcodes (linux/fuse.h).
 const FUSE_LOOKUP: u32 = 1;
@@ -78,6 +102,21 @@ struct OpenFile {
     snapshot: Vec<u8>,
 }
 
+/// An export/import ioctl waiting for the fh of the descriptor it names.
+struct Pending {
+    unique: u64,
+    tid: u32,
+    pid: u32,
+    fh: u64,
+    file: FileKind,
+    cmd: u32,
+    arg: u64,
+    in_data: Vec<u8>,
+    out_size: usize,
+    fd: i32,
+    resolved: Option<u64>,
+}
+
 /// Why [`Server::run`] returned.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -97,6 +136,14 @@ pub struct Server {
     gid: u32,
     mtime: u64,
     initialized: bool,
+    /// (major, minor) of this mount's device, to recognise our files.
+    own_dev: Option<(u32, u32)>,
+    pending: HashMap<u64, Pending>,
+    next_token: u64,
+    done_tx: mpsc::Sender<u64>,
+    done_rx: mpsc::Receiver<u64>,
+    /// An eventfd the helper threads write to when done.
+    wake: Arc<OwnedFd>,
 }
 
 /// Reads little-endian fields of a request.
@@ -145,6 +192,12 @@ impl Server {
         );
         // SAFETY: getuid/getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        // SAFETY: eventfd has no memory preconditions.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        assert!(efd >= 0, "eventfd: {}", io::Error::last_os_error());
+        // SAFETY: `efd` was just created and is owned by nobody else.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(efd) });
+        let (done_tx, done_rx) = mpsc::channel();
         Server {
             dev,
             driver,
@@ -158,7 +211,20 @@ impl Server {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             initialized: false,
+            own_dev: None,
+            pending: HashMap::new(),
+            next_token: 1,
+            done_tx,
+            done_rx,
+            wake,
         }
+    }
+
+    /// The (major, minor) device of this mount (`/proc/self/mountinfo`), so
+    /// that the descriptor resolution only ever sends [`WHICH_FILE_CMD`] to
+    /// files of this mount. Without it, any FUSE file is tried.
+    pub fn set_own_dev(&mut self, dev: Option<(u32, u32)>) {
+        self.own_dev = dev;
     }
 
     fn gpus(&self) -> u32 {
@@ -219,12 +285,17 @@ impl Server {
                     revents: 0,
                 },
                 libc::pollfd {
+                    fd: self.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
                     fd: sigfd,
                     events: libc::POLLIN,
                     revents: 0,
                 },
             ];
-            let nfds = if sigfd >= 0 { 2 } else { 1 };
+            let nfds = if sigfd >= 0 { 3 } else { 2 };
             // SAFETY: `fds` is a valid array of `nfds` pollfds.
             let r = unsafe { libc::poll(fds.as_mut_ptr(), nfds, -1) };
             if r < 0 {
@@ -234,8 +305,11 @@ impl Server {
                 }
                 return Err(e);
             }
-            if nfds == 2 && fds[1].revents != 0 {
+            if nfds == 3 && fds[2].revents != 0 {
                 return Ok(Stop::Signal);
+            }
+            if fds[1].revents != 0 {
+                self.complete_pending()?;
             }
             if fds[0].revents & (libc::POLLERR | libc::POLLHUP) != 0
                 && fds[0].revents & libc::POLLIN == 0
@@ -386,6 +460,9 @@ impl Server {
                 } else {
                     Vec::new()
                 };
+                if let Node::Device(k) = node {
+                    self.driver.open(fh, k);
+                }
                 self.files.insert(fh, OpenFile { node, snapshot });
                 let mut o = Out::default();
                 o.u64(fh).u32(FOPEN_DIRECT_IO).u32(0);
@@ -478,15 +555,89 @@ impl Server {
         let in_size = r.u32(24) as usize;
         let out_size = r.u32(28) as usize;
         let in_data = body.get(32..32 + in_size).unwrap_or(&[]);
+        if cmd == WHICH_FILE_CMD && flags & FUSE_IOCTL_DIR == 0 {
+            // From one of our helper threads: this fh is the file it holds.
+            let token = crate::abi::le::u64_at(in_data, 0);
+            if self.files.contains_key(&fh)
+                && let Some(p) = self.pending.get_mut(&token)
+            {
+                p.resolved = Some(fh);
+            }
+            let mut o = Out::default();
+            o.u32(0).u32(0).u32(0).u32(0);
+            return self.ok(unique, &o.0);
+        }
         let file = match self.files.get(&fh).map(|f| f.node) {
             Some(Node::Device(k)) if flags & FUSE_IOCTL_DIR == 0 => k,
             _ => return self.err(unique, libc::ENOTTY),
         };
         let pid = tgid_of(tid).unwrap_or(tid);
         let mem = ProcMem { tid };
+        if let Some(fd) = self.driver.named_fd(file, cmd, arg, in_data, &mem)
+            && let Some(copy) = copy_fd(pid, fd)
+        {
+            let token = self.next_token;
+            self.next_token += 1;
+            self.pending.insert(
+                token,
+                Pending {
+                    unique,
+                    tid,
+                    pid,
+                    fh,
+                    file,
+                    cmd,
+                    arg,
+                    in_data: in_data.to_vec(),
+                    out_size,
+                    fd,
+                    resolved: None,
+                },
+            );
+            let (tx, wake, own_dev) = (self.done_tx.clone(), self.wake.clone(), self.own_dev);
+            std::thread::spawn(move || which_file(copy, token, own_dev, tx, wake));
+            return Ok(());
+        }
+        self.answer_ioctl(
+            unique, fh, file, pid, cmd, arg, in_data, out_size, &mem, &NoFds,
+        )
+    }
+
+    /// Answers the pending requests whose helper thread is done.
+    fn complete_pending(&mut self) -> io::Result<()> {
+        let mut b = [0u8; 8];
+        // SAFETY: reading the eventfd's 8-byte counter into `b` (resets it).
+        unsafe { libc::read(self.wake.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        while let Ok(token) = self.done_rx.try_recv() {
+            let Some(p) = self.pending.remove(&token) else {
+                continue;
+            };
+            let fds: BTreeMap<i32, u64> = p.resolved.map(|fh| (p.fd, fh)).into_iter().collect();
+            let mem = ProcMem { tid: p.tid };
+            self.answer_ioctl(
+                p.unique, p.fh, p.file, p.pid, p.cmd, p.arg, &p.in_data, p.out_size, &mem, &fds,
+            )?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn answer_ioctl(
+        &mut self,
+        unique: u64,
+        fh: u64,
+        file: FileKind,
+        pid: u32,
+        cmd: u32,
+        arg: u64,
+        in_data: &[u8],
+        out_size: usize,
+        mem: &ProcMem,
+        fds: &dyn FdResolver,
+    ) -> io::Result<()> {
         match self
             .driver
-            .ioctl(fh, file, pid, cmd, arg, in_data, out_size, &mem)
+            .ioctl_fds(fh, file, pid, cmd, arg, in_data, out_size, mem, fds)
         {
             Ok(out) => {
                 let mut o = Out::default();
@@ -497,4 +648,66 @@ impl Server {
             Err(errno) => self.err(unique, errno),
         }
     }
+}
+
+/// Our own copy of descriptor `fd` of process `pid` (`pidfd_getfd`).
+fn copy_fd(pid: u32, fd: i32) -> Option<OwnedFd> {
+    // SAFETY: plain syscalls on integers; the returned descriptors are ours.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) as i32;
+        if pidfd < 0 {
+            log::debug!("pidfd_open {pid}: {}", io::Error::last_os_error());
+            return None;
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd);
+        let copy = libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) as i32;
+        if copy < 0 {
+            log::debug!("pidfd_getfd {pid} {fd}: {}", io::Error::last_os_error());
+            return None;
+        }
+        Some(OwnedFd::from_raw_fd(copy))
+    }
+}
+
+/// The helper thread of one pending request: if `copy` is a regular file of
+/// this mount, issue [`WHICH_FILE_CMD`] on it (the loop records the fh); then
+/// close it and wake the loop.
+fn which_file(
+    copy: OwnedFd,
+    token: u64,
+    own_dev: Option<(u32, u32)>,
+    done: mpsc::Sender<u64>,
+    wake: Arc<OwnedFd>,
+) {
+    // SAFETY: `st` is a valid out buffer; `copy` is our descriptor. This runs
+    // off the loop thread, so FUSE requests it causes are served meanwhile.
+    let ours = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        let mut sfs: libc::statfs = std::mem::zeroed();
+        libc::fstat(copy.as_raw_fd(), &mut st) == 0
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG
+            && match own_dev {
+                Some((ma, mi)) => libc::major(st.st_dev) == ma && libc::minor(st.st_dev) == mi,
+                None => {
+                    libc::fstatfs(copy.as_raw_fd(), &mut sfs) == 0 && sfs.f_type == 0x6573_5546 // FUSE_SUPER_MAGIC
+                }
+            }
+    };
+    if ours {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&token.to_le_bytes());
+        // SAFETY: `b` is the 16 bytes the command's size says.
+        unsafe {
+            libc::ioctl(
+                copy.as_raw_fd(),
+                WHICH_FILE_CMD as libc::c_ulong,
+                b.as_mut_ptr(),
+            )
+        };
+    }
+    drop(copy);
+    let _ = done.send(token);
+    let one = 1u64.to_le_bytes();
+    // SAFETY: writing the 8-byte increment to our eventfd.
+    unsafe { libc::write(wake.as_raw_fd(), one.as_ptr().cast(), 8) };
 }

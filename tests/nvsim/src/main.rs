@@ -285,6 +285,7 @@ fn cmd_mount(
         driver_version: driver_version.clone(),
     });
     let mut server = Server::new(dev, driver);
+    server.set_own_dev(mount::mounted_dev(&dir));
     let line = format!(
         "nvsim: mounted {shown} ({gpus} GPUs, {mem_per_gpu} bytes each, driver {driver_version})"
     );

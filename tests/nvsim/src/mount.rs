@@ -67,6 +67,21 @@ pub fn mounted_fstype(dir: &Path) -> Option<String> {
     found
 }
 
+/// The (major, minor) device of the topmost mount exactly at `dir`.
+pub fn mounted_dev(dir: &Path) -> Option<(u32, u32)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = dir.to_string_lossy();
+    let mut found = None;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() > 4 && unescape(f[4]) == want {
+            let (ma, mi) = f[2].split_once(':')?;
+            found = Some((ma.parse().ok()?, mi.parse().ok()?));
+        }
+    }
+    found
+}
+
 /// True when the FUSE server of the mount at `dir` is gone (ENOTCONN).
 pub fn server_gone(dir: &Path) -> bool {
     let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
@@ -185,6 +200,8 @@ mod tests {
     #[test]
     fn finds_the_root_mount_and_normalizes() {
         assert!(mounted_fstype(Path::new("/")).is_some());
+        assert!(mounted_dev(Path::new("/")).is_some());
+        assert_eq!(mounted_dev(Path::new("/definitely/not/mounted")), None);
         assert_eq!(mounted_fstype(Path::new("/definitely/not/mounted")), None);
         assert_eq!(
             absolute(Path::new("/nonexistent/a/../b/./c")),

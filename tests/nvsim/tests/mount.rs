@@ -511,3 +511,104 @@ fn umount_command_and_daemon_mode() {
     assert!(!is_mounted(&dir));
     drop(guard);
 }
+
+/// RM_CONTROL (NVOS54, 32 bytes) with `params`; returns the status @28.
+fn rm_control(fd: i32, client: u32, obj: u32, cmd: u32, params: &mut [u8]) -> u32 {
+    let mut b = [0u8; 32];
+    w32(&mut b, 0, client);
+    w32(&mut b, 4, obj);
+    w32(&mut b, 8, cmd);
+    w64(&mut b, 16, params.as_mut_ptr() as u64);
+    w32(&mut b, 24, params.len() as u32);
+    w32(&mut b, 28, 0xffff_ffff);
+    assert_eq!(ioctl(fd, 0xC020_462A, b.as_mut_ptr()), 0);
+    r32(&b, 28)
+}
+
+#[test]
+fn export_and_import_resolve_the_named_descriptor() {
+    require_root!();
+    let sim = Sim::start("export", &["--gpus", "1"]);
+    let me = std::process::id();
+    let ctl = open(&sim.path("nvidiactl"));
+    let (_, ca) = rm_alloc(ctl, 0, 0, 0, 0x41, &mut []);
+    let mut dp = [0u8; 56];
+    let (_, da) = rm_alloc(ctl, ca, ca, 0, 0x80, &mut dp);
+    let mut mp = [0u8; 128];
+    w64(&mut mp, 64, 6 * MIB);
+    let (st, mem) = rm_alloc(ctl, ca, da, 0, 0x40, &mut mp);
+    assert_eq!(st, 0);
+    // EXPORT_OBJECT_TO_FD (24): type@0 hDevice@4 hObject@12 fd@16
+    let export = |fd: i32| {
+        let mut p = [0u8; 24];
+        w32(&mut p, 0, 1);
+        w32(&mut p, 4, da);
+        w32(&mut p, 12, mem);
+        w32(&mut p, 16, fd as u32);
+        rm_control(ctl, ca, ca, 0x3d05, &mut p)
+    };
+    // descriptors that are not an nvidiactl file of this simulator
+    let null = open(Path::new("/dev/null"));
+    let uvm = open(&sim.path("nvidia-uvm"));
+    assert_eq!(export(null), 0x3B, "/dev/null");
+    assert_eq!(export(uvm), 0x3B, "nvidia-uvm");
+    assert_eq!(export(9999), 0x3B, "not open");
+    // the export file
+    let exp = open(&sim.path("nvidiactl"));
+    assert_eq!(export(exp), 0);
+    assert_eq!(export(exp), 0x63, "already holds an object");
+    // a second client on another file imports it, through a dup'd fd number
+    let ctl2 = open(&sim.path("nvidiactl"));
+    let (_, cb) = rm_alloc(ctl2, 0, 0, 0, 0x41, &mut []);
+    let (_, db) = rm_alloc(ctl2, cb, cb, 0, 0x80, &mut dp);
+    // SAFETY: dup of our own descriptor.
+    let exp_dup = unsafe { libc::dup(exp) };
+    let mut ip = [0u8; 20];
+    w32(&mut ip, 0, exp_dup as u32);
+    w32(&mut ip, 4, 1);
+    w32(&mut ip, 12, db);
+    assert_eq!(rm_control(ctl2, cb, cb, 0x3d06, &mut ip), 0);
+    let imported = r32(&ip, 16);
+    assert_ne!(imported, 0);
+    let s = sim.state();
+    assert_eq!(s["gpus"][0]["used_bytes"], 6 * MIB);
+    let mems = s["memories"].as_array().unwrap();
+    assert_eq!(mems.len(), 1);
+    assert_eq!(
+        (mems[0]["handles"].as_u64(), mems[0]["export_refs"].as_u64()),
+        (Some(2), Some(1))
+    );
+    // the exporter's file goes: the import keeps the memory, still ours
+    // SAFETY: closing descriptors we opened.
+    unsafe { libc::close(ctl) };
+    let g = sim.proc_gpu(me, 0).unwrap();
+    assert_eq!(
+        (g["bytes"].as_u64(), g["frees"].as_u64()),
+        (Some(6 * MIB), Some(0))
+    );
+    assert_eq!(g["driver_video_bytes"], 6 * MIB);
+    // the importer's file goes: the export file still holds it
+    // SAFETY: as above.
+    unsafe { libc::close(ctl2) };
+    let s = sim.state();
+    assert_eq!(s["gpus"][0]["used_bytes"], 6 * MIB);
+    assert_eq!(sim.proc_gpu(me, 0).unwrap()["driver_video_bytes"], 0);
+    // closing one of the two descriptors of the export file is not its release
+    // SAFETY: as above.
+    unsafe { libc::close(exp) };
+    assert_eq!(sim.state()["gpus"][0]["used_bytes"], 6 * MIB);
+    // SAFETY: as above.
+    unsafe {
+        libc::close(exp_dup);
+        libc::close(null);
+        libc::close(uvm);
+    }
+    let s = sim.state();
+    assert_eq!(s["gpus"][0]["used_bytes"], 0);
+    assert!(s["memories"].as_array().unwrap().is_empty());
+    let g = sim.proc_gpu(me, 0).unwrap();
+    assert_eq!(
+        (g["allocs"].as_u64(), g["frees"].as_u64()),
+        (Some(1), Some(1))
+    );
+}
