@@ -187,10 +187,12 @@ fn ioctl(fd: i32, cmd: u32, arg: *mut u8) -> i32 {
     }
 }
 
+/// O_CLOEXEC: a process another test spawns meanwhile must not inherit the
+/// file and delay its release.
 fn open(p: &Path) -> i32 {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     // SAFETY: valid NUL-terminated path.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR) };
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     assert!(fd >= 0, "open {}", p.display());
     fd
 }
@@ -562,7 +564,7 @@ fn export_and_import_resolve_the_named_descriptor() {
     let (_, cb) = rm_alloc(ctl2, 0, 0, 0, 0x41, &mut []);
     let (_, db) = rm_alloc(ctl2, cb, cb, 0, 0x80, &mut dp);
     // SAFETY: dup of our own descriptor.
-    let exp_dup = unsafe { libc::dup(exp) };
+    let exp_dup = unsafe { libc::fcntl(exp, libc::F_DUPFD_CLOEXEC, 0) };
     let mut ip = [0u8; 20];
     w32(&mut ip, 0, exp_dup as u32);
     w32(&mut ip, 4, 1);
