@@ -329,7 +329,7 @@ fn workload(sim: &Sim, args: &[&str]) -> std::process::Output {
 fn workload_scenarios_keep_the_truth_consistent() {
     require_root!();
     let sim = Sim::start("workload", &["--gpus", "2", "--mem-per-gpu", "4294967296"]);
-    for scenario in ["basic", "hostile", "oom"] {
+    for scenario in ["basic", "hostile", "oom", "share"] {
         let out = workload(&sim, &["--scenario", scenario]);
         assert!(
             out.status.success(),
@@ -347,29 +347,119 @@ fn workload_scenarios_keep_the_truth_consistent() {
         );
         assert!(out.stdout.is_empty());
     }
-    // everything exited: nothing held anywhere, allocs == frees everywhere
+    // everything exited: nothing held anywhere; every allocation was freed
+    // (by whoever was charged with it last)
     let s = sim.state();
     for g in s["gpus"].as_array().unwrap() {
         assert_eq!(
-            (g["used_bytes"].as_u64(), g["host_bytes"].as_u64()),
-            (Some(0), Some(0))
+            (
+                g["used_bytes"].as_u64(),
+                g["host_bytes"].as_u64(),
+                g["egm_bytes"].as_u64()
+            ),
+            (Some(0), Some(0), Some(0))
         );
     }
     assert!(s["clients"].as_array().unwrap().is_empty());
+    assert!(s["memories"].as_array().unwrap().is_empty());
     let procs = s["processes"].as_array().unwrap();
     assert!(procs.len() > 8, "children show up as processes");
     let mut last = 0;
+    let (mut allocs, mut frees) = (0, 0);
     for p in procs {
         let pid = p["pid"].as_u64().unwrap();
         assert!(pid > last, "sorted by pid");
         last = pid;
         for g in p["gpus"].as_array().unwrap() {
-            assert_eq!(g["bytes"], 0);
-            assert_eq!(g["host_bytes"], 0);
-            assert_eq!(g["allocs"], g["frees"]);
+            for k in ["bytes", "host_bytes", "egm_bytes", "driver_video_bytes"] {
+                assert_eq!(g[k], 0, "{k}");
+            }
+            allocs += g["allocs"].as_u64().unwrap();
+            frees += g["frees"].as_u64().unwrap();
             assert!(g["peak_bytes"].as_u64() <= Some(4 << 30));
         }
     }
+    assert_eq!(allocs, frees);
+}
+
+/// The `share` scenario, checkpoint by checkpoint, as its module doc says:
+/// (A bytes, A driver figure, B bytes, B driver figure, GPU used) in MiB.
+#[test]
+fn share_scenario_moves_charges_as_documented() {
+    require_root!();
+    let sim = Sim::start("share", &["--gpus", "1"]);
+    let mut child = Command::new(WORKLOAD)
+        .arg("--dev-dir")
+        .arg(&sim.dir)
+        .args([
+            "--scenario",
+            "share",
+            "--checkpoints",
+            "--checkpoint-every",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = child.id() as u64;
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let want: [(u64, u64, u64, u64, u64); 10] = [
+        (12, 12, 0, 0, 12),
+        (12, 12, 0, 0, 12),
+        (12, 12, 0, 0, 12),
+        (12, 12, 2, 2, 14),
+        (8, 8, 6, 6, 14),
+        (8, 8, 6, 6, 14),
+        (0, 0, 14, 14, 14),
+        (0, 0, 14, 10, 14),
+        (0, 0, 10, 10, 10),
+        (0, 0, 10, 10, 10),
+    ];
+    let mut b_pid = None;
+    for (i, w) in want.iter().enumerate() {
+        let l = lines.next().unwrap().unwrap();
+        assert_eq!(l, format!("checkpoint {}", i + 1));
+        let s = sim.state();
+        let mut got = (
+            0,
+            0,
+            0,
+            0,
+            s["gpus"][0]["used_bytes"].as_u64().unwrap() / MIB,
+        );
+        for p in s["processes"].as_array().unwrap() {
+            let g = &p["gpus"][0];
+            let (bytes, drv) = (
+                g["bytes"].as_u64().unwrap() / MIB,
+                g["driver_video_bytes"].as_u64().unwrap() / MIB,
+            );
+            if p["pid"] == a {
+                (got.0, got.1) = (bytes, drv);
+            } else {
+                b_pid = Some(p["pid"].as_u64().unwrap());
+                (got.2, got.3) = (bytes, drv);
+            }
+            assert_eq!(
+                g["host_bytes"].as_u64(),
+                Some(if p["pid"] == a { MIB } else { 0 })
+            );
+        }
+        assert_eq!(got, *w, "at checkpoint {}", i + 1);
+        use std::io::Write;
+        writeln!(stdin, "go").unwrap();
+    }
+    assert!(lines.next().is_none());
+    assert!(child.wait().unwrap().success());
+    let ga = sim.proc_gpu(a as u32, 0).unwrap();
+    let gb = sim.proc_gpu(b_pid.unwrap() as u32, 0).unwrap();
+    let f = |g: &serde_json::Value| {
+        ["bytes", "peak_bytes", "allocs", "frees"].map(|k| g[k].as_u64().unwrap())
+    };
+    assert_eq!(f(&ga), [0, 12 * MIB, 3, 1], "A frees only its host memory");
+    assert_eq!(f(&gb), [0, 14 * MIB, 1, 3], "B frees mA2, mA1 and its own");
+    assert!(sim.state()["memories"].as_array().unwrap().is_empty());
 }
 
 #[test]

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
-use keling_nvsim::abi::le::{put_u32, put_u64, u32_at, u64_at};
-use keling_nvsim::abi::{self, class, esc, status, uvm};
+use keling_nvsim::abi::le::{put_u16, put_u32, put_u64, u32_at, u64_at};
+use keling_nvsim::abi::{self, class, esc, status, unix_ctrl as ux, uvm};
 
 const MIB: u64 = 1 << 20;
 
@@ -189,6 +189,8 @@ const VIAS: [Via; 5] = [
 struct Env {
     dir: PathBuf,
     legacy: bool,
+    /// Driver major version (from `DIR/version`).
+    major: u32,
     gpus: u32,
     exe: PathBuf,
 }
@@ -201,7 +203,8 @@ impl Env {
             .split_whitespace()
             .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
             .unwrap_or("580.0");
-        let legacy = abi::version_major(v).unwrap_or(580) < abi::PARAMS_SIZE_SINCE;
+        let major = abi::version_major(v).unwrap_or(580);
+        let legacy = major < abi::PARAMS_SIZE_SINCE;
         let mut gpus = 0;
         while dir.join(format!("nvidia{gpus}")).exists() {
             gpus += 1;
@@ -214,6 +217,7 @@ impl Env {
         Env {
             dir: dir.to_path_buf(),
             legacy,
+            major,
             gpus,
             exe,
         }
@@ -334,7 +338,10 @@ fn ok_or_die<T>(what: &str, r: Result<T, Errno>) -> T {
 #[derive(Clone, Copy, Debug)]
 struct Alloc {
     handle: u32,
+    /// Video memory (VID_HEAP FREE is used for some of these).
     video: bool,
+    /// The GPU of the memory (RM_ALLOC_MEMORY: the nvidiaN file's).
+    gpu: u32,
     /// UVM external range base, if mapped through nvidia-uvm.
     uvm_base: Option<u64>,
 }
@@ -559,10 +566,8 @@ impl<'e> Actor<'e> {
                 put_u64(&mut p, 64, size);
                 let nvos64 = matches!(via, Via::Nvos64 | Via::Xfer64);
                 let xfer = matches!(via, Via::Xfer21 | Via::Xfer64);
-                // Only 0x40: the ABI facts give no parameter layout for
-                // NV01_MEMORY_LOCAL_PHYSICAL (0xC2), so Keling reports those as
-                // undecoded rather than guess, and a random workload must not
-                // depend on a guess either.
+                // The 0-byte classes (0xC2, 0xF8, ...) have their own step
+                // (`zero_byte_classes`).
                 let cls = class::NV01_MEMORY_LOCAL_USER;
                 let (st, h) = ok_or_die(
                     "RM_ALLOC memory",
@@ -590,6 +595,7 @@ impl<'e> Actor<'e> {
         let mut a = Alloc {
             handle: h,
             video: true,
+            gpu: self.gpu,
             uvm_base: None,
         };
         if let Some(u) = self.uvm
@@ -633,20 +639,7 @@ impl<'e> Actor<'e> {
         let new = self.handles.pick(&mut self.rng);
         if self.rng.chance(60) {
             let g = self.rng.below(self.env.gpus as u64) as usize;
-            let fd = match self.gpu_fds[g] {
-                Some(fd) => fd,
-                None => {
-                    let fd = self.env.open(&format!("nvidia{g}"), false);
-                    let mut r = [0u8; 4];
-                    put_u32(&mut r, 0, self.ctl as u32);
-                    ok_or_die(
-                        "REGISTER_FD",
-                        self.env.rm(fd, esc::REGISTER_FD, &mut r, false),
-                    );
-                    self.gpu_fds[g] = Some(fd);
-                    fd
-                }
-            };
+            let fd = self.gpu_fd(g);
             let mut b = vec![0u8; abi::size::NVOS02_WITH_FD];
             put_u32(&mut b, 0, self.client);
             put_u32(&mut b, 4, self.device);
@@ -668,6 +661,7 @@ impl<'e> Actor<'e> {
             self.live.push(Alloc {
                 handle: u32_at(&b, 8),
                 video: false,
+                gpu: g as u32,
                 uvm_base: None,
             });
         } else {
@@ -691,9 +685,26 @@ impl<'e> Actor<'e> {
             self.live.push(Alloc {
                 handle: h,
                 video: false,
+                gpu: self.gpu,
                 uvm_base: None,
             });
         }
+    }
+
+    /// The nvidiaN fd of this actor (opened and registered on first use).
+    fn gpu_fd(&mut self, g: usize) -> RawFd {
+        if let Some(fd) = self.gpu_fds[g] {
+            return fd;
+        }
+        let fd = self.env.open(&format!("nvidia{g}"), false);
+        let mut r = [0u8; 4];
+        put_u32(&mut r, 0, self.ctl as u32);
+        ok_or_die(
+            "REGISTER_FD",
+            self.env.rm(fd, esc::REGISTER_FD, &mut r, false),
+        );
+        self.gpu_fds[g] = Some(fd);
+        fd
     }
 
     fn free_alloc(&mut self, a: Alloc) {
@@ -784,6 +795,427 @@ impl<'e> Actor<'e> {
         expect_ok("RM_CONTROL", st);
     }
 
+    /// NVOS32 with hRoot, hObjectParent (the device) and the function.
+    fn nvos32(&self, function: u32) -> Vec<u8> {
+        let mut b = vec![0u8; abi::size::NVOS32];
+        put_u32(&mut b, 0, self.client);
+        put_u32(&mut b, 4, self.device);
+        put_u32(&mut b, 8, function);
+        b
+    }
+
+    /// Video memory size of GPU `g`, from CARD_INFO (fb_size@48 of each
+    /// 72-byte entry).
+    fn fb_size(&self, g: u32) -> u64 {
+        let mut ci = vec![0u8; abi::size::CARD_INFO_ENTRY * self.env.gpus as usize];
+        ok_or_die(
+            "CARD_INFO",
+            self.env.rm(self.ctl, esc::CARD_INFO, &mut ci, false),
+        );
+        u64_at(&ci, g as usize * abi::size::CARD_INFO_ENTRY + 48)
+    }
+
+    /// The escapes every CUDA process sends at start; none allocates.
+    fn startup_escapes(&mut self) {
+        use abi::os_event;
+        let gfd = self.gpu_fd(self.gpu as usize);
+        let mut ev = vec![0u8; abi::size::OS_EVENT];
+        put_u32(&mut ev, os_event::H_CLIENT, self.client);
+        put_u32(&mut ev, os_event::H_DEVICE, self.device);
+        put_u32(&mut ev, os_event::FD, gfd as u32);
+        put_u32(&mut ev, os_event::STATUS, u32::MAX);
+        ok_or_die(
+            "ALLOC_OS_EVENT",
+            self.env.rm(self.ctl, esc::ALLOC_OS_EVENT, &mut ev, false),
+        );
+        expect_ok("ALLOC_OS_EVENT", u32_at(&ev, os_event::STATUS));
+        let mut sp = vec![0u8; abi::size::SYS_PARAMS];
+        put_u64(&mut sp, 0, 128 * MIB);
+        ok_or_die(
+            "SYS_PARAMS",
+            self.env.rm(self.ctl, esc::SYS_PARAMS, &mut sp, false),
+        );
+        let mut numa = vec![0xffu8; 536];
+        ok_or_die(
+            "NUMA_INFO",
+            self.env.rm(gfd, esc::NUMA_INFO, &mut numa, false),
+        );
+        if self.env.major >= abi::wait_open_complete::SINCE {
+            let mut w = vec![0xffu8; abi::size::WAIT_OPEN_COMPLETE];
+            ok_or_die(
+                "WAIT_OPEN_COMPLETE",
+                self.env.rm(gfd, esc::WAIT_OPEN_COMPLETE, &mut w, false),
+            );
+            expect_ok("WAIT_OPEN_COMPLETE rc", u32_at(&w, 0));
+        }
+        let mut u = vec![0u8; abi::size::NVOS56];
+        put_u32(&mut u, abi::nvos56::H_CLIENT, self.client);
+        put_u32(&mut u, abi::nvos56::H_DEVICE, self.device);
+        put_u32(
+            &mut u,
+            abi::nvos56::H_MEMORY,
+            self.live.first().map(|a| a.handle).unwrap_or(0),
+        );
+        put_u64(&mut u, abi::nvos56::P_OLD_CPU_ADDRESS, 0x7c00_0000_0000);
+        put_u64(&mut u, abi::nvos56::P_NEW_CPU_ADDRESS, 0x7c00_0010_0000);
+        ok_or_die(
+            "UPDATE_DEVICE_MAPPING_INFO",
+            self.env
+                .rm(self.ctl, esc::RM_UPDATE_DEVICE_MAPPING_INFO, &mut u, false),
+        );
+        expect_ok(
+            "UPDATE_DEVICE_MAPPING_INFO",
+            u32_at(&u, abi::nvos56::STATUS),
+        );
+        put_u32(&mut ev, os_event::STATUS, u32::MAX);
+        ok_or_die(
+            "FREE_OS_EVENT",
+            self.env.rm(self.ctl, esc::FREE_OS_EVENT, &mut ev, false),
+        );
+        expect_ok("FREE_OS_EVENT", u32_at(&ev, os_event::STATUS));
+    }
+
+    /// RM_ALLOC_MEMORY of class 0x40 (limit = the whole heap - 1 written
+    /// back) or 0x3F (limit 0xFFFFFFFF) on nvidiaN: 0-byte objects.
+    fn alloc_memory_video_class(&mut self) {
+        let g = self.rng.below(self.env.gpus as u64) as u32;
+        let fd = self.gpu_fd(g as usize);
+        let privileged = self.rng.chance(30);
+        let cls = if privileged {
+            class::NV01_MEMORY_LOCAL_PRIVILEGED
+        } else {
+            class::NV01_MEMORY_LOCAL_USER
+        };
+        let mut b = vec![0u8; abi::size::NVOS02_WITH_FD];
+        put_u32(&mut b, 0, self.client);
+        put_u32(&mut b, 4, self.device);
+        put_u32(&mut b, 8, self.handles.pick(&mut self.rng));
+        put_u32(&mut b, 12, cls);
+        put_u64(&mut b, 32, random_size(&mut self.rng) - 1);
+        put_u32(&mut b, 48, u32::MAX);
+        ok_or_die(
+            "RM_ALLOC_MEMORY video",
+            self.env.rm(fd, esc::RM_ALLOC_MEMORY, &mut b, false),
+        );
+        expect_ok("RM_ALLOC_MEMORY video", u32_at(&b, 40));
+        let want = if privileged {
+            0xFFFF_FFFF
+        } else {
+            self.fb_size(g) - 1
+        };
+        if u64_at(&b, 32) != want {
+            die(&format!(
+                "RM_ALLOC_MEMORY {cls:#x}: limit {:#x}, expected {want:#x}",
+                u64_at(&b, 32)
+            ));
+        }
+        self.live.push(Alloc {
+            handle: u32_at(&b, 8),
+            video: false,
+            gpu: g,
+            uvm_base: None,
+        });
+    }
+
+    /// VID_HEAP_CONTROL of each class: virtual, EGM, video, host,
+    /// ALLOC_SIZE_RANGE, ALLOC_OS_DESCRIPTOR.
+    fn vid_heap_class(&mut self) {
+        use abi::nvos32 as v;
+        let which = self.rng.below(6);
+        let size = random_size(&mut self.rng);
+        let h = self.handles.pick(&mut self.rng);
+        let (mut b, h_off, size_off) = match which {
+            0..=3 => {
+                let mut b = self.nvos32(v::FUNCTION_ALLOC_SIZE);
+                match which {
+                    0 => put_u32(&mut b, v::ALLOC_FLAGS, v::FLAGS_VIRTUAL),
+                    1 => put_u32(&mut b, v::ATTR2, v::ATTR2_USE_EGM),
+                    2 => put_u32(&mut b, v::ATTR, 0),
+                    _ => {
+                        let loc = 1 + self.rng.below(3) as u32;
+                        put_u32(&mut b, v::ATTR, loc << v::ATTR_LOCATION_SHIFT);
+                    }
+                }
+                (b, v::H_MEMORY, Some(v::SIZE))
+            }
+            4 => {
+                let mut b = self.nvos32(v::FUNCTION_ALLOC_SIZE_RANGE);
+                match self.rng.below(3) {
+                    0 => put_u32(&mut b, v::ALLOC_FLAGS, v::FLAGS_VIRTUAL),
+                    1 => put_u32(&mut b, v::ATTR, 2 << v::ATTR_LOCATION_SHIFT),
+                    _ => put_u32(&mut b, v::ATTR2, v::ATTR2_USE_EGM), // ignored: video
+                }
+                (b, v::H_MEMORY, Some(v::RANGE_SIZE))
+            }
+            _ => {
+                let mut b = self.nvos32(v::FUNCTION_ALLOC_OS_DESCRIPTOR);
+                put_u64(&mut b, v::OS_DESC_LIMIT, size.min(64 * MIB) - 1);
+                (b, v::OS_DESC_H_MEMORY, None)
+            }
+        };
+        put_u32(&mut b, h_off, h);
+        if let Some(o) = size_off {
+            put_u64(&mut b, o, size);
+        }
+        ok_or_die(
+            "VID_HEAP",
+            self.env
+                .rm(self.ctl, esc::RM_VID_HEAP_CONTROL, &mut b, false),
+        );
+        let st = u32_at(&b, v::STATUS);
+        if st == status::NV_ERR_NO_MEMORY {
+            return;
+        }
+        expect_ok(&format!("VID_HEAP class step {which}"), st);
+        if let Some(o) = size_off
+            && u64_at(&b, o) < size
+        {
+            die("VID_HEAP wrote back a smaller size");
+        }
+        self.live.push(Alloc {
+            handle: u32_at(&b, h_off),
+            video: matches!(which, 2 | 4),
+            gpu: self.gpu,
+            uvm_base: None,
+        });
+    }
+
+    /// The classes that never hold bytes, and EGM through RM_ALLOC.
+    fn zero_byte_classes(&mut self) {
+        let which = self.rng.below(9);
+        let new = self.handles.pick(&mut self.rng);
+        let mut parent = self.device;
+        let (cls, mut params): (u32, Option<Vec<u8>>) = match which {
+            0 => {
+                let mut p = vec![0u8; abi::size::PHYS_MEM_PARAMS];
+                put_u64(&mut p, abi::phys_mem::PAGE_SIZE, 2 * MIB);
+                (class::NV01_MEMORY_LOCAL_PHYSICAL, Some(p))
+            }
+            1 => {
+                parent = self.subdevice;
+                let mut p = vec![0u8; abi::size::FABRIC_PARAMS];
+                put_u64(&mut p, abi::fabric::ALLOC_SIZE, 512 * MIB);
+                put_u64(&mut p, abi::fabric::PAGE_SIZE, 512 * MIB);
+                let vid = self.live.iter().find(|a| a.video).map(|a| a.handle);
+                put_u32(&mut p, abi::fabric::MAP_H_VIDMEM, vid.unwrap_or(0));
+                (class::NV_MEMORY_FABRIC, Some(p))
+            }
+            2 => {
+                let (len, off) = if self.env.major >= abi::multicast::SINCE {
+                    (abi::size::MULTICAST_PARAMS, abi::multicast::ALLOC_SIZE)
+                } else {
+                    (
+                        abi::size::MULTICAST_PARAMS_LEGACY,
+                        abi::multicast::ALLOC_SIZE_LEGACY,
+                    )
+                };
+                let mut p = vec![0u8; len];
+                put_u64(&mut p, off, 512 * MIB);
+                (class::NV_MEMORY_MULTICAST_FABRIC, Some(p))
+            }
+            3 => (class::NV_MEMORY_FABRIC_IMPORT_V2, None),
+            4 => (class::NV_MEMORY_FABRIC_IMPORTED_REF, None),
+            5 => (class::NV_MEMORY_EXPORT, None),
+            6 => (class::NV50_MEMORY_VIRTUAL, None),
+            7 => (class::NV01_MEMORY_VIRTUAL, None),
+            _ => {
+                let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+                put_u64(&mut p, 64, random_size(&mut self.rng));
+                (class::NV_MEMORY_EXTENDED_USER, Some(p))
+            }
+        };
+        let nvos64 = self.rng.chance(30);
+        let (st, h) = ok_or_die(
+            "RM_ALLOC 0-byte class",
+            self.env.alloc(
+                self.ctl,
+                nvos64,
+                false,
+                self.client,
+                parent,
+                new,
+                cls,
+                params.as_deref_mut(),
+            ),
+        );
+        expect_ok(&format!("alloc class {cls:#x}"), st);
+        if cls == class::NV01_MEMORY_LOCAL_PHYSICAL
+            && params.as_ref().map(|p| u64_at(p, 0)) != Some(self.fb_size(self.gpu))
+        {
+            die("0xC2: memSize is not the whole heap");
+        }
+        self.live.push(Alloc {
+            handle: h,
+            video: false,
+            gpu: self.gpu,
+            uvm_base: None,
+        });
+    }
+
+    /// A fresh subdevice with memory under it (video, host, a fabric range),
+    /// one of them dup'd elsewhere first sometimes; then the subdevice is
+    /// freed, which frees what is under it.
+    fn subdevice_teardown(&mut self) {
+        let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
+        let sd = self.obj(self.device, class::NV20_SUBDEVICE_0, Some(&mut sp));
+        let mut under = Vec::new();
+        for i in 0..1 + self.rng.below(3) {
+            let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+            put_u64(&mut p, 64, (1 + self.rng.below(16)) * MIB);
+            let cls = if i == 2 {
+                class::NV01_MEMORY_SYSTEM
+            } else {
+                class::NV01_MEMORY_LOCAL_USER
+            };
+            let (st, h) = ok_or_die(
+                "alloc under subdevice",
+                self.env.alloc(
+                    self.ctl,
+                    false,
+                    false,
+                    self.client,
+                    sd,
+                    0,
+                    cls,
+                    Some(&mut p),
+                ),
+            );
+            if st == status::NV_ERR_NO_MEMORY {
+                continue;
+            }
+            expect_ok("alloc under subdevice", st);
+            under.push(h);
+        }
+        let mut fp = vec![0u8; abi::size::FABRIC_PARAMS];
+        put_u64(&mut fp, abi::fabric::ALLOC_SIZE, 64 * MIB);
+        let (st, _) = ok_or_die(
+            "fabric under subdevice",
+            self.env.alloc(
+                self.ctl,
+                false,
+                false,
+                self.client,
+                sd,
+                0,
+                class::NV_MEMORY_FABRIC,
+                Some(&mut fp),
+            ),
+        );
+        expect_ok("fabric under subdevice", st);
+        if let Some(&h) = under.first()
+            && self.rng.chance(40)
+        {
+            // a reference under the device survives the teardown
+            let d = self.dup_into(self.client, self.device, self.client, h);
+            self.live.push(Alloc {
+                handle: d,
+                video: false,
+                gpu: self.gpu,
+                uvm_base: None,
+            });
+        }
+        expect_ok(
+            "free subdevice",
+            self.env.free(self.ctl, self.client, self.device, sd),
+        );
+    }
+
+    /// RM_DUP_OBJECT of `src` of `src_client` into `client` under `parent`
+    /// through this actor's fd; returns the new handle.
+    fn dup_into(&mut self, client: u32, parent: u32, src_client: u32, src: u32) -> u32 {
+        use abi::nvos55;
+        let new = self.handles.pick(&mut self.rng);
+        let mut b = vec![0u8; abi::size::NVOS55];
+        put_u32(&mut b, nvos55::H_CLIENT, client);
+        put_u32(&mut b, nvos55::H_PARENT, parent);
+        put_u32(&mut b, nvos55::H_OBJECT, new);
+        put_u32(&mut b, nvos55::H_CLIENT_SRC, src_client);
+        put_u32(&mut b, nvos55::H_OBJECT_SRC, src);
+        put_u32(&mut b, nvos55::STATUS, u32::MAX);
+        ok_or_die(
+            "RM_DUP_OBJECT",
+            self.env.rm(self.ctl, esc::RM_DUP_OBJECT, &mut b, false),
+        );
+        expect_ok("RM_DUP_OBJECT", u32_at(&b, nvos55::STATUS));
+        let h = u32_at(&b, nvos55::H_OBJECT);
+        if new != 0 && h != new {
+            die("RM_DUP_OBJECT did not keep the chosen handle");
+        }
+        h
+    }
+
+    /// Exports `handles` (memory of this actor, all on this actor's GPU) to
+    /// the nvidiactl file `exp`: one EXPORT_OBJECT_TO_FD, or a batch with an
+    /// empty slot sometimes. Returns the batch size (0: single).
+    fn export_to(&mut self, exp: RawFd, handles: &[u32]) -> u32 {
+        if handles.len() == 1 && self.rng.chance(50) {
+            let mut p = vec![0u8; abi::size::EXPORT_OBJECT_TO_FD];
+            put_u32(&mut p, ux::EXP1_TYPE, ux::OBJECT_TYPE_RM);
+            put_u32(&mut p, ux::EXP1_H_DEVICE, self.device);
+            put_u32(&mut p, ux::EXP1_H_PARENT, self.device);
+            put_u32(&mut p, ux::EXP1_H_OBJECT, handles[0]);
+            put_u32(&mut p, ux::EXP1_FD, exp as u32);
+            let st = self.env.control(
+                self.ctl,
+                self.client,
+                self.client,
+                ux::EXPORT_OBJECT_TO_FD,
+                Some(&mut p),
+            );
+            expect_ok("EXPORT_OBJECT_TO_FD", st);
+            return 0;
+        }
+        let mut objs: Vec<u32> = handles.to_vec();
+        if self.rng.chance(30) {
+            let at = self.rng.below(objs.len() as u64 + 1) as usize;
+            objs.insert(at, 0);
+        }
+        let mut p = vec![0u8; abi::size::EXPORT_OBJECTS_TO_FD];
+        put_u32(&mut p, ux::EXPN_FD, exp as u32);
+        put_u32(&mut p, ux::EXPN_H_DEVICE, self.device);
+        put_u16(&mut p, ux::EXPN_MAX_OBJECTS, objs.len() as u16);
+        p[ux::EXPN_METADATA..ux::EXPN_METADATA + 8].copy_from_slice(b"keling\0\0");
+        for (i, h) in objs.iter().enumerate() {
+            put_u32(&mut p, ux::EXPN_OBJECTS + 4 * i, *h);
+        }
+        put_u16(&mut p, ux::EXPN_NUM_OBJECTS, objs.len() as u16);
+        let st = self.env.control(
+            self.ctl,
+            self.client,
+            self.client,
+            ux::EXPORT_OBJECTS_TO_FD,
+            Some(&mut p),
+        );
+        expect_ok("EXPORT_OBJECTS_TO_FD", st);
+        objs.len() as u32
+    }
+
+    /// Removes and returns the live allocations with these handles.
+    fn take_live(&mut self, handles: &[u32]) -> Vec<Alloc> {
+        let (out, keep): (Vec<Alloc>, Vec<Alloc>) = self
+            .live
+            .drain(..)
+            .partition(|a| handles.contains(&a.handle));
+        self.live = keep;
+        out
+    }
+
+    /// Up to `n` distinct live allocations on this actor's GPU, at random.
+    fn pick_live(&mut self, n: usize) -> Vec<u32> {
+        let mut c: Vec<u32> = self
+            .live
+            .iter()
+            .filter(|a| a.gpu == self.gpu)
+            .map(|a| a.handle)
+            .collect();
+        let mut out = Vec::new();
+        while out.len() < n && !c.is_empty() {
+            let i = self.rng.below(c.len() as u64) as usize;
+            out.push(c.swap_remove(i));
+        }
+        out
+    }
+
     /// A small burst of allocs/frees/controls (threads and children).
     fn burst(&mut self, n: u32) {
         for _ in 0..n {
@@ -840,6 +1272,588 @@ fn expect_exit0(what: &str, st: i32) {
     }
 }
 
+// ----- every way a process gets a device fd ----------------------------------
+
+/// How a device file is opened by path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpenWay {
+    /// openat(AT_FDCWD, absolute path): what glibc's open() does.
+    Openat,
+    /// The raw open(2) system call.
+    RawOpen,
+    /// openat2(2).
+    Openat2,
+    /// chdir into the device directory, a relative path, chdir back.
+    Relative,
+    /// Through a symlink in a fresh temporary directory.
+    Symlink,
+}
+
+const OPEN_WAYS: [OpenWay; 5] = [
+    OpenWay::Openat,
+    OpenWay::RawOpen,
+    OpenWay::Openat2,
+    OpenWay::Relative,
+    OpenWay::Symlink,
+];
+
+/// How a second descriptor of an open file is made.
+#[derive(Clone, Copy, Debug)]
+enum DupWay {
+    Dup,
+    Dup2,
+    Dup3Cloexec,
+    FcntlDupfd,
+    FcntlDupfdCloexec,
+}
+
+const DUP_WAYS: [DupWay; 5] = [
+    DupWay::Dup,
+    DupWay::Dup2,
+    DupWay::Dup3Cloexec,
+    DupWay::FcntlDupfd,
+    DupWay::FcntlDupfdCloexec,
+];
+
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in path")
+}
+
+impl Env {
+    /// Opens `name` of the device directory `way`.
+    fn open_way(&self, name: &str, way: OpenWay, cloexec: bool) -> RawFd {
+        static LINKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let path = self.dir.join(name);
+        let flags = libc::O_RDWR | if cloexec { libc::O_CLOEXEC } else { 0 };
+        let fd = match way {
+            OpenWay::Openat => openat(&path, flags),
+            OpenWay::RawOpen => {
+                let c = cpath(&path);
+                // SAFETY: a valid NUL-terminated path; the descriptor is ours.
+                unsafe { libc::syscall(libc::SYS_open, c.as_ptr(), flags, 0) as RawFd }
+            }
+            OpenWay::Openat2 => {
+                let c = cpath(&path);
+                let how = OpenHow {
+                    flags: flags as u64,
+                    mode: 0,
+                    resolve: 0,
+                };
+                // SAFETY: a valid path and open_how of the size passed.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_openat2,
+                        libc::AT_FDCWD,
+                        c.as_ptr(),
+                        &how as *const OpenHow,
+                        std::mem::size_of::<OpenHow>(),
+                    ) as RawFd
+                }
+            }
+            OpenWay::Relative => {
+                // No other thread of ours runs here (threads are joined), so
+                // changing the working directory for a moment is safe.
+                let here = openat(
+                    Path::new("."),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                );
+                let dir = cpath(&self.dir);
+                // SAFETY: a valid NUL-terminated path.
+                if here < 0 || unsafe { libc::chdir(dir.as_ptr()) } != 0 {
+                    die(&format!("chdir {}: errno {}", self.dir.display(), errno()));
+                }
+                let fd = openat(Path::new(name), flags);
+                let e = std::io::Error::last_os_error();
+                // SAFETY: returning to the directory we came from, by fd.
+                unsafe { libc::fchdir(here) };
+                close(here);
+                if fd < 0 {
+                    die(&format!(
+                        "open {name} relative to {}: {e}",
+                        self.dir.display()
+                    ));
+                }
+                fd
+            }
+            OpenWay::Symlink => {
+                let n = LINKS.fetch_add(1, Ordering::Relaxed);
+                let tmp =
+                    std::env::temp_dir().join(format!("keling-wl-{}-{n}", std::process::id()));
+                let link = tmp.join(name);
+                let made = std::fs::create_dir_all(&tmp)
+                    .and_then(|_| std::os::unix::fs::symlink(&path, &link));
+                if let Err(e) = made {
+                    die(&format!("symlink {}: {e}", link.display()));
+                }
+                let fd = openat(&link, flags);
+                let e = std::io::Error::last_os_error();
+                let _ = std::fs::remove_file(&link);
+                let _ = std::fs::remove_dir(&tmp);
+                if fd < 0 {
+                    die(&format!("open {}: {e}", link.display()));
+                }
+                fd
+            }
+        };
+        if fd < 0 {
+            die(&format!(
+                "open {} ({way:?}): errno {}",
+                path.display(),
+                errno()
+            ));
+        }
+        fd
+    }
+}
+
+/// openat(AT_FDCWD, path, flags).
+fn openat(path: &Path, flags: i32) -> RawFd {
+    let c = cpath(path);
+    // SAFETY: a valid NUL-terminated path; the descriptor is ours.
+    unsafe { libc::openat(libc::AT_FDCWD, c.as_ptr(), flags) }
+}
+
+/// The lowest free descriptor number from `from` on.
+fn free_fd_from(from: RawFd) -> RawFd {
+    let mut n = from;
+    // SAFETY: F_GETFD only inspects our descriptor table.
+    while unsafe { libc::fcntl(n, libc::F_GETFD) } >= 0 {
+        n += 1;
+    }
+    n
+}
+
+/// A second descriptor of `fd`'s open file, made `way`.
+fn dup_way(fd: RawFd, way: DupWay) -> RawFd {
+    // SAFETY: descriptor-table operations on our own descriptors.
+    let d = unsafe {
+        match way {
+            DupWay::Dup => libc::dup(fd),
+            DupWay::Dup2 => libc::dup2(fd, free_fd_from(200)),
+            DupWay::Dup3Cloexec => libc::dup3(fd, free_fd_from(300), libc::O_CLOEXEC),
+            DupWay::FcntlDupfd => libc::fcntl(fd, libc::F_DUPFD, 100),
+            DupWay::FcntlDupfdCloexec => libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 100),
+        }
+    };
+    if d < 0 {
+        die(&format!("{way:?} of {fd}: errno {}", errno()));
+    }
+    d
+}
+
+/// Sends `data` with descriptors `fds` (SCM_RIGHTS) on a unix socket.
+fn send_msg(sock: RawFd, data: &[u8], fds: &[RawFd]) {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let payload = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_* only compute sizes and offsets inside `cbuf`, which is
+    // large enough and 8-aligned; `msg` points at live buffers for sendmsg.
+    let r = unsafe {
+        let space = libc::CMSG_SPACE(payload as u32) as usize;
+        let mut cbuf = vec![0u64; space.div_ceil(8)];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(payload as u32) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
+        }
+        libc::sendmsg(sock, &msg, 0)
+    };
+    if r != data.len() as isize {
+        die(&format!("sendmsg: errno {}", errno()));
+    }
+}
+
+/// Receives one message into `data` and the descriptors it carries; None
+/// at end of file.
+fn recv_msg(sock: RawFd, data: &mut [u8]) -> Option<Vec<RawFd>> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut fds = Vec::new();
+    // SAFETY: as in send_msg; the kernel fills `cbuf` with at most `space`
+    // bytes and the CMSG_* walk stays inside it.
+    let r = unsafe {
+        let space = libc::CMSG_SPACE(8 * 4) as usize;
+        let mut cbuf = vec![0u64; space.div_ceil(8)];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        let r = loop {
+            let r = libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if r >= 0 || errno() != libc::EINTR {
+                break r;
+            }
+        };
+        if r > 0 {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let n = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                    let p: *const RawFd = libc::CMSG_DATA(c).cast();
+                    for i in 0..n {
+                        fds.push(std::ptr::read_unaligned(p.add(i)));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        r
+    };
+    match r {
+        0 => None,
+        r if r < 0 => die(&format!("recvmsg: errno {}", errno())),
+        _ => Some(fds),
+    }
+}
+
+// ----- the peer: a second process with its own client --------------------------
+
+/// Peer requests: op@0 a@4 b@8 c@12 seed@16 (24 bytes); replies: status@0
+/// n@4 handle@8 (12 bytes), with descriptors where said.
+const P_IMPORT: u32 = 1;
+const P_ALLOC: u32 = 2;
+const P_FREE: u32 = 3;
+const P_CLOSE_KEPT: u32 = 4;
+const P_CLOSE_FILE: u32 = 5;
+const P_SEND_FD: u32 = 6;
+const P_EXIT: u32 = 7;
+
+/// A forked process, driven over a socketpair, that holds its own client on
+/// its own nvidiactl file. It only acts on a request and answers when done,
+/// so it is quiescent whenever the main process reaches a checkpoint.
+struct Peer {
+    pid: libc::pid_t,
+    sock: RawFd,
+}
+
+impl Peer {
+    fn start(env: &Env, rng: Rng, way: OpenWay) -> Peer {
+        let mut sv = [0i32; 2];
+        // SAFETY: `sv` has room for two descriptors.
+        if unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                sv.as_mut_ptr(),
+            )
+        } != 0
+        {
+            die("socketpair");
+        }
+        let pid = fork_child(move || peer_main(env, rng, sv[1], way));
+        close(sv[1]);
+        Peer { pid, sock: sv[0] }
+    }
+
+    /// One request; dies unless the peer answers status 0. Returns (n,
+    /// handle, descriptors received).
+    fn call(
+        &self,
+        op: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+        seed: u64,
+        fds: &[RawFd],
+    ) -> (u32, u32, Vec<RawFd>) {
+        let mut m = [0u8; 24];
+        put_u32(&mut m, 0, op);
+        put_u32(&mut m, 4, a);
+        put_u32(&mut m, 8, b);
+        put_u32(&mut m, 12, c);
+        put_u64(&mut m, 16, seed);
+        send_msg(self.sock, &m, fds);
+        let mut r = [0u8; 12];
+        let Some(got) = recv_msg(self.sock, &mut r) else {
+            die(&format!("peer {} ended during request {op}", self.pid));
+        };
+        expect_ok(&format!("peer request {op}"), u32_at(&r, 0));
+        (u32_at(&r, 4), u32_at(&r, 8), got)
+    }
+
+    /// The peer exits without freeing anything (its file's release tears its
+    /// client down); waits for it.
+    fn stop(self) {
+        let mut m = [0u8; 24];
+        put_u32(&mut m, 0, P_EXIT);
+        send_msg(self.sock, &m, &[]);
+        expect_exit0("peer", wait(self.pid));
+        close(self.sock);
+    }
+}
+
+struct PeerState<'e> {
+    env: &'e Env,
+    rng: Rng,
+    way: OpenWay,
+    ctl: Option<RawFd>,
+    client: u32,
+    /// GPU -> device handle.
+    devs: std::collections::BTreeMap<u32, u32>,
+    /// Handles held (imports and own allocations), in creation order.
+    handles: Vec<u32>,
+    /// Descriptors kept (export files, files it sent).
+    kept: Vec<RawFd>,
+}
+
+impl PeerState<'_> {
+    /// (ctl, client, device on `gpu`), made on first use.
+    fn device(&mut self, gpu: u32) -> (RawFd, u32, u32) {
+        let ctl = match self.ctl {
+            Some(fd) => fd,
+            None => {
+                let fd = self.env.open_way("nvidiactl", self.way, false);
+                let (st, c) = ok_or_die(
+                    "peer client",
+                    self.env
+                        .alloc(fd, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+                );
+                expect_ok("peer client", st);
+                self.ctl = Some(fd);
+                self.client = c;
+                fd
+            }
+        };
+        let c = self.client;
+        let dev = match self.devs.get(&gpu) {
+            Some(d) => *d,
+            None => {
+                let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+                put_u32(&mut dp, 0, gpu);
+                let (st, d) = ok_or_die(
+                    "peer device",
+                    self.env.alloc(
+                        ctl,
+                        false,
+                        false,
+                        c,
+                        c,
+                        0,
+                        class::NV01_DEVICE_0,
+                        Some(&mut dp),
+                    ),
+                );
+                expect_ok("peer device", st);
+                self.devs.insert(gpu, d);
+                d
+            }
+        };
+        (ctl, c, dev)
+    }
+
+    /// Handles one request; returns the reply (n, handle, descriptors to send).
+    fn serve(
+        &mut self,
+        op: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+        fds: Vec<RawFd>,
+    ) -> (u32, u32, Vec<RawFd>) {
+        match op {
+            P_IMPORT => {
+                let &[fd] = fds.as_slice() else {
+                    die("peer: import without exactly one descriptor");
+                };
+                let (ctl, client, dev) = self.device(a);
+                let (n, first) = if b == 0 {
+                    let mut p = vec![0u8; abi::size::IMPORT_OBJECT_FROM_FD];
+                    put_u32(&mut p, ux::IMP1_FD, fd as u32);
+                    put_u32(&mut p, ux::IMP1_TYPE, ux::OBJECT_TYPE_RM);
+                    put_u32(&mut p, ux::IMP1_H_DEVICE, dev);
+                    put_u32(&mut p, ux::IMP1_H_PARENT, dev);
+                    let st = self.env.control(
+                        ctl,
+                        client,
+                        client,
+                        ux::IMPORT_OBJECT_FROM_FD,
+                        Some(&mut p),
+                    );
+                    expect_ok("IMPORT_OBJECT_FROM_FD", st);
+                    let h = u32_at(&p, ux::IMP1_H_OBJECT);
+                    self.handles.push(h);
+                    (1, h)
+                } else {
+                    let mut p = vec![0u8; abi::size::IMPORT_OBJECTS_FROM_FD];
+                    put_u32(&mut p, ux::IMPN_FD, fd as u32);
+                    put_u32(&mut p, ux::IMPN_H_PARENT, dev);
+                    put_u16(&mut p, ux::IMPN_NUM_OBJECTS, b as u16);
+                    let st = self.env.control(
+                        ctl,
+                        client,
+                        client,
+                        ux::IMPORT_OBJECTS_FROM_FD,
+                        Some(&mut p),
+                    );
+                    expect_ok("IMPORT_OBJECTS_FROM_FD", st);
+                    let mut n = 0;
+                    let mut first = 0;
+                    for i in 0..b as usize {
+                        // objects[i] in 0 (the driver picks): still 0 after
+                        // the call for an empty slot.
+                        let h = u32_at(&p, ux::IMPN_OBJECTS + 4 * i);
+                        if h == 0 {
+                            continue;
+                        }
+                        if n == 0 {
+                            first = h;
+                        }
+                        n += 1;
+                        self.handles.push(h);
+                    }
+                    (n, first)
+                };
+                if c != 0 {
+                    self.kept.push(fd);
+                } else {
+                    close(fd);
+                }
+                (n, first, Vec::new())
+            }
+            P_ALLOC => {
+                let (ctl, client, dev) = self.device(a);
+                let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+                put_u64(&mut p, 64, b as u64 * MIB);
+                let (st, h) = ok_or_die(
+                    "peer alloc",
+                    self.env.alloc(
+                        ctl,
+                        false,
+                        false,
+                        client,
+                        dev,
+                        0,
+                        class::NV01_MEMORY_LOCAL_USER,
+                        Some(&mut p),
+                    ),
+                );
+                if st == status::NV_ERR_NO_MEMORY {
+                    return (0, 0, Vec::new());
+                }
+                expect_ok("peer alloc", st);
+                self.handles.push(h);
+                (1, h, Vec::new())
+            }
+            P_FREE => {
+                let Some(ctl) = self.ctl else {
+                    return (0, 0, Vec::new());
+                };
+                let mut n = 0;
+                for _ in 0..b {
+                    if self.handles.is_empty() {
+                        break;
+                    }
+                    let i = if a == u32::MAX {
+                        self.rng.below(self.handles.len() as u64) as usize
+                    } else {
+                        (a as usize).min(self.handles.len() - 1)
+                    };
+                    let h = self.handles.remove(i);
+                    expect_ok("peer free", self.env.free(ctl, self.client, 0, h));
+                    n += 1;
+                }
+                (n, 0, Vec::new())
+            }
+            P_CLOSE_KEPT => {
+                let n = self.kept.len() as u32;
+                for fd in self.kept.drain(..) {
+                    close(fd);
+                }
+                (n, 0, Vec::new())
+            }
+            P_CLOSE_FILE => {
+                if let Some(fd) = self.ctl.take() {
+                    close(fd);
+                }
+                self.devs.clear();
+                self.handles.clear();
+                self.client = 0;
+                (0, 0, Vec::new())
+            }
+            P_SEND_FD => {
+                let fd = self
+                    .env
+                    .open_way("nvidiactl", OPEN_WAYS[a as usize % 5], false);
+                if b != 0 {
+                    self.kept.push(fd);
+                }
+                (1, 0, vec![fd])
+            }
+            _ => die(&format!("peer: unknown request {op}")),
+        }
+    }
+}
+
+/// The peer's life: drop every inherited descriptor but stdio and `sock`,
+/// then serve requests until P_EXIT or end of file.
+fn peer_main(env: &Env, rng: Rng, sock: RawFd, way: OpenWay) -> i32 {
+    // SAFETY: descriptor-table operations on our own (just forked) process.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::close(null);
+        }
+        if sock > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, (sock - 1) as u32, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, (sock + 1) as u32, u32::MAX, 0u32);
+    }
+    let mut st = PeerState {
+        env,
+        rng,
+        way,
+        ctl: None,
+        client: 0,
+        devs: Default::default(),
+        handles: Vec::new(),
+        kept: Vec::new(),
+    };
+    loop {
+        let mut m = [0u8; 24];
+        let Some(fds) = recv_msg(sock, &mut m) else {
+            return 0;
+        };
+        let op = u32_at(&m, 0);
+        if op == P_EXIT {
+            return 0;
+        }
+        st.rng = Rng(st.rng.0 ^ u64_at(&m, 16));
+        let (n, h, out) = st.serve(op, u32_at(&m, 4), u32_at(&m, 8), u32_at(&m, 12), fds);
+        let mut r = [0u8; 12];
+        put_u32(&mut r, 4, n);
+        put_u32(&mut r, 8, h);
+        send_msg(sock, &r, &out);
+        if op == P_SEND_FD && u32_at(&m, 8) == 0 {
+            for fd in out {
+                close(fd); // the sender closes its copy
+            }
+        }
+    }
+}
+
 // ----- checkpoints ---------------------------------------------------------
 
 struct Checkpoints {
@@ -878,6 +1892,10 @@ struct Random<'e> {
     main: Actor<'e>,
     /// Counter for per-actor handle ranges.
     actors: u32,
+    /// The second process, once a step needs it.
+    peer: Option<Peer>,
+    /// Export files we still hold.
+    exports: Vec<RawFd>,
 }
 
 impl<'e> Random<'e> {
@@ -944,22 +1962,35 @@ impl<'e> Random<'e> {
         );
         self.main.uvm = Some(uvm_fd);
         self.main.setup_objects();
+        self.main.startup_escapes();
 
         // (weight, op)
-        const OPS: [(u64, u8); 13] = [
-            (30, 0), // video alloc
-            (8, 1),  // host alloc
-            (20, 2), // free
-            (6, 3),  // map/unmap
-            (8, 4),  // control
-            (5, 5),  // thread
-            (5, 6),  // dup
-            (4, 7),  // fork, leak through the inherited fd
-            (3, 8),  // fork + exec, fd kept
-            (3, 9),  // fork + exec, fd O_CLOEXEC
-            (3, 10), // child killed by SIGKILL
-            (3, 11), // second client, freed whole
+        const OPS: [(u64, u8); 25] = [
+            (24, 0), // video alloc
+            (6, 1),  // host alloc
+            (16, 2), // free
+            (5, 3),  // map/unmap
+            (6, 4),  // control
+            (4, 5),  // thread
+            (4, 6),  // dup of the fd
+            (3, 7),  // fork, leak through the inherited fd
+            (2, 8),  // fork + exec, fd kept
+            (2, 9),  // fork + exec, fd O_CLOEXEC
+            (2, 10), // child killed by SIGKILL
+            (2, 11), // second client, freed whole
             (2, 12), // free the main client and start over
+            (5, 13), // share with the peer (export/import), owner frees
+            (4, 14), // RM_DUP_OBJECT between two clients of this process
+            (2, 15), // memory under a subdevice, subdevice freed
+            (2, 16), // RM_ALLOC_MEMORY 0x40 / 0x3F on nvidiaN
+            (4, 17), // VID_HEAP of each class
+            (3, 18), // 0-byte classes, EGM
+            (1, 19), // the startup escapes
+            (6, 20), // open in one of the ways, work, let go
+            (3, 21), // the peer frees, closes files, allocates
+            (1, 22), // close our export files
+            (3, 23), // release of a file whose memory the peer imported
+            (0, 24), // (spare)
         ];
         let total: u64 = OPS.iter().map(|(w, _)| w).sum();
         for _ in 0..self.cli.steps {
@@ -985,13 +2016,26 @@ impl<'e> Random<'e> {
                 9 => self.fork_exec(true),
                 10 => self.kill_child(),
                 11 => self.second_client(),
-                _ => self.restart_client(),
+                12 => self.restart_client(),
+                13 => self.share(),
+                14 => self.dup_between_clients(),
+                15 => self.main.subdevice_teardown(),
+                16 => self.main.alloc_memory_video_class(),
+                17 => self.main.vid_heap_class(),
+                18 => self.main.zero_byte_classes(),
+                19 => self.main.startup_escapes(),
+                20 => self.open_session(),
+                21 => self.peer_step(),
+                22 => self.close_exports(),
+                _ => self.release_shared_file(),
             }
             cp.step();
         }
 
         if self.main.rng.chance(30) {
             // exit without freeing anything: the release at exit tears down
+            // (the peer goes first, so that every process is done)
+            self.wind_down();
             cp.emit();
             return;
         }
@@ -1000,6 +2044,7 @@ impl<'e> Random<'e> {
         }
         let (c, ctl) = (self.main.client, self.main.ctl);
         expect_ok("free client", env.free(ctl, c, 0, c));
+        self.wind_down();
         let mut p = [0u8; 8];
         ok_or_die(
             "UVM_DEINITIALIZE",
@@ -1229,6 +2274,253 @@ impl<'e> Random<'e> {
         }
     }
 
+    /// The peer process, started on first use (its nvidiactl opened in a
+    /// random way).
+    fn peer(&mut self) -> &Peer {
+        if self.peer.is_none() {
+            let way = OPEN_WAYS[self.main.rng.below(OPEN_WAYS.len() as u64) as usize];
+            let rng = self.main.rng.fork();
+            self.peer = Some(Peer::start(self.env, rng, way));
+        }
+        self.peer.as_ref().expect("peer started")
+    }
+
+    /// A fresh export file (nvidiactl, O_CLOEXEC) opened in a random way.
+    fn open_export_file(&mut self) -> RawFd {
+        let way = OPEN_WAYS[self.main.rng.below(OPEN_WAYS.len() as u64) as usize];
+        self.env.open_way("nvidiactl", way, true)
+    }
+
+    /// Hands export file `exp` (holding `batch` slots; 0: a single export)
+    /// to the peer over SCM_RIGHTS; the peer imports on `gpu` and keeps the
+    /// file or closes it; then we close our copy or keep it for later.
+    fn peer_import(&mut self, exp: RawFd, batch: u32, gpu: u32) {
+        let keep = self.main.rng.chance(40) as u32;
+        let seed = self.main.rng.next();
+        self.peer().call(P_IMPORT, gpu, batch, keep, seed, &[exp]);
+        if self.main.rng.chance(50) {
+            close(exp);
+        } else {
+            self.exports.push(exp);
+        }
+    }
+
+    /// Memory of ours shared with the peer through export/import; then, often,
+    /// we free our handles while the peer's references remain.
+    fn share(&mut self) {
+        let n = 1 + self.main.rng.below(3) as usize;
+        let mut hs = self.main.pick_live(n);
+        if hs.is_empty() {
+            let size = (1 + self.main.rng.below(16)) * MIB;
+            match self.main.alloc_video(size, Via::Nvos21) {
+                Some(a) => hs.push(a.handle),
+                None => return,
+            }
+        }
+        let exp = self.open_export_file();
+        let batch = self.main.export_to(exp, &hs);
+        let gpu = self.main.gpu;
+        self.peer_import(exp, batch, gpu);
+        if self.main.rng.chance(50) {
+            for a in self.main.take_live(&hs) {
+                self.main.free_alloc(a);
+            }
+        }
+    }
+
+    /// A second client of this process (on our file or a new one) with
+    /// references to our memory made by RM_DUP_OBJECT, and one of its own
+    /// dup'd back into the main client; then either side goes first.
+    fn dup_between_clients(&mut self) {
+        let base = self.next_base();
+        let own_file = self.main.rng.chance(50);
+        let fd = if own_file {
+            let way = OPEN_WAYS[self.main.rng.below(OPEN_WAYS.len() as u64) as usize];
+            self.env.open_way("nvidiactl", way, true)
+        } else {
+            self.main.ctl
+        };
+        let mut a = Actor::new(self.env, self.main.rng.fork(), fd, base);
+        a.client = a.new_client();
+        a.gpu = self.main.gpu;
+        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+        put_u32(&mut dp, 0, a.gpu);
+        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        let n = 1 + self.main.rng.below(2) as usize;
+        let src = self.main.pick_live(n);
+        for h in &src {
+            let d = a.dup_into(a.client, a.device, self.main.client, *h);
+            a.live.push(Alloc {
+                handle: d,
+                video: false,
+                gpu: a.gpu,
+                uvm_base: None,
+            });
+        }
+        let size = (1 + a.rng.below(8)) * MIB;
+        if let Some(mine) = a.alloc_video(size, Via::Nvos21) {
+            let (c, d) = (self.main.client, self.main.device);
+            let back = self.main.dup_into(c, d, a.client, mine.handle);
+            self.main.live.push(Alloc {
+                handle: back,
+                video: false,
+                gpu: a.gpu,
+                uvm_base: None,
+            });
+        }
+        if self.main.rng.chance(50) {
+            // the originals go first: the dups keep the memory
+            for x in self.main.take_live(&src) {
+                self.main.free_alloc(x);
+            }
+        }
+        match self.main.rng.below(3) {
+            0 => {
+                while let Some(x) = a.live.pop() {
+                    a.free_alloc(x);
+                }
+                expect_ok("free dup client", self.env.free(fd, a.client, 0, a.client));
+            }
+            1 => expect_ok("free dup client", self.env.free(fd, a.client, 0, a.client)),
+            _ if own_file => {} // the release below tears it down
+            _ => expect_ok("free dup client", self.env.free(fd, a.client, 0, a.client)),
+        }
+        for g in a.gpu_fds.iter().flatten() {
+            close(*g);
+        }
+        if own_file {
+            close(fd);
+        }
+    }
+
+    /// A client on a new nvidiactl file whose memory the peer imports; then
+    /// that file is closed (its release): the peer's references keep the
+    /// memory and take the charge.
+    fn release_shared_file(&mut self) {
+        let base = self.next_base();
+        let way = OPEN_WAYS[self.main.rng.below(OPEN_WAYS.len() as u64) as usize];
+        let fd = self.env.open_way("nvidiactl", way, true);
+        let mut a = Actor::new(self.env, self.main.rng.fork(), fd, base);
+        a.client = a.new_client();
+        a.gpu = a.rng.below(self.env.gpus as u64) as u32;
+        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+        put_u32(&mut dp, 0, a.gpu);
+        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        for _ in 0..1 + a.rng.below(3) {
+            let size = (1 + a.rng.below(8)) * MIB;
+            a.alloc_video(size, Via::Nvos21);
+        }
+        let hs: Vec<u32> = a.live.iter().map(|x| x.handle).collect();
+        if !hs.is_empty() {
+            let exp = self.open_export_file();
+            let batch = a.export_to(exp, &hs);
+            let gpu = a.gpu;
+            self.peer_import(exp, batch, gpu);
+        }
+        close(fd);
+    }
+
+    /// Opens nvidiactl in one of the ways a process gets a descriptor, works
+    /// on it (a client, a device, memory), and lets it go (client freed, or
+    /// only the release of the file at its last close).
+    fn open_session(&mut self) {
+        let base = self.next_base();
+        let how = self.main.rng.below(12);
+        let (fd, other) = match how {
+            0..=4 => (
+                self.env
+                    .open_way("nvidiactl", OPEN_WAYS[how as usize], false),
+                None,
+            ),
+            5..=9 => {
+                let o = self.env.open_way("nvidiactl", OpenWay::Openat, false);
+                let d = dup_way(o, DUP_WAYS[how as usize - 5]);
+                if self.main.rng.chance(50) {
+                    close(o);
+                    (d, None)
+                } else {
+                    (d, Some(o))
+                }
+            }
+            _ => {
+                // from the peer over SCM_RIGHTS; it closes its copy or keeps it
+                let way = self.main.rng.below(OPEN_WAYS.len() as u64) as u32;
+                let keep = (how == 11) as u32;
+                let seed = self.main.rng.next();
+                let (_, _, fds) = self.peer().call(P_SEND_FD, way, keep, 0, seed, &[]);
+                let &[fd] = fds.as_slice() else {
+                    die("the peer sent no descriptor");
+                };
+                (fd, None)
+            }
+        };
+        let mut a = Actor::new(self.env, self.main.rng.fork(), fd, base);
+        a.client = a.new_client();
+        a.gpu = a.rng.below(self.env.gpus as u64) as u32;
+        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+        put_u32(&mut dp, 0, a.gpu);
+        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        for _ in 0..1 + a.rng.below(2) {
+            a.alloc_random_video();
+        }
+        if a.rng.chance(30) {
+            a.alloc_host();
+        }
+        if a.rng.chance(40) {
+            expect_ok(
+                "free session client",
+                self.env.free(fd, a.client, 0, a.client),
+            );
+        }
+        for g in a.gpu_fds.iter().flatten() {
+            close(*g);
+        }
+        match other {
+            Some(o) if self.main.rng.chance(50) => {
+                close(o);
+                close(fd);
+            }
+            Some(o) => {
+                close(fd);
+                close(o);
+            }
+            None => close(fd),
+        }
+    }
+
+    /// The peer frees some of its handles, closes the files it kept, closes
+    /// its nvidiactl file (a release), or allocates memory of its own.
+    fn peer_step(&mut self) {
+        let which = self.main.rng.below(4);
+        let gpu = self.main.rng.below(self.env.gpus as u64) as u32;
+        let mib = 1 + self.main.rng.below(8) as u32;
+        let seed = self.main.rng.next();
+        let p = self.peer();
+        match which {
+            0 => p.call(P_FREE, u32::MAX, 1 + (seed % 2) as u32, 0, seed, &[]),
+            1 => p.call(P_CLOSE_KEPT, 0, 0, 0, seed, &[]),
+            2 => p.call(P_CLOSE_FILE, 0, 0, 0, seed, &[]),
+            _ => p.call(P_ALLOC, gpu, mib, 0, seed, &[]),
+        };
+    }
+
+    /// Closes the export files we kept (their release drops their
+    /// references).
+    fn close_exports(&mut self) {
+        for fd in self.exports.drain(..) {
+            close(fd);
+        }
+    }
+
+    /// Stops the peer (if any) and closes the export files we kept: every
+    /// process involved is done before the last checkpoint.
+    fn wind_down(&mut self) {
+        self.close_exports();
+        if let Some(p) = self.peer.take() {
+            p.stop();
+        }
+    }
+
     fn restart_client(&mut self) {
         let live = std::mem::take(&mut self.main.live);
         if let Some(u) = self.main.uvm {
@@ -1252,6 +2544,147 @@ impl<'e> Random<'e> {
         self.main.handles.n = 0;
         self.main.setup_objects();
     }
+}
+
+/// The `share` scenario (see the module doc for what it does and holds).
+fn share(env: &Env, cp: &mut Checkpoints) {
+    let ctl = env.open_way("nvidiactl", OpenWay::Openat, false);
+    let (st, c) = ok_or_die(
+        "client",
+        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+    );
+    expect_ok("client", st);
+    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+    let (st, d) = ok_or_die(
+        "device",
+        env.alloc(
+            ctl,
+            false,
+            false,
+            c,
+            c,
+            0,
+            class::NV01_DEVICE_0,
+            Some(&mut dp),
+        ),
+    );
+    expect_ok("device", st);
+    let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
+    let (st, _) = ok_or_die(
+        "subdevice",
+        env.alloc(
+            ctl,
+            false,
+            false,
+            c,
+            d,
+            0,
+            class::NV20_SUBDEVICE_0,
+            Some(&mut sp),
+        ),
+    );
+    expect_ok("subdevice", st);
+    let alloc = |cls: u32, size: u64| {
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, size);
+        let (st, h) = ok_or_die(
+            "alloc",
+            env.alloc(ctl, false, false, c, d, 0, cls, Some(&mut p)),
+        );
+        expect_ok("alloc", st);
+        h
+    };
+    // 1. mA1 8 MiB, mA2 4 MiB (video), hA 1 MiB (host)
+    let ma1 = alloc(class::NV01_MEMORY_LOCAL_USER, 8 * MIB);
+    let ma2 = alloc(class::NV01_MEMORY_LOCAL_USER, 4 * MIB);
+    let ha = alloc(class::NV01_MEMORY_SYSTEM, MIB);
+    cp.step();
+    // 2. a second file (raw open(2)) and client; RM_DUP_OBJECT of mA1 into it
+    let ctl2 = env.open_way("nvidiactl", OpenWay::RawOpen, false);
+    let (st, c2) = ok_or_die(
+        "client 2",
+        env.alloc(ctl2, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+    );
+    expect_ok("client 2", st);
+    let (st, d2) = ok_or_die(
+        "device 2",
+        env.alloc(
+            ctl2,
+            false,
+            false,
+            c2,
+            c2,
+            0,
+            class::NV01_DEVICE_0,
+            Some(&mut dp),
+        ),
+    );
+    expect_ok("device 2", st);
+    let mut b = vec![0u8; abi::size::NVOS55];
+    put_u32(&mut b, abi::nvos55::H_CLIENT, c2);
+    put_u32(&mut b, abi::nvos55::H_PARENT, d2);
+    put_u32(&mut b, abi::nvos55::H_CLIENT_SRC, c);
+    put_u32(&mut b, abi::nvos55::H_OBJECT_SRC, ma1);
+    ok_or_die(
+        "RM_DUP_OBJECT",
+        env.rm(ctl2, esc::RM_DUP_OBJECT, &mut b, false),
+    );
+    expect_ok("RM_DUP_OBJECT", u32_at(&b, abi::nvos55::STATUS));
+    cp.step();
+    // 3. export mA2 alone to exp1, [mA1, hA] to exp2; both to B; close ours
+    let exp1 = env.open_way("nvidiactl", OpenWay::Openat, true);
+    let exp2 = env.open_way("nvidiactl", OpenWay::Openat, true);
+    let mut p = vec![0u8; abi::size::EXPORT_OBJECT_TO_FD];
+    put_u32(&mut p, ux::EXP1_TYPE, ux::OBJECT_TYPE_RM);
+    put_u32(&mut p, ux::EXP1_H_DEVICE, d);
+    put_u32(&mut p, ux::EXP1_H_PARENT, d);
+    put_u32(&mut p, ux::EXP1_H_OBJECT, ma2);
+    put_u32(&mut p, ux::EXP1_FD, exp1 as u32);
+    expect_ok(
+        "EXPORT_OBJECT_TO_FD",
+        env.control(ctl, c, c, ux::EXPORT_OBJECT_TO_FD, Some(&mut p)),
+    );
+    let mut p = vec![0u8; abi::size::EXPORT_OBJECTS_TO_FD];
+    put_u32(&mut p, ux::EXPN_FD, exp2 as u32);
+    put_u32(&mut p, ux::EXPN_H_DEVICE, d);
+    put_u16(&mut p, ux::EXPN_MAX_OBJECTS, 2);
+    put_u32(&mut p, ux::EXPN_OBJECTS, ma1);
+    put_u32(&mut p, ux::EXPN_OBJECTS + 4, ha);
+    put_u16(&mut p, ux::EXPN_NUM_OBJECTS, 2);
+    expect_ok(
+        "EXPORT_OBJECTS_TO_FD",
+        env.control(ctl, c, c, ux::EXPORT_OBJECTS_TO_FD, Some(&mut p)),
+    );
+    let peer = Peer::start(env, Rng(9), OpenWay::Openat2);
+    cp.step();
+    // 4. B (openat2) imports exp1 (keeps it) and exp2 (closes it), and
+    //    allocates 2 MiB of its own; we close our copies of both
+    peer.call(P_IMPORT, 0, 0, 1, 0, &[exp1]);
+    peer.call(P_IMPORT, 0, 2, 0, 0, &[exp2]);
+    close(exp1);
+    close(exp2);
+    let (n, _, _) = peer.call(P_ALLOC, 0, 2, 0, 0, &[]);
+    if n != 1 {
+        die("the peer could not allocate 2 MiB");
+    }
+    cp.step();
+    // 5. we free mA2: B's import takes the charge
+    expect_ok("free mA2", env.free(ctl, c, d, ma2));
+    cp.step();
+    // 6. we free mA1 in our first client: our dup (older than B's) keeps it ours
+    expect_ok("free mA1", env.free(ctl, c, d, ma1));
+    cp.step();
+    // 7. we close the second file: its client (with the dup) goes, B takes mA1
+    close(ctl2);
+    cp.step();
+    // 8. B frees its import of mA2: only exp1 (B's copy) keeps it
+    peer.call(P_FREE, 0, 1, 0, 0, &[]);
+    cp.step();
+    // 9. B closes exp1: mA2 is freed, from B
+    peer.call(P_CLOSE_KEPT, 0, 0, 0, 0, &[]);
+    cp.step();
+    cp.emit();
+    peer.stop();
 }
 
 /// Continuing after exec as a child of the random scenario.
@@ -1764,12 +3197,15 @@ fn main() {
                 cli: &cli,
                 main: Actor::new(&env, Rng(cli.seed), ctl, 0x1000_0000),
                 actors: 0,
+                peer: None,
+                exports: Vec::new(),
             };
             r.run(&mut cp);
         }
         "basic" => basic(&env, &mut cp),
         "hostile" => hostile(&env, &mut cp),
         "oom" => oom(&env, &mut cp),
+        "share" => share(&env, &mut cp),
         "busy" => busy(&env, &cli),
         other => die(&format!("unknown scenario {other:?}")),
     }
