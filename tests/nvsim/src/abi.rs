@@ -80,7 +80,7 @@ pub mod size {
     pub const NVOS57: usize = 24;
     pub const XFER: usize = 16;
     pub const CARD_INFO_ENTRY: usize = 72;
-    /// `nv_ioctl_rm_api_version_t`: cmd u32, reply u32, versionString[64].
+    /// `nv_ioctl_rm_api_version_t`: cmd u32, reply u32, `versionString[64]`.
     pub const RM_API_VERSION: usize = 72;
     pub const NV0080_ALLOC: usize = 56;
     pub const NV2080_ALLOC: usize = 4;

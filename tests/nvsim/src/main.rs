@@ -28,28 +28,53 @@
 //! and on every read at offset 0):
 //! ```json
 //! {"driver_version":"580.159",
-//!  "gpus":[{"index":0,"capacity_bytes":N,"used_bytes":N,"host_bytes":N}],
+//!  "gpus":[{"index":0,"capacity_bytes":N,"used_bytes":N,"host_bytes":N,
+//!           "egm_bytes":N}],
 //!  "processes":[{"pid":1234,"gpus":[{"gpu":0,"bytes":N,"peak_bytes":N,
-//!                "host_bytes":N,"allocs":N,"frees":N}]}],
+//!                "host_bytes":N,"egm_bytes":N,"driver_video_bytes":N,
+//!                "allocs":N,"frees":N}]}],
 //!  "clients":[{"handle":N,"fh":N,"creator_pid":N,"objects":N}],
 //!  "ioctls":{"total":N,"failed":N},
-//!  "uvm_ranges":N}
+//!  "uvm_ranges":N,
+//!  "memories":[{"id":N,"gpu":N,"class":N,"kind":"video","bytes":N,
+//!               "charged_pid":N,"driver_pid":N,"handles":N,"export_refs":N}]}
 //! ```
-//! * `bytes`: video memory currently held that the ioctls of that process
-//!   (tgid) allocated, attributed forever, even after it exits or another
-//!   process's close tears it down. `peak_bytes`: the maximum of `bytes`.
-//!   `host_bytes`: same for host memory (RM_ALLOC_MEMORY on `nvidiaN`: that
-//!   GPU; RM_ALLOC classes 0x3E/0x71: the GPU of the device ancestor).
-//!   `allocs`/`frees`: successful allocations/frees of memory objects that
-//!   hold bytes (video or host; virtual memory classes are not counted); a
-//!   teardown counts one free per memory object. A process appears once it
-//!   allocated memory on some GPU and stays listed. Sorted by pid and GPU.
+//! The accounting follows `docs/gpu-accounting.md` (memories, handles,
+//! references, charges, teardown order); the driver module doc
+//! (`src/driver.rs`) restates it. Every memory is counted once however many
+//! handles and export references it has.
+//! * `gpus[]`: `used_bytes` video bytes of the live memories on that GPU (what
+//!   NV_ERR_NO_MEMORY is decided on), `host_bytes` host memory attributed to it
+//!   (RM_ALLOC_MEMORY on `nvidiaN`: that GPU; otherwise the GPU of the device
+//!   ancestor), `egm_bytes` extended GPU memory (class 0x42).
+//! * `processes[].gpus[]`, the per-caller figure: `bytes` / `host_bytes` /
+//!   `egm_bytes` are the bytes of the live video / host / EGM memories charged
+//!   to that process (tgid). A memory is charged to the process whose ioctl
+//!   created it; when the charged handle goes while other handles remain
+//!   (RM_DUP_OBJECT dups, imports), the charge moves to the creator of the
+//!   oldest surviving handle; while only export files keep it, it stays; an
+//!   import made then takes it. When the last reference goes the bytes are
+//!   freed from whoever is charged. `peak_bytes`: the maximum `bytes` at the
+//!   end of any ioctl or release (a charge moving in can raise it).
+//!   `driver_video_bytes`, the driver figure (NVML's `usedGpuMemory`): video
+//!   bytes of the live memories whose charged handle lies in a client this
+//!   process created (a forked child allocating through its parent's client
+//!   counts for the parent here, for the child in `bytes`). `allocs` /
+//!   `frees`: memories holding bytes (video, host or EGM, more than 0) created
+//!   by / freed while charged to that process; 0-byte memories, dups, imports
+//!   and moving charges are not counted; a teardown counts one free per memory
+//!   it frees. An entry appears the first time one of its figures becomes
+//!   non-zero and stays listed after the process exits. Sorted by pid and GPU.
 //! * `clients`: live RM clients; `fh` is the FUSE file handle of the open
 //!   file they were created through; `objects` excludes the client itself.
 //! * `ioctls.total`: every ioctl on a device file; `failed`: those that
 //!   returned an errno or wrote a non-zero RM/UVM status.
-//! * `uvm_ranges`: UVM external ranges currently created (not in the
-//!   original schema; extra).
+//! * `uvm_ranges` (extra): UVM external ranges currently created.
+//! * `memories` (extra): every live memory in creation order, 0-byte ones
+//!   included: its class (for VID_HEAP the class chosen), `kind` (`video`,
+//!   `host`, `egm`, `none`), `bytes`, the process charged, the process whose
+//!   driver figure holds it (`null`: nobody), its live handles and the
+//!   export-file slots holding it.
 //!
 //! ## What is simulated
 //! * RM escapes with the exact `_IOC_SIZE` checks of `RmValidateIoctl`
@@ -57,22 +82,64 @@
 //!   escapes, `XFER_CMD` indirection, and the direction bits ignored like the
 //!   real driver (params the kernel did not copy are read/written at `arg`).
 //! * RM_ALLOC (NVOS21 32 B / NVOS64 48 B; before driver 535 NVOS21 has no
-//!   paramsSize with status@24 and NVOS64 is 40 B with flags@32, status@36),
-//!   RM_FREE (object subtree or whole client), RM_CONTROL (status 0 for any
-//!   cmd on a valid client/object), RM_VID_HEAP_CONTROL ALLOC_SIZE/FREE,
-//!   RM_ALLOC_MEMORY (NVOS02 on nvidiaN), RM_MAP/UNMAP_MEMORY(_DMA) (status 0
-//!   when the memory handle exists), RM_DUP_OBJECT/RM_SHARE (NOT_SUPPORTED),
-//!   RM_ALLOC_CONTEXT_DMA2 (status 0, no object), CARD_INFO (one valid entry
-//!   per GPU), CHECK_VERSION_STR (recognized), other misc escapes (0).
+//!   paramsSize with status@24 and NVOS64 is 40 B with flags@32, status@36)
+//!   of every class of the ABI tables: video 0x40 (size@64 rounded to 2 MiB,
+//!   written back), host 0x3E (size@64 rounded to 4 KiB, written back) and
+//!   0x71 (limit@24 + 1, as written), EGM 0x42 (size@64 rounded like video; no
+//!   capacity limit), 0-byte memories 0xC2 (24-byte params, memSize@0 written
+//!   with the whole heap), 0xF8 (48-byte params, only under a subdevice), 0xFD
+//!   (40-byte params before 550, 80 from 550 on), 0xF9, 0xFB, 0xE0, 0x50A0,
+//!   0x70 (params not read).
+//! * RM_ALLOC_MEMORY (NVOS02 on nvidiaN): 0x3E / 0x71 allocate limit + 1 host
+//!   bytes (limit not written back); 0x40 makes a 0-byte object and writes
+//!   limit = the GPU's whole capacity - 1; 0x3F writes limit 0xFFFFFFFF.
+//! * RM_VID_HEAP_CONTROL: ALLOC_SIZE (2) classified as the driver does
+//!   (flags@52 & 0x80000: virtual 0x50A0, 0 bytes; else attr2@144 bit 24 on
+//!   drivers 550 and later: EGM 0x42; else attr@56 bits 26:25 == 0: video
+//!   0x40; else host 0x3E), size@88 rounded and written back, hMemory@44 out;
+//!   ALLOC_SIZE_RANGE (14) the same without the EGM bit, size@80;
+//!   ALLOC_OS_DESCRIPTOR (27): host, hMemory@40, limit@72 + 1 bytes; FREE (3).
+//! * RM_DUP_OBJECT (NVOS55): a new handle in hClient under hParent (hObject 0:
+//!   the driver picks and writes it back). The source client must have been
+//!   created by the calling process (else NV_ERR_INVALID_CLIENT); it may be on
+//!   another open file. A memory dup is a reference (no bytes; its parent
+//!   needs a device on the memory's GPU). Devices, subdevices and other
+//!   objects are accepted and duplicated as plain objects of the same class
+//!   (a device keeps its GPU) with nothing under them.
+//! * RM_CONTROL on the client: EXPORT_OBJECT_TO_FD 0x3d05, EXPORT_OBJECTS_TO_FD
+//!   0x3d0b, IMPORT_OBJECT_FROM_FD 0x3d06, IMPORT_OBJECTS_FROM_FD 0x3d0c, as
+//!   in the driver's `osapi.c`: the `fd` must be an nvidiactl file of the
+//!   calling process (NV_ERR_INVALID_PARAMETER otherwise); its object table is
+//!   made by the first export (one slot for 0x3d05, maxObjects for 0x3d0b;
+//!   NV_ERR_STATE_IN_USE if 0x3d05 finds one), slots index.. are overwritten
+//!   (0 empties a slot), index + numObjects past the table is
+//!   NV_ERR_OUT_OF_RANGE; a batch's objects must be on the GPU of its hDevice.
+//!   Only memory can be exported (NV_ERR_NOT_SUPPORTED for other objects). An
+//!   import dups the slot's memory into the caller's client (any process);
+//!   a batch import is all or nothing, objectTypes = 1 for 0x40 / 0x3F / 0xC2
+//!   / 0x42, 2 for 0x3E / 0x71, 3 for 0xF8, 4 for 0xFD, 0 for other classes
+//!   and for empty slots. Export references last until the export file is
+//!   released. paramsSize must be exact (NV_ERR_INVALID_ARGUMENT); FINN
+//!   params and these commands on another object: NV_ERR_NOT_SUPPORTED. Any
+//!   other control: status 0 on a valid client/object, nothing read.
+//! * RM_FREE (object subtree, whole client), RM_MAP/UNMAP_MEMORY(_DMA)
+//!   (status 0 when the memory handle exists), RM_ALLOC_CONTEXT_DMA2 (status
+//!   0, no object), RM_SHARE (NOT_SUPPORTED), CARD_INFO (one valid entry per
+//!   GPU), CHECK_VERSION_STR (recognized). The escapes CUDA sends at start
+//!   answer success and allocate nothing: ALLOC_OS_EVENT / FREE_OS_EVENT
+//!   (16 B, status@12 = 0), SYS_PARAMS (8 B, left as is), NUMA_INFO (any
+//!   size, zero-filled), WAIT_OPEN_COMPLETE (8 B, rc and adapterStatus 0;
+//!   -EINVAL before 550), RM_UPDATE_DEVICE_MAPPING_INFO (NVOS56, status@32 =
+//!   0).
 //! * The object tree client -> device -> subdevice / memory / VA space /
 //!   TSG -> context share, channel -> compute/copy; driver-picked handles
 //!   `0xc1d00000 + counter` written back; duplicate handles; per-GPU capacity
-//!   with NV_ERR_NO_MEMORY; video sizes rounded up to 2 MiB, host to 4 KiB,
-//!   the real size written back to the params (`size@64`, VID_HEAP
-//!   `size@88`, NVOS02 `limit@32`).
+//!   with NV_ERR_NO_MEMORY. Freeing a device or subdevice frees everything
+//!   under it, memory included.
 //! * Clients belong to the open file (FUSE fh): an ioctl naming a client of
 //!   another open file gets NV_ERR_INVALID_CLIENT, and the release of the
-//!   open file (its last close) tears down all its clients.
+//!   open file (its last close) tears down all its clients and drops the
+//!   references its export table holds, as one teardown.
 //! * nvidia-uvm: INITIALIZE, DEINITIALIZE, range groups, REGISTER_GPU(_VASPACE),
 //!   REGISTER_CHANNEL, CREATE_EXTERNAL_RANGE, MAP_EXTERNAL_ALLOCATION, FREE,
 //!   PAGEABLE_MEM_ACCESS, MM_INITIALIZE, ... with rmStatus written where the
@@ -82,32 +149,57 @@
 //! NV_OK 0; NV_ERR_INSERT_DUPLICATE_NAME 0x19 (handle in use);
 //! NV_ERR_INVALID_ADDRESS 0x1E (UVM FREE of an unknown range);
 //! NV_ERR_INVALID_ARGUMENT 0x1F (deviceId out of range, size 0, missing
-//! params); NV_ERR_INVALID_CLASS 0x22; NV_ERR_INVALID_CLIENT 0x23 (unknown
-//! client, or a client of another open file); NV_ERR_INVALID_LIMIT 0x2E
-//! (limit+1 overflows); NV_ERR_INVALID_OBJECT_HANDLE 0x33 (control/map on an
-//! unknown object); NV_ERR_INVALID_OBJECT_PARENT 0x36; NV_ERR_NO_MEMORY 0x51;
-//! NV_ERR_NOT_SUPPORTED 0x56 (DUP_OBJECT, SHARE, FINN params, other VID_HEAP
-//! functions); NV_ERR_OBJECT_NOT_FOUND 0x57 (free of an unknown handle, as
-//! resserv's `clientGetResourceRef`); NV_ERR_UVM_ADDRESS_IN_USE 0x68
-//! (overlapping UVM external range).
+//! params, a wrong paramsSize for an export/import control);
+//! NV_ERR_INVALID_CLASS 0x22; NV_ERR_INVALID_CLIENT 0x23 (unknown client, a
+//! client of another open file, a DUP source client of another process);
+//! NV_ERR_INVALID_LIMIT 0x2E (limit+1 overflows); NV_ERR_INVALID_OBJECT_HANDLE
+//! 0x33 (control/map on an unknown object); NV_ERR_INVALID_OBJECT_PARENT 0x36;
+//! NV_ERR_INVALID_PARAMETER 0x3B (export/import: fd not an nvidiactl file of
+//! the caller, no or wrong table, bad type/flags; not in the ABI file);
+//! NV_ERR_NO_MEMORY 0x51; NV_ERR_NOT_SUPPORTED 0x56 (RM_SHARE, FINN params,
+//! other VID_HEAP functions, exporting a non-memory object, a DUP of a
+//! client); NV_ERR_OBJECT_NOT_FOUND 0x57 (free/dup/export of an unknown
+//! handle, as resserv's `clientGetResourceRef`); NV_ERR_OUT_OF_RANGE 0x5B and
+//! NV_ERR_STATE_IN_USE 0x63 (export tables; not in the ABI file);
+//! NV_ERR_UVM_ADDRESS_IN_USE 0x68 (overlapping UVM external range).
 //!
 //! ## What is not simulated
-//! * mmap of the device files, `cudaMallocManaged` faults, real control
-//!   command semantics (params of RM_CONTROL are never read or written),
+//! * mmap of the device files, `cudaMallocManaged` faults, the semantics of
+//!   other control commands (their params are never read or written),
 //!   FINN-serialized alloc params (NV_ERR_NOT_SUPPORTED for memory classes),
-//!   RM_DUP_OBJECT/RM_SHARE, events, MPS, privilege checks, per-class parent
-//!   rules beyond "has a device ancestor" (device: parent is the client;
-//!   subdevice: parent is a device).
-//! * REGISTER_FD: RM_ALLOC_MEMORY on nvidiaN accepts any existing client (the
-//!   real driver checks the nvidiactl file registered via REGISTER_FD, which a
-//!   FUSE server cannot resolve from the caller's fd number).
+//!   RM_SHARE, events, MPS, privilege checks (0xC2 is privileged in the real
+//!   driver), per-class parent rules beyond "has a device ancestor" (device:
+//!   parent is the client; subdevice: parent is a device; 0xF8: parent is a
+//!   subdevice). Export metadata is not kept; the object table's device is
+//!   kept as its GPU only.
 //! * paramsSize of NVOS21/NVOS64 is not checked; the class's struct size is
-//!   read from pAllocParms (device 56 B, memory 128 B, 0x71 40 B).
-//! * An unreadable/unwritable pointer inside the params (pAllocParms, XFER
-//!   ptr, UVM arg) fails the ioctl with EFAULT and changes nothing (the real
-//!   driver returns EFAULT or NV_ERR_INVALID_ADDRESS depending on the path).
-//!   For XFER the inner escape is applied before the copy back to `ptr`, as in
-//!   the real driver.
+//!   read from pAllocParms.
+//! * An unreadable/unwritable pointer inside the params (pAllocParms, control
+//!   params, XFER ptr, UVM arg) fails the ioctl with EFAULT and changes
+//!   nothing (the real driver returns EFAULT or NV_ERR_INVALID_ADDRESS
+//!   depending on the path). For XFER the inner escape is applied before the
+//!   copy back to `ptr`, as in the real driver.
+//!
+//! ## What a FUSE server cannot model (and what it does instead)
+//! * A FUSE request carries the fh of the ioctl's own file only, never the
+//!   open file behind a descriptor number named inside the params. For the
+//!   export/import controls the server resolves the named descriptor itself
+//!   (`pidfd_open` + `pidfd_getfd` on the caller, then its own
+//!   `_IOW('K', 1, 16)` ioctl on that copy from a helper thread, which the
+//!   kernel delivers with the fh of the same open file; see `src/fuse.rs`).
+//!   This needs ptrace rights over the caller (root, or same user without a
+//!   Yama restriction); without them the descriptor counts as not an
+//!   nvidiactl file. The server holds an extra reference to that open file
+//!   for the moment it resolves it: a release the caller's racing close
+//!   would cause happens when the server drops its copy instead. A tracer
+//!   watching every ioctl sees that private ioctl (type 'K', not an RM
+//!   escape) made by the simulator on the file.
+//! * REGISTER_FD is not followed (it could be, the same way):
+//!   RM_ALLOC_MEMORY on nvidiaN accepts any existing client, where the real
+//!   driver checks the nvidiactl file registered through REGISTER_FD.
+//! * Process identity: FUSE gives the calling thread's id in the server's pid
+//!   namespace; the tgid is read from `/proc/<tid>/status`. RM_DUP_OBJECT's
+//!   "same process" check and every figure use that tgid.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -2,16 +2,112 @@
 //!
 //! ```text
 //! keling-gpu-workload --dev-dir DIR --seed S [--steps N] [--checkpoints]
-//!                     [--checkpoint-every K] [--scenario random|basic|hostile|oom]
+//!                     [--checkpoint-every K]
+//!                     [--scenario random|basic|hostile|oom|share|busy]
 //! ```
-//! It only makes real syscalls on the device files (open, ioctl, dup, close,
-//! fork, exec, exit), which the tracer watches. Everything is decided by the
-//! seed; what depends on timing is marked (the progress of the child killed by
-//! SIGKILL, the interleaving of the concurrent thread and the values of
-//! driver-picked handles). With `--checkpoints` it prints `checkpoint <n>`
-//! on stdout after every K steps and at the end (before exiting), and waits for
-//! one line on stdin before going on; it prints nothing else on stdout.
+//! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
+//! close, close_range, fork, exec, exit, unix-socket descriptor passing),
+//! which the tracer watches. Everything is decided by the seed; what depends
+//! on timing is marked (the progress of the child killed by SIGKILL, the
+//! interleaving of the concurrent thread and the values of driver-picked
+//! handles). With `--checkpoints` it prints `checkpoint <n>` on stdout after
+//! every K steps and at the end (before exiting), and waits for one line on
+//! stdin before going on; it prints nothing else on stdout. Every process it
+//! involves is quiescent at a checkpoint: children are waited for, and the
+//! peer process (below) only acts on a request and answers when done.
 //! Unexpected driver answers are reported on stderr with exit code 2.
+//!
+//! ## `random`
+//! CUDA-like start (CHECK_VERSION_STR, CARD_INFO, UVM INITIALIZE /
+//! MM_INITIALIZE / PAGEABLE_MEM_ACCESS / range group, client, device,
+//! subdevice, VA space, TSG, channel, compute, the startup escapes
+//! ALLOC_OS_EVENT / SYS_PARAMS / NUMA_INFO / WAIT_OPEN_COMPLETE (550+) /
+//! UPDATE_DEVICE_MAPPING_INFO / FREE_OS_EVENT), then `--steps` steps drawn by
+//! weight:
+//! * video allocations (NVOS21, NVOS64, through XFER_CMD, VID_HEAP), some
+//!   under the subdevice and mapped through UVM; host allocations
+//!   (RM_ALLOC_MEMORY 0x3E/0x71 on nvidiaN, RM_ALLOC 0x3E); frees (RM_FREE,
+//!   VID_HEAP FREE); map/unmap; controls;
+//! * a thread on the same client; work through a dup of the fd; a forked
+//!   child that allocates through the inherited fd and exits holding it;
+//!   fork + exec with the fd kept (or O_CLOEXEC and a file of its own); a
+//!   child killed by SIGKILL mid-work; a second client freed whole; the main
+//!   client freed and set up again;
+//! * sharing with a **peer**: a second process, forked on first use and
+//!   driven over a SOCK_SEQPACKET socketpair, that closes every inherited
+//!   descriptor (close_range) and opens its own nvidiactl (one of the open
+//!   ways below) with its own client. Our memory is exported
+//!   (EXPORT_OBJECT_TO_FD or a batch EXPORT_OBJECTS_TO_FD, sometimes with an
+//!   empty slot) to a fresh nvidiactl export file, which is passed to the
+//!   peer with SCM_RIGHTS; the peer imports it (IMPORT_OBJECT_FROM_FD or
+//!   IMPORT_OBJECTS_FROM_FD) under a device on the memory's GPU and keeps or
+//!   closes the file; we close our copy or keep it; then often we free our
+//!   handles while the peer's references remain (the charge moves to it);
+//! * a client on a new file whose memory the peer imports, then the release
+//!   of that file (its memory lives on in the peer, charged to it);
+//! * the peer frees some of its handles, closes the files it kept, closes
+//!   its nvidiactl file (a release) or allocates memory of its own; we close
+//!   the export files we kept;
+//! * RM_DUP_OBJECT between two clients of this process (the second on our
+//!   file or a new one), both ways, then the originals or the dups go first;
+//! * memory (video, host, an 0xF8 fabric range) under a fresh subdevice, one
+//!   of them dup'd under the device sometimes, then the subdevice freed;
+//! * RM_ALLOC_MEMORY of 0x40 / 0x3F on nvidiaN (0 bytes; the limit written
+//!   back is checked against CARD_INFO's fb_size); VID_HEAP ALLOC_SIZE of
+//!   each class (virtual, EGM, video, host), ALLOC_SIZE_RANGE,
+//!   ALLOC_OS_DESCRIPTOR; RM_ALLOC of the 0-byte classes 0xC2, 0xF8, 0xFD
+//!   (version-sized params), 0xF9, 0xFB, 0xE0, 0x50A0, 0x70 and of EGM 0x42;
+//!   the startup escapes again;
+//! * a session on nvidiactl opened in one of the ways a process gets a
+//!   descriptor: openat with an absolute path (glibc's open), the raw open(2)
+//!   syscall, openat2, a relative path after chdir into the device directory,
+//!   a symlink in a temporary directory, a dup / dup2 / dup3(O_CLOEXEC) /
+//!   fcntl(F_DUPFD) / fcntl(F_DUPFD_CLOEXEC) of such a descriptor (the
+//!   original closed first, or kept and closed before or after), or a
+//!   descriptor the peer opened and sent with SCM_RIGHTS and then closed (or
+//!   kept); a client, a device, memory, and then the client freed or only the
+//!   file released.
+//!
+//! At the end, 70% of runs free everything and close every fd, 30% exit
+//! holding it all (the release at exit tears it down); in both cases the
+//! export files we kept are closed and the peer is told to exit (without
+//! freeing: its file's release tears its client down) and waited for before
+//! the last checkpoint.
+//!
+//! ## `basic`, `hostile`, `oom`, `busy`
+//! As documented on their functions; other tests depend on their exact
+//! behaviour.
+//!
+//! ## `share`
+//! A short, deterministic version of the sharing operations, one step per
+//! checkpoint (`--checkpoint-every 1`), on GPU 0. Processes: **A**, this
+//! process, and **B**, the peer (forked at step 3, nvidiactl opened with
+//! openat2).
+//! 1. A opens nvidiactl (openat): client, device, subdevice; video mA1 8 MiB
+//!    and mA2 4 MiB, host hA 1 MiB (RM_ALLOC 0x40 / 0x3E).
+//! 2. A opens a second nvidiactl file with the raw open(2) syscall: client 2,
+//!    device; RM_DUP_OBJECT of mA1 into client 2.
+//! 3. A exports mA2 to export file exp1 (EXPORT_OBJECT_TO_FD) and [mA1, hA] to
+//!    exp2 (EXPORT_OBJECTS_TO_FD, 2 slots); B is started.
+//! 4. A sends exp1 and exp2 to B (SCM_RIGHTS) and closes its copies; B opens
+//!    its nvidiactl, imports mA2 from exp1 (keeps exp1) and [mA1, hA] from
+//!    exp2 (closes exp2: its release drops its references), and allocates
+//!    mB 2 MiB.
+//! 5. A frees mA2: B's import takes the charge (4 MiB to B).
+//! 6. A frees mA1 in its first client: its dup in client 2 (older than B's
+//!    import) keeps the charge with A.
+//! 7. A closes the second file: client 2 and the dup go; B takes mA1 (8 MiB).
+//! 8. B frees its import of mA2: only exp1 keeps it, still charged to B, in
+//!    nobody's driver figure.
+//! 9. B closes exp1: mA2 is freed (a free for B).
+//!
+//! At the end (checkpoint 10, both alive; MiB on GPU 0): A holds client 1
+//! with its device, subdevice and hA (host 1, charged to A); bytes 0, peak
+//! 12, host 1, driver 0, allocs 3, frees 0. B holds its client with the
+//! imports of mA1 (8, charged to B) and hA (charged to A) and mB (2); bytes
+//! 10, peak 14, host 0, driver 10, allocs 1, frees 1. GPU 0: used 10 and
+//! host 1. Then B exits (mA1 and mB freed from B, its hA handle goes) and A
+//! exits (hA freed from A): A ends with frees 1, B with frees 3.
 
 use std::ffi::CString;
 use std::io::{BufRead, Write};
