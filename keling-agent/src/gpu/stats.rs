@@ -20,13 +20,19 @@ pub struct GpuAccounting {
 /// One process's GPU memory, from the kernel's accounting maps.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct GpuProcessStats {
-    /// Video memory this process allocated that the driver still holds.
+    /// Video memory charged to this process that the driver still holds (the
+    /// per-caller figure).
     pub gpu_mem_bytes: u64,
     /// The most `gpu_mem_bytes` ever was.
     pub gpu_mem_peak_bytes: u64,
     /// Pinned host memory, likewise.
     pub gpu_host_bytes: u64,
     pub gpu_host_peak_bytes: u64,
+    /// Extended GPU memory (EGM) charged to this process, likewise.
+    pub gpu_egm_bytes: u64,
+    /// The driver's own figure: video memory of this process's own clients (what
+    /// NVML's `usedGpuMemory` reports). See docs/gpu-accounting.md.
+    pub gpu_driver_bytes: u64,
     pub gpu_allocs: u64,
     pub gpu_frees: u64,
     /// Calls that could not be decoded with certainty.
@@ -46,6 +52,10 @@ pub struct GpuDeviceStats {
     pub peak_bytes: u64,
     pub host_bytes: u64,
     pub peak_host_bytes: u64,
+    pub egm_bytes: u64,
+    /// The driver's per-process figure on this GPU (for the device entry, pid 0:
+    /// the sum over processes).
+    pub driver_bytes: u64,
     pub allocs: u64,
     pub frees: u64,
 }
@@ -58,6 +68,8 @@ impl GpuDeviceStats {
             peak_bytes: t.peak_bytes,
             host_bytes: t.host_bytes,
             peak_host_bytes: t.peak_host_bytes,
+            egm_bytes: t.egm_bytes,
+            driver_bytes: t.driver_bytes,
             allocs: t.allocs,
             frees: t.frees,
         }
@@ -81,6 +93,8 @@ pub fn gpu_stats(acc: &GpuAccounting) -> (BTreeMap<u32, GpuProcessStats>, Vec<Gp
             p.gpu_mem_peak_bytes = t.peak_bytes;
             p.gpu_host_bytes = t.host_bytes;
             p.gpu_host_peak_bytes = t.peak_host_bytes;
+            p.gpu_egm_bytes = t.egm_bytes;
+            p.gpu_driver_bytes = t.driver_bytes;
             p.gpu_allocs = t.allocs;
             p.gpu_frees = t.frees;
         } else {

@@ -2,12 +2,11 @@
 //! CLOCK_MONOTONIC); the last line is the `summary`.
 use std::io::{self, Write};
 
-use keling_common::EventKind;
 use serde_json::{Value, json};
 
 use super::{Sink, Summary, text::state_letter};
 use crate::{
-    event::decode::{Event, ExitStatus, comm, cstr},
+    event::decode::{Event, ExitStatus, GpuIoctlEvent, IoctlOutcome, OpenHow, RefHow, comm, cstr},
     gpu::{
         names,
         nvml::NvmlDiff,
@@ -58,23 +57,66 @@ pub fn event_json(event: &Event) -> Value {
             "next_tid": e.next_tid,
             "next_pid": opt_pid(e.next_pid),
         }),
-        Event::GpuFile(e) => {
-            let ty = match EventKind::from_u32(h.kind) {
-                Some(EventKind::GpuOpen) => "gpu_open",
-                Some(EventKind::GpuDup) => "gpu_dup",
-                _ => "gpu_close",
-            };
+        Event::GpuOpen(e) => {
             let mut v = json!({
-                "type": ty, "fd": e.fd, "device": names::device(e.device), "file_id": e.file_id,
+                "type": "gpu_open", "fd": e.fd, "device": names::device(e.device),
+                "file_id": e.file_id, "how": names::open_how(e.how),
             });
-            match ty {
-                "gpu_open" => v["cloexec"] = json!(e.arg != 0),
-                "gpu_dup" => v["src_fd"] = json!(e.arg as i32),
-                _ => v["released"] = json!(e.released != 0),
+            if let OpenHow::Dup { src_fd } = e.how {
+                v["src_fd"] = json!(src_fd);
             }
             v
         }
-        Event::Gpu(e) => gpu_json(h.kind, e),
+        Event::GpuClose(e) => json!({
+            "type": "gpu_close", "fd": e.fd, "device": names::device(e.device),
+            "file_id": e.file_id, "released": e.released,
+        }),
+        Event::GpuAlloc(e) => json!({
+            "type": "gpu_alloc", "client": e.client, "parent": e.parent, "handle": e.handle,
+            "class": e.class, "kind": names::object_kind(e.kind()),
+            "mem_kind": names::mem_kind(e.mem_kind), "gpu": e.gpu, "bytes": e.bytes,
+            "call": names::escape(e.escape), "via_xfer": e.via_xfer,
+        }),
+        Event::GpuFree(e) => json!({
+            "type": "gpu_free", "client": e.client, "handle": e.handle, "class": e.class,
+            "kind": names::object_kind(e.kind), "mem_kind": e.mem_kind.map(names::mem_kind),
+            "gpu": e.gpu, "bytes": e.bytes, "freed_pid": e.freed_pid,
+            "call": names::escape(e.escape),
+        }),
+        Event::GpuObject(e) => json!({
+            "type": "gpu_object", "client": e.client, "parent": e.parent, "handle": e.handle,
+            "class": e.class, "kind": names::object_kind(e.kind), "gpu": e.gpu,
+        }),
+        Event::GpuTeardown(e) => json!({
+            "type": "gpu_teardown", "client": e.client,
+            "reason": names::teardown_reason(e.reason), "owner_pid": e.owner_pid,
+            "gpu": e.gpu, "device": e.device, "sub": e.sub, "bytes": e.bytes,
+            "host_bytes": e.host_bytes, "egm_bytes": e.egm_bytes, "objects": e.objects,
+        }),
+        Event::GpuIoctl(e) => ioctl_json(e),
+        Event::GpuRef(e) => {
+            let (src_client, src_handle) = match e.how {
+                RefHow::Dup {
+                    src_client,
+                    src_handle,
+                } => (Some(src_client), Some(src_handle)),
+                RefHow::Import => (None, None),
+            };
+            json!({
+                "type": "gpu_ref", "client": e.client, "parent": e.parent, "handle": e.handle,
+                "how": names::ref_how(e.how), "src_client": src_client, "src_handle": src_handle,
+                "gpu": e.gpu, "mem_kind": names::mem_kind(e.mem_kind), "bytes": e.bytes,
+            })
+        }
+        Event::GpuExport(e) => json!({
+            "type": "gpu_export", "client": e.client, "handle": e.handle, "file_id": e.file_id,
+            "position": e.position, "gpu": e.gpu, "bytes": e.bytes,
+        }),
+        Event::GpuCharge(e) => json!({
+            "type": "gpu_charge", "from_pid": e.from_pid, "to_pid": e.to_pid, "gpu": e.gpu,
+            "mem_kind": names::mem_kind(e.mem_kind), "client": e.client, "handle": e.handle,
+            "bytes": e.bytes,
+        }),
     };
     let obj = v.as_object_mut().expect("object");
     obj.insert("ts_ns".into(), json!(h.ts_ns));
@@ -84,57 +126,35 @@ pub fn event_json(event: &Event) -> Value {
     v
 }
 
-fn gpu_json(kind: u32, e: &keling_common::GpuEvent) -> Value {
-    match EventKind::from_u32(kind) {
-        Some(EventKind::GpuAlloc) => json!({
-            "type": "gpu_alloc", "client": e.client, "parent": e.parent, "handle": e.handle,
-            "class": e.class, "kind": names::kind(e.kind), "gpu": names::gpu(e.gpu),
-            "bytes": e.bytes, "call": names::call(0, e.escape), "via_xfer": e.via_xfer != 0,
-        }),
-        Some(EventKind::GpuFree) => json!({
-            "type": "gpu_free", "client": e.client, "handle": e.handle, "class": e.class,
-            "kind": names::kind(e.kind), "gpu": names::gpu(e.gpu), "bytes": e.bytes,
-            "owner_pid": e.owner_pid, "call": names::call(0, e.escape),
-        }),
-        Some(EventKind::GpuObject) => json!({
-            "type": "gpu_object", "client": e.client, "parent": e.parent, "handle": e.handle,
-            "class": e.class, "kind": names::kind(e.kind), "gpu": names::gpu(e.gpu),
-        }),
-        Some(EventKind::GpuTeardown) => json!({
-            "type": "gpu_teardown", "client": e.client, "reason": names::teardown_reason(e.reason),
-            "owner_pid": e.owner_pid, "gpu": names::gpu(e.gpu), "device": e.handle,
-            "bytes": e.bytes, "host_bytes": e.host_bytes, "objects": e.control_cmd,
-        }),
-        _ => {
-            let device = if e.escape >= 0x3000_0000 || e.cmd == e.escape {
-                keling_common::device_file::UVM
-            } else {
-                0
-            };
-            let mut v = json!({
-                "type": "gpu_ioctl", "fd": e.fd, "call": names::call(device, e.escape),
-                "cmd": e.cmd, "status": e.status, "ret": e.ret, "via_xfer": e.via_xfer != 0,
-            });
-            if e.bytes != 0 {
-                v["bytes"] = json!(e.bytes);
-            }
-            if e.escape == keling_common::nvidia::escape::CONTROL && device == 0 {
-                v["control_cmd"] = json!(e.control_cmd);
-                v["client"] = json!(e.client);
-                v["object"] = json!(e.handle);
-            }
-            if e.reason != 0 {
-                v["undecoded"] = json!(names::undecoded_reason(e.reason - 1));
-            }
-            v
-        }
+fn ioctl_json(e: &GpuIoctlEvent) -> Value {
+    let mut v = json!({
+        "type": "gpu_ioctl", "fd": e.fd, "device": names::device(e.device),
+        "call": names::call(e.call), "cmd": e.cmd, "status": e.status, "ret": e.ret,
+        "via_xfer": e.via_xfer, "outcome": names::outcome(e.outcome),
+    });
+    if let IoctlOutcome::Undecoded(reason) = e.outcome {
+        v["undecoded"] = json!(names::undecoded_reason(reason));
     }
+    if e.class != 0 {
+        v["class"] = json!(e.class);
+    }
+    if let Some(gpu) = e.gpu {
+        v["gpu"] = json!(gpu);
+    }
+    if let Some(cmd) = e.control_cmd {
+        v["control_cmd"] = json!(cmd);
+        v["control"] = json!(names::control(cmd));
+    }
+    if e.requested_bytes != 0 {
+        v["requested_bytes"] = json!(e.requested_bytes);
+    }
+    v
 }
 
 fn undecoded_json(per_reason: &[u64]) -> Value {
     let mut v = json!({});
     for (i, n) in per_reason.iter().enumerate() {
-        v[names::undecoded_reason(i as u32)] = json!(n);
+        v[names::undecoded_index(i)] = json!(n);
     }
     v
 }
@@ -237,5 +257,207 @@ mod tests {
         assert_eq!(v["exit_code"], 3);
         assert_eq!(v["signal"], Value::Null);
         assert_eq!(v["pid"], 9);
+    }
+
+    use crate::{
+        event::decode::{IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason},
+        output::test_events as ev,
+    };
+
+    /// The event's object without the header fields every event has.
+    fn body(e: &Event) -> Value {
+        let mut v = event_json(e);
+        let obj = v.as_object_mut().unwrap();
+        assert_eq!(obj.remove("ts_ns"), Some(json!(1_000)));
+        assert_eq!(obj.remove("cpu"), Some(json!(2)));
+        assert_eq!(obj.remove("pid"), Some(json!(42)));
+        assert_eq!(obj.remove("tid"), Some(json!(43)));
+        v
+    }
+
+    #[test]
+    fn gpu_file_events() {
+        assert_eq!(
+            body(&ev::open(OpenHow::Open)),
+            json!({"type": "gpu_open", "fd": 5, "device": "nvidiactl", "file_id": 0xf00,
+                   "how": "open"})
+        );
+        assert_eq!(
+            body(&ev::open(OpenHow::Dup { src_fd: 3 })),
+            json!({"type": "gpu_open", "fd": 5, "device": "nvidiactl", "file_id": 0xf00,
+                   "how": "dup", "src_fd": 3})
+        );
+        assert_eq!(body(&ev::open(OpenHow::Received))["how"], "received");
+        assert_eq!(body(&ev::open(OpenHow::FirstUse))["how"], "first_use");
+        assert_eq!(
+            body(&ev::close()),
+            json!({"type": "gpu_close", "fd": 5, "device": "nvidia1", "file_id": 0xf00,
+                   "released": true})
+        );
+    }
+
+    #[test]
+    fn gpu_memory_events() {
+        assert_eq!(
+            body(&ev::alloc(MemKind::Video)),
+            json!({"type": "gpu_alloc", "client": 0xc1d0_0001u32, "parent": 0xc1d0_0002u32,
+                   "handle": 0xc1d0_0010u32, "class": 0x40, "kind": "video_memory",
+                   "mem_kind": "video", "gpu": 0, "bytes": 4 << 20, "call": "RM_ALLOC",
+                   "via_xfer": false})
+        );
+        let host = body(&ev::alloc(MemKind::Host));
+        assert_eq!(
+            (&host["kind"], &host["mem_kind"]),
+            (&json!("host_memory"), &json!("host"))
+        );
+        let egm = body(&ev::alloc(MemKind::Egm));
+        assert_eq!(
+            (&egm["kind"], &egm["mem_kind"]),
+            (&json!("extended_memory"), &json!("egm"))
+        );
+        assert_eq!(
+            body(&ev::free(Some(41))),
+            json!({"type": "gpu_free", "client": 0xc1d0_0001u32, "handle": 0xc1d0_0010u32,
+                   "class": 0x40, "kind": "video_memory", "mem_kind": "video", "gpu": 0,
+                   "bytes": 4 << 20, "freed_pid": 41, "call": "RM_FREE"})
+        );
+        let kept = body(&ev::free(None));
+        assert_eq!(
+            (&kept["freed_pid"], &kept["bytes"]),
+            (&Value::Null, &json!(0))
+        );
+        let dev = body(&ev::free_object());
+        assert_eq!(
+            (&dev["kind"], &dev["mem_kind"], &dev["gpu"]),
+            (&json!("device"), &Value::Null, &Value::Null)
+        );
+        assert_eq!(
+            body(&ev::object()),
+            json!({"type": "gpu_object", "client": 0xc1d0_0001u32, "parent": 0xc1d0_0001u32,
+                   "handle": 0xc1d0_0002u32, "class": 0x80, "kind": "device", "gpu": 1})
+        );
+        assert_eq!(
+            body(&ev::teardown()),
+            json!({"type": "gpu_teardown", "client": 0xc1d0_0001u32,
+                   "reason": "subdevice_freed", "owner_pid": 41, "gpu": 0,
+                   "device": 0xc1d0_0002u32, "sub": 0xc1d0_0003u32, "bytes": 6 << 20,
+                   "host_bytes": 4096, "egm_bytes": 8192, "objects": 3})
+        );
+    }
+
+    #[test]
+    fn gpu_sharing_events() {
+        assert_eq!(
+            body(&ev::reference(RefHow::Dup {
+                src_client: 0xc1d0_0001,
+                src_handle: 0xc1d0_0010
+            })),
+            json!({"type": "gpu_ref", "client": 0xc1d0_0005u32, "parent": 0xc1d0_0006u32,
+                   "handle": 0xc1d0_0020u32, "how": "dup", "src_client": 0xc1d0_0001u32,
+                   "src_handle": 0xc1d0_0010u32, "gpu": 0, "mem_kind": "video",
+                   "bytes": 2 << 20})
+        );
+        let import = body(&ev::reference(RefHow::Import));
+        assert_eq!(
+            (&import["how"], &import["src_client"], &import["src_handle"]),
+            (&json!("import"), &Value::Null, &Value::Null)
+        );
+        assert_eq!(
+            body(&ev::export()),
+            json!({"type": "gpu_export", "client": 0xc1d0_0001u32, "handle": 0xc1d0_0010u32,
+                   "file_id": 0xabc, "position": 2, "gpu": 0, "bytes": 2 << 20})
+        );
+        assert_eq!(
+            body(&ev::charge()),
+            json!({"type": "gpu_charge", "from_pid": 41, "to_pid": 42, "gpu": 0,
+                   "mem_kind": "video", "client": 0xc1d0_0005u32, "handle": 0xc1d0_0020u32,
+                   "bytes": 2 << 20})
+        );
+    }
+
+    #[test]
+    fn gpu_ioctl_events() {
+        assert_eq!(
+            body(&ev::ioctl_no_memory()),
+            json!({"type": "gpu_ioctl", "fd": 3, "device": "nvidiactl", "call": "RM_ALLOC",
+                   "cmd": 0xC030_462Bu32, "status": 0x51, "ret": 0, "via_xfer": true,
+                   "outcome": "decoded", "class": 0x40, "gpu": 0,
+                   "requested_bytes": 1u64 << 30})
+        );
+        assert_eq!(
+            body(&ev::ioctl_control(IoctlOutcome::Decoded)),
+            json!({"type": "gpu_ioctl", "fd": 3, "device": "nvidiactl", "call": "RM_CONTROL",
+                   "cmd": 0xC020_462Au32, "status": 0, "ret": 0, "via_xfer": false,
+                   "outcome": "decoded", "control_cmd": 0x3d05,
+                   "control": "NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD"})
+        );
+        let und = body(&ev::ioctl_control(IoctlOutcome::Undecoded(
+            UndecodedReason::FinnSerialized,
+        )));
+        assert_eq!(
+            (&und["outcome"], &und["undecoded"]),
+            (&json!("undecoded"), &json!("finn_serialized"))
+        );
+        assert_eq!(
+            body(&ev::ioctl_uvm()),
+            json!({"type": "gpu_ioctl", "fd": 7, "device": "nvidia-uvm",
+                   "call": "UVM_INITIALIZE", "cmd": 0x3000_0001, "status": 0, "ret": 0,
+                   "via_xfer": false, "outcome": "decoded"})
+        );
+        let quiet = body(&ev::ioctl_no_memory_escape());
+        assert_eq!(
+            (&quiet["call"], &quiet["outcome"]),
+            (&json!("SYS_PARAMS"), &json!("no_memory_escape"))
+        );
+    }
+
+    #[test]
+    fn summary_has_the_new_figures() {
+        let procs = vec![crate::event::model::ProcessStats {
+            pid: 7,
+            gpu: GpuProcessStats {
+                gpu_egm_bytes: 11,
+                gpu_driver_bytes: 22,
+                gpus: vec![GpuDeviceStats {
+                    gpu: 0,
+                    egm_bytes: 11,
+                    driver_bytes: 22,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        }];
+        let gpus = vec![GpuDeviceStats {
+            gpu: 0,
+            egm_bytes: 11,
+            driver_bytes: 22,
+            ..Default::default()
+        }];
+        let (capture, out) = crate::output::capture::Capture::new();
+        let mut sink = JsonlSink::new(Box::new(capture));
+        sink.summary(&Summary {
+            ts_ns: 1,
+            duration_ns: 2,
+            events: 3,
+            drops: 0,
+            decode_errors: 0,
+            processes: &procs,
+            gpus: &gpus,
+            undecoded: &[0, 1, 2, 3, 4, 5],
+        })
+        .unwrap();
+        let v: Value = serde_json::from_slice(&out.lock().unwrap()).unwrap();
+        assert_eq!(v["type"], "summary");
+        let p = &v["processes"][0];
+        assert_eq!(
+            (&p["gpu_egm_bytes"], &p["gpu_driver_bytes"]),
+            (&json!(11), &json!(22))
+        );
+        assert_eq!(p["gpus"][0]["egm_bytes"], 11);
+        assert_eq!(p["gpus"][0]["driver_bytes"], 22);
+        assert_eq!(v["gpus"][0]["driver_bytes"], 22);
+        assert_eq!(v["undecoded"]["unknown_object"], 5);
+        assert_eq!(v["undecoded"]["finn_serialized"], 0);
     }
 }

@@ -73,3 +73,255 @@ pub fn open(
         Format::Jsonl => Box::new(jsonl::JsonlSink::new(out)),
     }
 }
+
+/// One hand-built event of every GPU kind, shared by the sinks' tests.
+#[cfg(test)]
+pub(crate) mod test_events {
+    use keling_common::{
+        EventHeader, EventKind,
+        nvidia::{ObjectKind, escape, status},
+    };
+
+    use crate::event::decode::*;
+
+    pub fn hdr(kind: EventKind) -> EventHeader {
+        EventHeader {
+            kind: kind as u32,
+            cpu: 2,
+            ts_ns: 1_000,
+            pid: 42,
+            tid: 43,
+        }
+    }
+
+    pub fn open(how: OpenHow) -> Event {
+        Event::GpuOpen(GpuOpenEvent {
+            header: hdr(EventKind::GpuOpen),
+            fd: 5,
+            device: DeviceFile::Ctl,
+            file_id: 0xf00,
+            how,
+        })
+    }
+
+    pub fn close() -> Event {
+        Event::GpuClose(GpuCloseEvent {
+            header: hdr(EventKind::GpuClose),
+            fd: 5,
+            device: DeviceFile::Gpu(1),
+            file_id: 0xf00,
+            released: true,
+        })
+    }
+
+    pub fn alloc(mem_kind: MemKind) -> Event {
+        Event::GpuAlloc(GpuAllocEvent {
+            header: hdr(EventKind::GpuAlloc),
+            client: 0xc1d0_0001,
+            parent: 0xc1d0_0002,
+            handle: 0xc1d0_0010,
+            class: 0x40,
+            mem_kind,
+            gpu: Some(0),
+            escape: escape::ALLOC,
+            via_xfer: false,
+            bytes: 4 << 20,
+        })
+    }
+
+    pub fn free(freed_pid: Option<u32>) -> Event {
+        Event::GpuFree(GpuFreeEvent {
+            header: hdr(EventKind::GpuFree),
+            client: 0xc1d0_0001,
+            handle: 0xc1d0_0010,
+            class: 0x40,
+            kind: ObjectKind::VideoMemory,
+            gpu: Some(0),
+            mem_kind: Some(MemKind::Video),
+            freed_pid,
+            escape: escape::FREE,
+            bytes: if freed_pid.is_some() { 4 << 20 } else { 0 },
+        })
+    }
+
+    pub fn free_object() -> Event {
+        Event::GpuFree(GpuFreeEvent {
+            header: hdr(EventKind::GpuFree),
+            client: 0xc1d0_0001,
+            handle: 0xc1d0_0002,
+            class: 0x80,
+            kind: ObjectKind::Device,
+            gpu: None,
+            mem_kind: None,
+            freed_pid: None,
+            escape: escape::FREE,
+            bytes: 0,
+        })
+    }
+
+    pub fn object() -> Event {
+        Event::GpuObject(GpuObjectEvent {
+            header: hdr(EventKind::GpuObject),
+            client: 0xc1d0_0001,
+            parent: 0xc1d0_0001,
+            handle: 0xc1d0_0002,
+            class: 0x80,
+            kind: ObjectKind::Device,
+            gpu: Some(1),
+        })
+    }
+
+    pub fn teardown() -> Event {
+        Event::GpuTeardown(GpuTeardownEvent {
+            header: hdr(EventKind::GpuTeardown),
+            client: 0xc1d0_0001,
+            reason: TeardownReason::SubdeviceFreed,
+            owner_pid: 41,
+            gpu: Some(0),
+            device: 0xc1d0_0002,
+            sub: Some(0xc1d0_0003),
+            objects: 3,
+            bytes: 6 << 20,
+            host_bytes: 4096,
+            egm_bytes: 8192,
+        })
+    }
+
+    pub fn ioctl_no_memory() -> Event {
+        Event::GpuIoctl(GpuIoctlEvent {
+            header: hdr(EventKind::GpuIoctl),
+            fd: 3,
+            device: DeviceFile::Ctl,
+            call: Call::Rm(escape::ALLOC),
+            cmd: 0xC030_462B,
+            control_cmd: None,
+            class: 0x40,
+            gpu: Some(0),
+            status: status::NO_MEMORY,
+            outcome: IoctlOutcome::Decoded,
+            via_xfer: true,
+            ret: 0,
+            requested_bytes: 1 << 30,
+        })
+    }
+
+    pub fn ioctl_control(outcome: IoctlOutcome) -> Event {
+        Event::GpuIoctl(GpuIoctlEvent {
+            header: hdr(EventKind::GpuIoctl),
+            fd: 3,
+            device: DeviceFile::Ctl,
+            call: Call::Rm(escape::CONTROL),
+            cmd: 0xC020_462A,
+            control_cmd: Some(keling_common::nvidia::ctrl::EXPORT_OBJECT_TO_FD),
+            class: 0,
+            gpu: None,
+            status: 0,
+            outcome,
+            via_xfer: false,
+            ret: 0,
+            requested_bytes: 0,
+        })
+    }
+
+    pub fn ioctl_uvm() -> Event {
+        Event::GpuIoctl(GpuIoctlEvent {
+            header: hdr(EventKind::GpuIoctl),
+            fd: 7,
+            device: DeviceFile::Uvm,
+            call: Call::Uvm(keling_common::nvidia::uvm::INITIALIZE),
+            cmd: keling_common::nvidia::uvm::INITIALIZE,
+            control_cmd: None,
+            class: 0,
+            gpu: None,
+            status: 0,
+            outcome: IoctlOutcome::Decoded,
+            via_xfer: false,
+            ret: 0,
+            requested_bytes: 0,
+        })
+    }
+
+    pub fn ioctl_no_memory_escape() -> Event {
+        Event::GpuIoctl(GpuIoctlEvent {
+            header: hdr(EventKind::GpuIoctl),
+            fd: 3,
+            device: DeviceFile::Ctl,
+            call: Call::Rm(escape::SYS_PARAMS),
+            cmd: 0xC008_46D6,
+            control_cmd: None,
+            class: 0,
+            gpu: None,
+            status: 0,
+            outcome: IoctlOutcome::NoMemoryEscape,
+            via_xfer: false,
+            ret: 0,
+            requested_bytes: 0,
+        })
+    }
+
+    pub fn reference(how: RefHow) -> Event {
+        Event::GpuRef(GpuRefEvent {
+            header: hdr(EventKind::GpuRef),
+            client: 0xc1d0_0005,
+            parent: 0xc1d0_0006,
+            handle: 0xc1d0_0020,
+            how,
+            gpu: Some(0),
+            mem_kind: MemKind::Video,
+            bytes: 2 << 20,
+        })
+    }
+
+    pub fn export() -> Event {
+        Event::GpuExport(GpuExportEvent {
+            header: hdr(EventKind::GpuExport),
+            client: 0xc1d0_0001,
+            handle: 0xc1d0_0010,
+            file_id: 0xabc,
+            position: 2,
+            gpu: Some(0),
+            bytes: 2 << 20,
+        })
+    }
+
+    pub fn charge() -> Event {
+        Event::GpuCharge(GpuChargeEvent {
+            header: hdr(EventKind::GpuCharge),
+            from_pid: 41,
+            to_pid: 42,
+            gpu: Some(0),
+            mem_kind: MemKind::Video,
+            client: 0xc1d0_0005,
+            handle: 0xc1d0_0020,
+            bytes: 2 << 20,
+        })
+    }
+}
+
+/// A writer a test can read back after handing it to a sink.
+#[cfg(test)]
+pub(crate) mod capture {
+    use std::{
+        io::{self, Write},
+        sync::{Arc, Mutex},
+    };
+
+    pub struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl Capture {
+        pub fn new() -> (Self, Arc<Mutex<Vec<u8>>>) {
+            let buf = Arc::new(Mutex::new(Vec::new()));
+            (Self(buf.clone()), buf)
+        }
+    }
+
+    impl Write for Capture {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+}

@@ -2,12 +2,10 @@
 //! per-process GPU tables.
 use std::io::{self, Write};
 
-use keling_common::EventKind;
-
 use super::{Sink, Summary};
 use crate::{
     event::{
-        decode::{Event, ExitStatus, comm, cstr},
+        decode::{Event, ExitStatus, IoctlOutcome, OpenHow, RefHow, comm, cstr},
         model::ProcessStats,
     },
     gpu::{
@@ -47,62 +45,148 @@ pub fn state_letter(prev_state: u64) -> &'static str {
         .map_or("R", |(_, l)| l)
 }
 
-/// One line of text timeline for a GPU event.
-fn gpu_text(kind: u32, e: &keling_common::GpuEvent) -> String {
-    let gpu = names::gpu(e.gpu).map_or("gpu?".to_string(), |g| format!("gpu{g}"));
-    match EventKind::from_u32(kind) {
-        Some(EventKind::GpuAlloc) => format!(
-            "gpu alloc {} bytes {} on {gpu}: handle {:#x} class {:#x} ({})",
+/// The line of the text timeline for a GPU event (None for other events).
+pub fn gpu_text(event: &Event) -> Option<String> {
+    Some(match event {
+        Event::GpuOpen(e) => {
+            let device = names::device(e.device);
+            match e.how {
+                OpenHow::Open => format!("gpu open fd {} {device}", e.fd),
+                OpenHow::Dup { src_fd } => format!("gpu dup fd {} of fd {src_fd} {device}", e.fd),
+                OpenHow::Received => format!("gpu received fd {} {device}", e.fd),
+                OpenHow::FirstUse => format!("gpu first use of fd {} {device}", e.fd),
+            }
+        }
+        Event::GpuClose(e) => format!(
+            "gpu close fd {} {}{}",
+            e.fd,
+            names::device(e.device),
+            if e.released { " (file released)" } else { "" }
+        ),
+        Event::GpuAlloc(e) => format!(
+            "gpu alloc {} bytes {} on {}: handle {:#x} class {:#x} ({})",
             e.bytes,
-            names::kind(e.kind),
+            names::object_kind(e.kind()),
+            names::gpu(e.gpu),
             e.handle,
             e.class,
-            names::call(0, e.escape)
+            names::escape(e.escape)
         ),
-        Some(EventKind::GpuFree) => format!(
-            "gpu free {} bytes {} on {gpu}: handle {:#x} (allocated by {})",
-            e.bytes,
-            names::kind(e.kind),
-            e.handle,
-            e.owner_pid
-        ),
-        Some(EventKind::GpuObject) => format!(
-            "gpu object {} {:#x} class {:#x} under {:#x} on {gpu}",
-            names::kind(e.kind),
+        Event::GpuFree(e) => {
+            let whose = match e.freed_pid {
+                Some(pid) => format!("freed from pid {pid}"),
+                None if e.mem_kind.is_some() => "other references remain".to_owned(),
+                None => "no memory".to_owned(),
+            };
+            format!(
+                "gpu free {} bytes {} on {}: handle {:#x} class {:#x} ({whose}) ({})",
+                e.bytes,
+                names::object_kind(e.kind),
+                names::gpu(e.gpu),
+                e.handle,
+                e.class,
+                names::escape(e.escape)
+            )
+        }
+        Event::GpuObject(e) => format!(
+            "gpu object {} {:#x} class {:#x} under {:#x} on {}",
+            names::object_kind(e.kind),
             e.handle,
             e.class,
-            e.parent
+            e.parent,
+            names::gpu(e.gpu)
         ),
-        Some(EventKind::GpuTeardown) => format!(
-            "gpu teardown of client {:#x} ({}): {} bytes video, {} host, {} objects of pid {} on {gpu}",
+        Event::GpuTeardown(e) => format!(
+            "gpu teardown of client {:#x} ({}): {} bytes video, {} host, {} egm, {} objects of pid {} on {} (device {:#x}{})",
             e.client,
             names::teardown_reason(e.reason),
             e.bytes,
             e.host_bytes,
-            e.control_cmd,
-            e.owner_pid
+            e.egm_bytes,
+            e.objects,
+            e.owner_pid,
+            names::gpu(e.gpu),
+            e.device,
+            e.sub
+                .map_or(String::new(), |s| format!(", subdevice {s:#x}"))
         ),
-        _ => {
-            let device = if e.escape >= 0x3000_0000 || e.cmd == e.escape {
-                keling_common::device_file::UVM
-            } else {
-                0
-            };
+        Event::GpuIoctl(e) => {
             let mut t = format!(
-                "gpu ioctl {} status {:#x} ret {}",
-                names::call(device, e.escape),
+                "gpu ioctl {} fd {} {} status {:#x} ret {}",
+                names::call(e.call),
+                e.fd,
+                names::device(e.device),
                 e.status,
                 e.ret
             );
-            if e.reason != 0 {
-                t.push_str(&format!(
-                    " (undecoded: {})",
-                    names::undecoded_reason(e.reason - 1)
-                ));
+            if let Some(cmd) = e.control_cmd {
+                match names::control(cmd) {
+                    Some(name) => t.push_str(&format!(" control {name}")),
+                    None => t.push_str(&format!(" control {cmd:#x}")),
+                }
+            }
+            if e.class != 0 {
+                t.push_str(&format!(" class {:#x}", e.class));
+                if let Some(name) = names::class(e.class) {
+                    t.push_str(&format!(" {name}"));
+                }
+            }
+            if let Some(g) = e.gpu {
+                t.push_str(&format!(" on gpu{g}"));
+            }
+            if e.requested_bytes != 0 {
+                t.push_str(&format!(" asked for {} bytes", e.requested_bytes));
+            }
+            if e.via_xfer {
+                t.push_str(" via XFER_CMD");
+            }
+            match e.outcome {
+                IoctlOutcome::Decoded => {}
+                IoctlOutcome::NoMemoryEscape => t.push_str(" (no memory)"),
+                IoctlOutcome::Undecoded(r) => {
+                    t.push_str(&format!(" (undecoded: {})", names::undecoded_reason(r)))
+                }
             }
             t
         }
-    }
+        Event::GpuRef(e) => {
+            let from = match e.how {
+                RefHow::Dup {
+                    src_client,
+                    src_handle,
+                } => format!("dup of handle {src_handle:#x} of client {src_client:#x}"),
+                RefHow::Import => "import".to_owned(),
+            };
+            format!(
+                "gpu ref handle {:#x} under {:#x} to {} bytes {} on {} ({from})",
+                e.handle,
+                e.parent,
+                e.bytes,
+                names::mem_kind(e.mem_kind),
+                names::gpu(e.gpu)
+            )
+        }
+        Event::GpuExport(e) => format!(
+            "gpu export handle {:#x} of client {:#x} ({} bytes on {}) to file {:#x} position {}",
+            e.handle,
+            e.client,
+            e.bytes,
+            names::gpu(e.gpu),
+            e.file_id,
+            e.position
+        ),
+        Event::GpuCharge(e) => format!(
+            "gpu charge {} bytes {} on {} moved from pid {} to pid {} (now handle {:#x} of client {:#x})",
+            e.bytes,
+            names::mem_kind(e.mem_kind),
+            names::gpu(e.gpu),
+            e.from_pid,
+            e.to_pid,
+            e.handle,
+            e.client
+        ),
+        Event::Fork(_) | Event::Exec(_) | Event::Exit(_) | Event::Switch(_) => return None,
+    })
 }
 
 impl TextSink {
@@ -118,56 +202,47 @@ impl TextSink {
 impl Sink for TextSink {
     fn event(&mut self, event: &Event) -> io::Result<()> {
         let h = event.header();
-        let text = match event {
-            Event::Fork(e) if e.child_pid == h.pid => format!("thread {}", e.child_tid),
-            Event::Fork(e) => format!("fork -> pid {}", e.child_pid),
-            Event::Exec(e) => format!("exec {} ({})", cstr(&e.filename), comm(&e.comm)),
-            Event::Exit(e) => {
-                let status = ExitStatus::from_wait_status(e.exit_status);
-                let what = if e.group_dead != 0 {
-                    "exit"
-                } else {
-                    "thread exit"
-                };
-                match status {
-                    ExitStatus::Exited(c) => format!("{what} code {c}"),
-                    ExitStatus::Signaled {
-                        signal,
-                        core_dumped,
-                    } => format!(
-                        "{what} killed by signal {signal}{}",
-                        if core_dumped { " (core dumped)" } else { "" }
-                    ),
+        let text = if let Some(t) = gpu_text(event) {
+            t
+        } else {
+            match event {
+                Event::Fork(e) if e.child_pid == h.pid => format!("thread {}", e.child_tid),
+                Event::Fork(e) => format!("fork -> pid {}", e.child_pid),
+                Event::Exec(e) => format!("exec {} ({})", cstr(&e.filename), comm(&e.comm)),
+                Event::Exit(e) => {
+                    let status = ExitStatus::from_wait_status(e.exit_status);
+                    let what = if e.group_dead != 0 {
+                        "exit"
+                    } else {
+                        "thread exit"
+                    };
+                    match status {
+                        ExitStatus::Exited(c) => format!("{what} code {c}"),
+                        ExitStatus::Signaled {
+                            signal,
+                            core_dumped,
+                        } => format!(
+                            "{what} killed by signal {signal}{}",
+                            if core_dumped { " (core dumped)" } else { "" }
+                        ),
+                    }
                 }
-            }
-            Event::Switch(e) => {
-                if !self.switches {
-                    return Ok(());
-                }
-                format!(
+                Event::Switch(e) if self.switches => format!(
                     "switch {} [{}] -> {}",
                     e.prev_tid,
                     state_letter(e.prev_state),
                     e.next_tid
-                )
+                ),
+                // Switches left out; GPU events have their line above.
+                _ => return Ok(()),
             }
-            Event::GpuFile(e) => {
-                let what = match EventKind::from_u32(h.kind) {
-                    Some(EventKind::GpuOpen) => "open",
-                    Some(EventKind::GpuDup) => "dup",
-                    _ if e.released != 0 => "close (file released)",
-                    _ => "close",
-                };
-                format!("gpu {what} fd {} {}", e.fd, names::device(e.device))
-            }
-            Event::Gpu(e) => gpu_text(h.kind, e),
         };
         let secs = h.ts_ns.saturating_sub(self.start_ns) as f64 / 1e9;
         let comm = match event {
             Event::Fork(e) => comm(&e.comm),
             Event::Exec(e) => comm(&e.comm),
             Event::Exit(e) => comm(&e.comm),
-            Event::Switch(_) | Event::GpuFile(_) | Event::Gpu(_) => String::new(),
+            _ => String::new(),
         };
         writeln!(
             self.out,
@@ -202,12 +277,13 @@ impl Sink for TextSink {
         for d in diffs {
             writeln!(
                 self.out,
-                "nvml check: pid {} gpu{}: NVML {} bytes, Keling {} bytes, difference {}",
+                "nvml check: pid {} gpu{}: NVML {} bytes, Keling (driver figure) {} bytes, difference {}; charged to the process as a caller {} bytes",
                 d.pid,
                 d.gpu,
                 d.nvml_bytes.map_or("n/a".into(), |b| b.to_string()),
-                d.keling_bytes,
-                d.diff_bytes.map_or("n/a".into(), |b| b.to_string())
+                d.keling_driver_bytes,
+                d.diff_bytes.map_or("n/a".into(), |b| b.to_string()),
+                d.keling_caller_bytes
             )?;
         }
         Ok(())
@@ -244,25 +320,36 @@ impl Sink for TextSink {
         let gpu_procs: Vec<&ProcessStats> = s
             .processes
             .iter()
-            .filter(|p| p.gpu.gpu_allocs > 0 || p.gpu.undecoded > 0)
+            .filter(|p| p.gpu.gpu_allocs > 0 || p.gpu.undecoded > 0 || p.gpu.gpu_driver_bytes > 0)
             .collect();
         if !gpu_procs.is_empty() {
             writeln!(out)?;
             writeln!(
                 out,
-                "{:>7} {:<16} {:>14} {:>14} {:>12} {:>8} {:>8} {:>9}",
-                "PID", "COMM", "GPU MEM", "GPU PEAK", "HOST PINNED", "ALLOCS", "FREES", "UNDECODED"
+                "{:>7} {:<16} {:>14} {:>14} {:>12} {:>12} {:>14} {:>8} {:>8} {:>9}",
+                "PID",
+                "COMM",
+                "GPU MEM",
+                "GPU PEAK",
+                "HOST PINNED",
+                "EGM",
+                "DRIVER",
+                "ALLOCS",
+                "FREES",
+                "UNDECODED"
             )?;
             for p in gpu_procs {
                 let g = &p.gpu;
                 writeln!(
                     out,
-                    "{:>7} {:<16} {:>14} {:>14} {:>12} {:>8} {:>8} {:>9}{}",
+                    "{:>7} {:<16} {:>14} {:>14} {:>12} {:>12} {:>14} {:>8} {:>8} {:>9}{}",
                     p.pid,
                     p.comm,
                     g.gpu_mem_bytes,
                     g.gpu_mem_peak_bytes,
                     g.gpu_host_bytes,
+                    g.gpu_egm_bytes,
+                    g.gpu_driver_bytes,
                     g.gpu_allocs,
                     g.gpu_frees,
                     g.undecoded,
@@ -300,5 +387,173 @@ mod tests {
         assert_eq!(state_letter(keling_common::task_state::PREEMPTED), "R+");
         assert_eq!(state_letter(1), "S");
         assert_eq!(state_letter(0x20), "Z");
+    }
+
+    use crate::{
+        event::decode::{IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason},
+        output::{capture::Capture, test_events as ev},
+    };
+
+    fn line(e: &Event) -> String {
+        gpu_text(e).expect("a GPU event")
+    }
+
+    #[test]
+    fn a_video_allocation_reads_as_before() {
+        assert_eq!(
+            line(&ev::alloc(MemKind::Video)),
+            "gpu alloc 4194304 bytes video_memory on gpu0: handle 0xc1d00010 class 0x40 (RM_ALLOC)"
+        );
+    }
+
+    #[test]
+    fn one_line_per_gpu_event() {
+        assert_eq!(line(&ev::open(OpenHow::Open)), "gpu open fd 5 nvidiactl");
+        assert_eq!(
+            line(&ev::open(OpenHow::Dup { src_fd: 3 })),
+            "gpu dup fd 5 of fd 3 nvidiactl"
+        );
+        assert_eq!(
+            line(&ev::open(OpenHow::Received)),
+            "gpu received fd 5 nvidiactl"
+        );
+        assert_eq!(
+            line(&ev::open(OpenHow::FirstUse)),
+            "gpu first use of fd 5 nvidiactl"
+        );
+        assert_eq!(line(&ev::close()), "gpu close fd 5 nvidia1 (file released)");
+        assert_eq!(
+            line(&ev::alloc(MemKind::Egm)),
+            "gpu alloc 4194304 bytes extended_memory on gpu0: handle 0xc1d00010 class 0x40 (RM_ALLOC)"
+        );
+        assert_eq!(
+            line(&ev::free(Some(41))),
+            "gpu free 4194304 bytes video_memory on gpu0: handle 0xc1d00010 class 0x40 (freed from pid 41) (RM_FREE)"
+        );
+        assert_eq!(
+            line(&ev::free(None)),
+            "gpu free 0 bytes video_memory on gpu0: handle 0xc1d00010 class 0x40 (other references remain) (RM_FREE)"
+        );
+        assert_eq!(
+            line(&ev::free_object()),
+            "gpu free 0 bytes device on gpu?: handle 0xc1d00002 class 0x80 (no memory) (RM_FREE)"
+        );
+        assert_eq!(
+            line(&ev::object()),
+            "gpu object device 0xc1d00002 class 0x80 under 0xc1d00001 on gpu1"
+        );
+        assert_eq!(
+            line(&ev::teardown()),
+            "gpu teardown of client 0xc1d00001 (subdevice_freed): 6291456 bytes video, 4096 host, 8192 egm, 3 objects of pid 41 on gpu0 (device 0xc1d00002, subdevice 0xc1d00003)"
+        );
+        assert_eq!(
+            line(&ev::ioctl_no_memory()),
+            "gpu ioctl RM_ALLOC fd 3 nvidiactl status 0x51 ret 0 class 0x40 NV01_MEMORY_LOCAL_USER on gpu0 asked for 1073741824 bytes via XFER_CMD"
+        );
+        assert_eq!(
+            line(&ev::ioctl_control(IoctlOutcome::Undecoded(
+                UndecodedReason::Fault
+            ))),
+            "gpu ioctl RM_CONTROL fd 3 nvidiactl status 0x0 ret 0 control NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD (undecoded: fault)"
+        );
+        assert_eq!(
+            line(&ev::ioctl_uvm()),
+            "gpu ioctl UVM_INITIALIZE fd 7 nvidia-uvm status 0x0 ret 0"
+        );
+        assert_eq!(
+            line(&ev::ioctl_no_memory_escape()),
+            "gpu ioctl SYS_PARAMS fd 3 nvidiactl status 0x0 ret 0 (no memory)"
+        );
+        assert_eq!(
+            line(&ev::reference(RefHow::Dup {
+                src_client: 0xc1d0_0001,
+                src_handle: 0xc1d0_0010
+            })),
+            "gpu ref handle 0xc1d00020 under 0xc1d00006 to 2097152 bytes video on gpu0 (dup of handle 0xc1d00010 of client 0xc1d00001)"
+        );
+        assert_eq!(
+            line(&ev::reference(RefHow::Import)),
+            "gpu ref handle 0xc1d00020 under 0xc1d00006 to 2097152 bytes video on gpu0 (import)"
+        );
+        assert_eq!(
+            line(&ev::export()),
+            "gpu export handle 0xc1d00010 of client 0xc1d00001 (2097152 bytes on gpu0) to file 0xabc position 2"
+        );
+        assert_eq!(
+            line(&ev::charge()),
+            "gpu charge 2097152 bytes video on gpu0 moved from pid 41 to pid 42 (now handle 0xc1d00020 of client 0xc1d00005)"
+        );
+    }
+
+    #[test]
+    fn timeline_line_and_gpu_table() {
+        let (capture, out) = Capture::new();
+        let mut sink = TextSink::new(Box::new(capture), 0, false);
+        sink.event(&ev::alloc(MemKind::Video)).unwrap();
+        let procs = vec![ProcessStats {
+            pid: 42,
+            comm: "cuda".into(),
+            gpu: GpuProcessStats {
+                gpu_mem_bytes: 100,
+                gpu_egm_bytes: 300,
+                gpu_driver_bytes: 400,
+                gpu_allocs: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        }];
+        sink.summary(&Summary {
+            ts_ns: 1,
+            duration_ns: 2,
+            events: 1,
+            drops: 0,
+            decode_errors: 0,
+            processes: &procs,
+            gpus: &[],
+            undecoded: &[],
+        })
+        .unwrap();
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let mut lines = text.lines();
+        let first = lines.next().unwrap();
+        assert!(first.starts_with("   0.000001 cpu2       42/43"), "{first}");
+        assert!(first.ends_with(
+            "gpu alloc 4194304 bytes video_memory on gpu0: handle 0xc1d00010 class 0x40 (RM_ALLOC)"
+        ));
+        let header = text.lines().find(|l| l.contains("GPU MEM")).unwrap();
+        let cols: Vec<&str> = header.split_whitespace().collect();
+        assert!(
+            cols.contains(&"EGM") && cols.contains(&"DRIVER"),
+            "{header}"
+        );
+        let row = text.lines().find(|l| l.contains("cuda")).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["42", "cuda", "100", "0", "0", "300", "400", "1", "0", "0"]
+        );
+    }
+
+    #[test]
+    fn nvml_line_shows_both_figures() {
+        let (capture, out) = Capture::new();
+        let mut sink = TextSink::new(Box::new(capture), 0, false);
+        sink.nvml_check(
+            0,
+            &[NvmlDiff {
+                pid: 7,
+                gpu: 0,
+                nvml_bytes: Some(150),
+                keling_driver_bytes: 100,
+                keling_caller_bytes: 80,
+                diff_bytes: Some(50),
+            }],
+        )
+        .unwrap();
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text,
+            "nvml check: pid 7 gpu0: NVML 150 bytes, Keling (driver figure) 100 bytes, difference 50; charged to the process as a caller 80 bytes\n"
+        );
     }
 }

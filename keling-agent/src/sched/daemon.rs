@@ -4,10 +4,12 @@
 //! and writes the logs.
 //!
 //! "Active" (what the core's `Active` input means here): a task is active when a
-//! process of it made an NVIDIA ioctl or was switched onto a CPU; at most one
-//! `Active` per task per [`ACTIVE_MIN_INTERVAL_NS`] reaches the core. It becomes idle
-//! after the core's idle timeout without one (a frozen task is neither, by
-//! construction).
+//! process of it made an NVIDIA call (any GPU event of that process) or was switched
+//! onto a CPU; at most one `Active` per task per [`ACTIVE_MIN_INTERVAL_NS`] reaches
+//! the core. It becomes idle after the core's idle timeout without one (a frozen task
+//! is neither, by construction).
+//!
+//! Memory inputs come from video memory only ([`memory_inputs`]).
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     ffi::OsString,
@@ -16,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use keling_common::{EventKind, nvidia::status};
+use keling_common::nvidia::{ObjectKind, status};
 use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec};
 use tokio::sync::mpsc;
 
@@ -32,7 +34,7 @@ use crate::{
         TaskStatus,
         server::{Incoming, Replier},
     },
-    event::decode::{Event, ExitStatus},
+    event::decode::{DeviceFile, Event, ExitStatus, MemKind},
     latency::{DecisionTimes, LatencyRecorder, Stage, Verdict},
     os::{
         monotonic_ns,
@@ -486,11 +488,10 @@ impl Daemon {
     fn on_event_inner(&mut self, event: &Event) {
         let h = *event.header();
         match event {
-            Event::GpuFile(f)
-                if EventKind::from_u32(h.kind) == Some(EventKind::GpuOpen)
-                    && !self.pid_task.contains_key(&h.pid) =>
-            {
-                self.maybe_adopt(h.pid, f.device, h.ts_ns);
+            Event::GpuOpen(o) if !self.pid_task.contains_key(&h.pid) => {
+                // However it came to have the fd (open, dup, receipt, first use).
+                self.maybe_adopt(h.pid, o.device, h.ts_ns);
+                return;
             }
             Event::Exit(e) if e.group_dead != 0 => {
                 // Tasks Keling did not launch are not its children: their end comes
@@ -514,63 +515,28 @@ impl Daemon {
                     self.activity(id, h.ts_ns);
                 }
             }
-            Event::Gpu(g) => {
-                let Some(&id) = self.pid_task.get(&h.pid) else {
-                    return;
-                };
-                match EventKind::from_u32(h.kind) {
-                    Some(EventKind::GpuAlloc) if g.gpu < keling_common::NO_GPU => {
-                        self.step(Input::MemAlloc {
-                            id,
-                            gpu: g.gpu,
-                            bytes: g.bytes,
-                            ts_ns: h.ts_ns,
-                        })
-                    }
-                    Some(EventKind::GpuFree) if g.gpu < keling_common::NO_GPU => {
-                        if let Some(&owner) = self.pid_task.get(&g.owner_pid) {
-                            self.step(Input::MemFree {
-                                id: owner,
-                                gpu: g.gpu,
-                                bytes: g.bytes,
-                                ts_ns: h.ts_ns,
-                            })
-                        }
-                    }
-                    Some(EventKind::GpuIoctl) if g.status == status::NO_MEMORY && g.bytes > 0 => {
-                        let gpu = self.sched.task(id).and_then(|t| t.gpu).unwrap_or(0);
-                        self.step(Input::AllocFailed {
-                            id,
-                            gpu,
-                            bytes: g.bytes,
-                            ts_ns: h.ts_ns,
-                        })
-                    }
-                    _ => {}
-                }
-                self.activity(id, h.ts_ns);
-            }
             _ => {}
         }
-        // Teardowns free memory of whoever allocated it.
-        if let Event::Gpu(g) = event
-            && EventKind::from_u32(h.kind) == Some(EventKind::GpuTeardown)
-            && g.gpu < keling_common::NO_GPU
-            && let Some(&owner) = self.pid_task.get(&g.owner_pid)
-        {
-            self.step(Input::MemFree {
-                id: owner,
-                gpu: g.gpu,
-                bytes: g.bytes,
-                ts_ns: h.ts_ns,
-            })
+        if !event.is_gpu() {
+            return;
+        }
+        let inputs = memory_inputs(
+            event,
+            |pid| self.pid_task.get(&pid).copied(),
+            |id| self.sched.task(id).and_then(|t| t.gpu),
+        );
+        for input in inputs {
+            self.step(input);
+        }
+        if let Some(&id) = self.pid_task.get(&h.pid) {
+            self.activity(id, h.ts_ns);
         }
     }
 
     /// A process Keling did not launch opened an NVIDIA device: it becomes a task
     /// (frozen and thawed with SIGSTOP/SIGCONT) when a config rule matches it, or
     /// when the defaults say to manage unmatched processes.
-    fn maybe_adopt(&mut self, pid: u32, device: u32, ts_ns: u64) {
+    fn maybe_adopt(&mut self, pid: u32, device: DeviceFile, ts_ns: u64) {
         let facts = ProcessFacts::of_pid(pid);
         let (settings, managed) = self.config.settings_for(&facts);
         if !managed {
@@ -578,9 +544,7 @@ impl Daemon {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let gpu = settings
-            .gpu
-            .or((device < keling_common::device_file::CTL).then_some(device));
+        let gpu = settings.gpu.or(device.gpu());
         log::info!(
             "adopting pid {pid} ({}) as task {id} (rule {:?})",
             facts.comm,
@@ -703,5 +667,306 @@ impl Daemon {
                 cg.signal(libc::SIGCONT);
             }
         }
+    }
+}
+
+/// The scheduler's memory inputs for one GPU event, given the task of a process
+/// (`task_of`) and the GPU a task was placed on (`task_gpu`).
+///
+/// Only video memory counts (quotas and memory pressure use one GPU's video bytes):
+/// an allocation is the caller's, a free or teardown gives back the bytes of the
+/// process that was charged, a moving charge leaves one task for another, and a
+/// video allocation the driver refused with NO_MEMORY is memory pressure. Memory
+/// of an unknown GPU is not attributed.
+fn memory_inputs(
+    event: &Event,
+    task_of: impl Fn(u32) -> Option<TaskId>,
+    task_gpu: impl Fn(TaskId) -> Option<u32>,
+) -> Vec<Input> {
+    let h = event.header();
+    let ts_ns = h.ts_ns;
+    let mut out = Vec::new();
+    match event {
+        Event::GpuAlloc(e) if e.mem_kind == MemKind::Video && e.bytes > 0 => {
+            if let (Some(gpu), Some(id)) = (e.gpu, task_of(h.pid)) {
+                out.push(Input::MemAlloc {
+                    id,
+                    gpu,
+                    bytes: e.bytes,
+                    ts_ns,
+                });
+            }
+        }
+        Event::GpuFree(e) if e.mem_kind == Some(MemKind::Video) && e.bytes > 0 => {
+            if let (Some(gpu), Some(id)) = (e.gpu, e.freed_pid.and_then(&task_of)) {
+                out.push(Input::MemFree {
+                    id,
+                    gpu,
+                    bytes: e.bytes,
+                    ts_ns,
+                });
+            }
+        }
+        Event::GpuTeardown(e) if e.bytes > 0 => {
+            if let (Some(gpu), Some(id)) = (e.gpu, task_of(e.owner_pid)) {
+                out.push(Input::MemFree {
+                    id,
+                    gpu,
+                    bytes: e.bytes,
+                    ts_ns,
+                });
+            }
+        }
+        Event::GpuCharge(e) if e.mem_kind == MemKind::Video && e.bytes > 0 => {
+            let (from, to) = (task_of(e.from_pid), task_of(e.to_pid));
+            if let Some(gpu) = e.gpu
+                && from != to
+            {
+                if let Some(id) = from {
+                    out.push(Input::MemFree {
+                        id,
+                        gpu,
+                        bytes: e.bytes,
+                        ts_ns,
+                    });
+                }
+                if let Some(id) = to {
+                    out.push(Input::MemAlloc {
+                        id,
+                        gpu,
+                        bytes: e.bytes,
+                        ts_ns,
+                    });
+                }
+            }
+        }
+        // The probes set `requested_bytes` only for video classes; a class that is
+        // named and not video memory is never memory pressure either way.
+        Event::GpuIoctl(e)
+            if e.status == status::NO_MEMORY
+                && e.requested_bytes > 0
+                && (e.class == 0 || ObjectKind::of_class(e.class) == ObjectKind::VideoMemory) =>
+        {
+            if let Some(id) = task_of(h.pid) {
+                out.push(Input::AllocFailed {
+                    id,
+                    gpu: e.gpu.or_else(|| task_gpu(id)).unwrap_or(0),
+                    bytes: e.requested_bytes,
+                    ts_ns,
+                });
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use keling_common::{EventHeader, EventKind, nvidia::escape};
+
+    use super::*;
+    use crate::event::decode::{
+        Call, GpuAllocEvent, GpuChargeEvent, GpuFreeEvent, GpuIoctlEvent, GpuTeardownEvent,
+        IoctlOutcome, TeardownReason,
+    };
+
+    const TS: u64 = 77;
+
+    fn hdr(kind: EventKind, pid: u32) -> EventHeader {
+        EventHeader {
+            kind: kind as u32,
+            cpu: 0,
+            ts_ns: TS,
+            pid,
+            tid: pid,
+        }
+    }
+
+    /// pid 100 and 101 are task 1, pid 200 task 2; task 1 is placed on GPU 3.
+    fn inputs(event: &Event) -> Vec<Input> {
+        memory_inputs(
+            event,
+            |pid| match pid {
+                100 | 101 => Some(1),
+                200 => Some(2),
+                _ => None,
+            },
+            |id| (id == 1).then_some(3),
+        )
+    }
+
+    fn alloc(pid: u32, mem_kind: MemKind, gpu: Option<u32>) -> Event {
+        Event::GpuAlloc(GpuAllocEvent {
+            header: hdr(EventKind::GpuAlloc, pid),
+            client: 1,
+            parent: 2,
+            handle: 3,
+            class: 0x40,
+            mem_kind,
+            gpu,
+            escape: escape::ALLOC,
+            via_xfer: false,
+            bytes: 4096,
+        })
+    }
+
+    #[test]
+    fn only_video_allocations_of_a_task_count() {
+        assert_eq!(
+            inputs(&alloc(101, MemKind::Video, Some(0))),
+            vec![Input::MemAlloc {
+                id: 1,
+                gpu: 0,
+                bytes: 4096,
+                ts_ns: TS
+            }]
+        );
+        assert!(inputs(&alloc(101, MemKind::Host, Some(0))).is_empty());
+        assert!(inputs(&alloc(101, MemKind::Egm, Some(0))).is_empty());
+        assert!(inputs(&alloc(101, MemKind::Video, None)).is_empty());
+        assert!(inputs(&alloc(999, MemKind::Video, Some(0))).is_empty());
+    }
+
+    #[test]
+    fn frees_and_teardowns_go_to_the_charged_process() {
+        let free = |mem_kind, freed_pid, bytes| {
+            Event::GpuFree(GpuFreeEvent {
+                header: hdr(EventKind::GpuFree, 999),
+                client: 1,
+                handle: 3,
+                class: 0x40,
+                kind: ObjectKind::VideoMemory,
+                gpu: Some(0),
+                mem_kind,
+                freed_pid,
+                escape: escape::FREE,
+                bytes,
+            })
+        };
+        assert_eq!(
+            inputs(&free(Some(MemKind::Video), Some(200), 10)),
+            vec![Input::MemFree {
+                id: 2,
+                gpu: 0,
+                bytes: 10,
+                ts_ns: TS
+            }]
+        );
+        assert!(inputs(&free(Some(MemKind::Video), None, 0)).is_empty());
+        assert!(inputs(&free(Some(MemKind::Host), Some(200), 10)).is_empty());
+        assert!(inputs(&free(None, Some(200), 10)).is_empty());
+        let teardown = Event::GpuTeardown(GpuTeardownEvent {
+            header: hdr(EventKind::GpuTeardown, 999),
+            client: 1,
+            reason: TeardownReason::FileReleased,
+            owner_pid: 100,
+            gpu: Some(1),
+            device: 2,
+            sub: None,
+            objects: 3,
+            bytes: 30,
+            host_bytes: 40,
+            egm_bytes: 50,
+        });
+        assert_eq!(
+            inputs(&teardown),
+            vec![Input::MemFree {
+                id: 1,
+                gpu: 1,
+                bytes: 30,
+                ts_ns: TS
+            }]
+        );
+    }
+
+    #[test]
+    fn a_moving_charge_leaves_one_task_for_another() {
+        let charge = |from_pid, to_pid, mem_kind| {
+            Event::GpuCharge(GpuChargeEvent {
+                header: hdr(EventKind::GpuCharge, from_pid),
+                from_pid,
+                to_pid,
+                gpu: Some(0),
+                mem_kind,
+                client: 1,
+                handle: 2,
+                bytes: 64,
+            })
+        };
+        let free = |id| Input::MemFree {
+            id,
+            gpu: 0,
+            bytes: 64,
+            ts_ns: TS,
+        };
+        let alloc = |id| Input::MemAlloc {
+            id,
+            gpu: 0,
+            bytes: 64,
+            ts_ns: TS,
+        };
+        assert_eq!(
+            inputs(&charge(100, 200, MemKind::Video)),
+            vec![free(1), alloc(2)]
+        );
+        assert_eq!(inputs(&charge(999, 200, MemKind::Video)), vec![alloc(2)]);
+        assert_eq!(inputs(&charge(100, 999, MemKind::Video)), vec![free(1)]);
+        // Within one task, or between processes that are no task: nothing moves.
+        assert!(inputs(&charge(100, 101, MemKind::Video)).is_empty());
+        assert!(inputs(&charge(998, 999, MemKind::Video)).is_empty());
+        assert!(inputs(&charge(100, 200, MemKind::Host)).is_empty());
+    }
+
+    #[test]
+    fn only_a_refused_video_allocation_is_memory_pressure() {
+        let ioctl = |pid, class, gpu, status, requested_bytes| {
+            Event::GpuIoctl(GpuIoctlEvent {
+                header: hdr(EventKind::GpuIoctl, pid),
+                fd: 3,
+                device: DeviceFile::Ctl,
+                call: Call::Rm(escape::ALLOC),
+                cmd: 0xC030_462B,
+                control_cmd: None,
+                class,
+                gpu,
+                status,
+                outcome: IoctlOutcome::Decoded,
+                via_xfer: false,
+                ret: 0,
+                requested_bytes,
+            })
+        };
+        let failed = |gpu| {
+            vec![Input::AllocFailed {
+                id: 1,
+                gpu,
+                bytes: 1 << 30,
+                ts_ns: TS,
+            }]
+        };
+        let no_mem = status::NO_MEMORY;
+        assert_eq!(
+            inputs(&ioctl(100, 0x40, Some(2), no_mem, 1 << 30)),
+            failed(2)
+        );
+        // The GPU of the task when the event does not know it.
+        assert_eq!(inputs(&ioctl(100, 0x40, None, no_mem, 1 << 30)), failed(3));
+        assert_eq!(inputs(&ioctl(100, 0, None, no_mem, 1 << 30)), failed(3));
+        // Host and virtual NO_MEMORY, other statuses, no size, no task: nothing.
+        assert!(inputs(&ioctl(100, 0x3E, Some(2), no_mem, 0)).is_empty());
+        assert!(inputs(&ioctl(100, 0x3E, Some(2), no_mem, 1 << 30)).is_empty());
+        assert!(inputs(&ioctl(100, 0x50A0, Some(2), no_mem, 1 << 30)).is_empty());
+        assert!(
+            inputs(&ioctl(
+                100,
+                0x40,
+                Some(2),
+                status::INVALID_ARGUMENT,
+                1 << 30
+            ))
+            .is_empty()
+        );
+        assert!(inputs(&ioctl(999, 0x40, Some(2), no_mem, 1 << 30)).is_empty());
     }
 }
