@@ -19,15 +19,35 @@ pub enum EventKind {
     Switch = 100,
     GpuOpen = 200,
     GpuClose = 201,
-    GpuDup = 202,
     GpuAlloc = 210,
     GpuFree = 211,
     GpuObject = 212,
     GpuTeardown = 213,
     GpuIoctl = 214,
+    GpuRef = 215,
+    GpuExport = 216,
+    GpuCharge = 217,
 }
 
 impl EventKind {
+    /// Every kind, in numeric order.
+    pub const ALL: [EventKind; 14] = [
+        Self::Fork,
+        Self::Exec,
+        Self::Exit,
+        Self::Switch,
+        Self::GpuOpen,
+        Self::GpuClose,
+        Self::GpuAlloc,
+        Self::GpuFree,
+        Self::GpuObject,
+        Self::GpuTeardown,
+        Self::GpuIoctl,
+        Self::GpuRef,
+        Self::GpuExport,
+        Self::GpuCharge,
+    ];
+
     pub const fn from_u32(v: u32) -> Option<Self> {
         match v {
             1 => Some(Self::Fork),
@@ -36,12 +56,14 @@ impl EventKind {
             100 => Some(Self::Switch),
             200 => Some(Self::GpuOpen),
             201 => Some(Self::GpuClose),
-            202 => Some(Self::GpuDup),
             210 => Some(Self::GpuAlloc),
             211 => Some(Self::GpuFree),
             212 => Some(Self::GpuObject),
             213 => Some(Self::GpuTeardown),
             214 => Some(Self::GpuIoctl),
+            215 => Some(Self::GpuRef),
+            216 => Some(Self::GpuExport),
+            217 => Some(Self::GpuCharge),
             _ => None,
         }
     }

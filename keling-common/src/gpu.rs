@@ -1,18 +1,32 @@
 //! GPU tracing: the events, map keys and map values the NVIDIA probes share with the
 //! agent.
 //!
-//! How exact accounting works (the kernel side keeps it; the agent only reads it):
-//! - `PROC_FDS[pid]` lists the process's open NVIDIA fds, each naming a `file_id`
-//!   (one per open file description, shared through dup and fork). `FILES[file_id]`
-//!   counts the fd slots that refer to it in tracked processes: when that reaches
-//!   zero the open file is released, and the driver frees every client created on it.
-//! - `CLIENTS[hClient]` records the file a client belongs to and, per contributing
-//!   (pid, device), the bytes that client holds; freeing the client or releasing its
-//!   file subtracts exactly those, with no iteration over objects.
-//! - `OBJECTS[(hClient, handle)]` holds each object's class, parent, GPU, owner pid and
-//!   size, so a free subtracts exactly what was allocated.
-//! - `TOTALS[(pid, gpu)]` holds bytes now and peak, allocation and free counts; `gpu`
-//!   [`ALL_GPUS`] is the process total and pid 0 the device total.
+//! How exact accounting works (the kernel side keeps it; the agent only reads it;
+//! the rules are in docs/gpu-accounting.md):
+//! - An NVIDIA file is known by the file behind an fd, never by a path: the inode's
+//!   device number (major 195, or the `nvidia-uvm` major) or, for the simulated
+//!   driver, its (filesystem device, inode number) listed in `SIM_FILES` by the
+//!   agent. The open file itself (the kernel's `struct file`, whose address is the
+//!   `file_id`) is the identity of the clients created through it.
+//! - `PROC_FDS[pid]` lists the process's NVIDIA fds that Keling knows (learned at
+//!   open, dup, fork, receipt over a unix socket, pidfd_getfd, first ioctl, or from
+//!   `/proc` at start), so that closes, exec and exit can be judged. A file is
+//!   released when the last reference goes: at each place a reference is dropped
+//!   the probes read the kernel's own reference count of the file, so references
+//!   Keling does not know (another process's fd, a message in flight) keep the file
+//!   open exactly as they keep it open in the kernel.
+//! - `CLIENTS[hClient]` records the open file a client belongs to, the memories it
+//!   shares with other clients, and, per contributing (pid, device, subdevice, GPU),
+//!   the bytes charged to handles of that client; freeing the client or releasing
+//!   its file subtracts exactly those, with no iteration over objects.
+//! - `OBJECTS[(hClient, handle)]` holds each object's class, parent, device,
+//!   subdevice, GPU, creator and, for memory, the memory it refers to in `MEMS`.
+//! - `MEMS[mem_id]` is one memory: its bytes and kind, every handle that refers to
+//!   it (dups, imports), references held by export files, and which handle (and so
+//!   which process) is charged.
+//! - `TOTALS[(pid, gpu)]` holds bytes now and peak, allocation and free counts, and
+//!   the driver's own per-process figure; `gpu` [`ALL_GPUS`] is the process total and
+//!   pid 0 the device total.
 //!
 //! These maps are updated at syscall exit, from what the driver returned, so they
 //! stay exact when the ring buffer drops detail events.
@@ -23,9 +37,10 @@ pub const ALL_GPUS: u32 = u32::MAX;
 /// `gpu` when it is not known.
 pub const NO_GPU: u32 = u32::MAX - 1;
 
-/// Which device file an fd refers to (`FdSlot.device`).
+/// Which device file an fd refers to (`FdSlot.device`, events).
 pub mod device_file {
     /// `nvidiaN` is N (0..=247).
+    pub const MAX_GPU: u32 = 247;
     pub const CTL: u32 = 255;
     pub const UVM: u32 = 256;
     pub const NONE: u32 = u32::MAX;
@@ -35,28 +50,40 @@ pub mod device_file {
 pub const FD_SLOTS: usize = 16;
 /// Most clients tracked per open file.
 pub const FILE_CLIENTS: usize = 8;
-/// Most (pid, device, gpu) contributors tracked per client.
+/// Most objects an export file holds (positions 0..FILE_EXPORTS).
+pub const FILE_EXPORTS: usize = 8;
+/// Most (pid, device, subdevice, gpu) contributors tracked per client.
 pub const CLIENT_CONTRIBUTORS: usize = 16;
+/// Most shared memories (with handles in other clients or export files) per client.
+pub const CLIENT_SHARED: usize = 8;
+/// Most handles referring to one memory.
+pub const MEM_HANDLES: usize = 4;
+/// Most objects decoded from one batch export or import control.
+pub const BATCH_OBJECTS: usize = 8;
+/// Simulated-driver files the agent can list.
+pub const MAX_SIM_FILES: u32 = 256;
 /// Open NVIDIA files tracked at once (`FILES`).
 pub const MAX_FILES: u32 = 65536;
 /// RM clients tracked at once (`CLIENTS`).
 pub const MAX_CLIENTS: u32 = 65536;
 /// RM objects tracked at once (`OBJECTS`).
 pub const MAX_OBJECTS: u32 = 262_144;
+/// Memories tracked at once (`MEMS`).
+pub const MAX_MEMS: u32 = 262_144;
 /// (pid, GPU) totals kept at once (`TOTALS`).
 pub const MAX_TOTALS: u32 = 65536;
 /// Syscalls in flight between sys_enter and sys_exit, one per thread, per kind.
 pub const MAX_PENDING: u32 = 16384;
-/// Length of the device-path prefix in [`crate::ProbeConfig`].
-pub const DEV_PREFIX_LEN: usize = 64;
 
 pub const MAP_PROC_FDS: &str = "PROC_FDS";
 pub const MAP_FILES: &str = "FILES";
 pub const MAP_CLIENTS: &str = "CLIENTS";
 pub const MAP_OBJECTS: &str = "OBJECTS";
+pub const MAP_MEMS: &str = "MEMS";
 pub const MAP_TOTALS: &str = "TOTALS";
 pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
+pub const MAP_SIM_FILES: &str = "SIM_FILES";
 
 /// Why an ioctl (or part of the accounting) could not be decoded with certainty.
 /// Index into the per-CPU `UNDECODED` array; `UNDECODED_PID` sums them per process.
@@ -69,7 +96,7 @@ pub mod undecoded {
     pub const FAULT: u32 = 2;
     /// An escape Keling does not decode.
     pub const UNKNOWN_ESCAPE: u32 = 3;
-    /// A per-process, per-file or per-client table was full.
+    /// A per-process, per-file, per-client or per-memory table was full.
     pub const TABLE_FULL: u32 = 4;
     /// A free or teardown named an object or client Keling never saw.
     pub const UNKNOWN_OBJECT: u32 = 5;
@@ -84,6 +111,16 @@ pub mod undecoded {
     ];
 }
 
+/// What kind of bytes a memory holds.
+pub mod mem_kind {
+    /// Video memory of a GPU: quotas and memory pressure count only this.
+    pub const VIDEO: u32 = 1;
+    /// Pinned host memory.
+    pub const HOST: u32 = 2;
+    /// Extended GPU memory (EGM, Grace Hopper).
+    pub const EGM: u32 = 3;
+}
+
 /// One open NVIDIA fd of a process.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -92,12 +129,14 @@ pub struct FdSlot {
     pub fd: i32,
     /// A [`device_file`] value.
     pub device: u32,
-    /// The open file description; 0 when the slot is free (ids are never 0).
+    /// The open file (`struct file` address); 0 when the slot is free. The agent
+    /// fills slots for fds opened before it started with [`FILE_UNRESOLVED`]: the
+    /// probes resolve them from the fd table when they next meet the fd.
     pub file_id: u64,
-    /// 1 when the fd has FD_CLOEXEC (closed by exec).
-    pub cloexec: u32,
-    pub _reserved: u32,
 }
+
+/// `FdSlot.file_id` of a slot whose open file is not known yet.
+pub const FILE_UNRESOLVED: u64 = u64::MAX;
 
 /// Value of `PROC_FDS`.
 #[repr(C)]
@@ -106,22 +145,22 @@ pub struct ProcFds {
     pub slots: [FdSlot; FD_SLOTS],
 }
 
-/// Value of `FILES`: one open file description of an NVIDIA device.
+/// Value of `FILES`: one open file of an NVIDIA device that holds clients or exported
+/// objects.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FileInfo {
-    /// fd slots in tracked processes that refer to this file.
-    pub refs: u32,
     pub device: u32,
-    /// The process that opened it.
+    /// The process that first used it.
     pub opener_pid: u32,
-    pub _reserved: u32,
     /// Clients created through this file (0 = free slot).
     pub clients: [u32; FILE_CLIENTS],
+    /// Memories exported to this file, by position (0 = none).
+    pub exports: [u64; FILE_EXPORTS],
 }
 
-/// Bytes one process holds under one device of one client, on one GPU (host memory
-/// allocated through `nvidiaN` counts on N, whatever device it hangs under).
+/// Bytes charged to handles of one client that lie under one device (and
+/// subdevice), held by one process, on one GPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Contributor {
@@ -130,10 +169,14 @@ pub struct Contributor {
     pub gpu: u32,
     /// Device object handle the memory hangs under.
     pub device: u32,
+    /// Subdevice handle the memory hangs under, 0 when directly under the device.
+    pub sub: u32,
     /// Memory objects counted here.
     pub objects: u32,
+    pub _reserved: u32,
     pub bytes: u64,
     pub host_bytes: u64,
+    pub egm_bytes: u64,
 }
 
 /// Value of `CLIENTS`.
@@ -141,10 +184,14 @@ pub struct Contributor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientInfo {
     pub file_id: u64,
+    /// The process whose ioctl created the client (the driver's per-process figure
+    /// bills memory to it).
     pub creator_pid: u32,
     /// Generation: objects recorded under an older client with the same handle are
     /// stale and ignored.
     pub gen_: u32,
+    /// Shared memories this client has handles to (0 = free slot).
+    pub shared: [u64; CLIENT_SHARED],
     pub contributors: [Contributor; CLIENT_CONTRIBUTORS],
 }
 
@@ -166,12 +213,58 @@ pub struct ObjectInfo {
     pub parent: u32,
     /// The device object this object is under (itself for a device).
     pub device: u32,
+    /// The subdevice it is under (itself for a subdevice), 0 when none.
+    pub sub: u32,
     pub gpu: u32,
+    /// The process whose ioctl created this handle.
     pub owner_pid: u32,
     /// The client's generation when this object was made.
     pub client_gen: u32,
-    pub _reserved: u32,
+    /// The shared memory in `MEMS`, once the object has been duplicated, imported or
+    /// exported; 0 before (its bytes are then `bytes`, charged to `owner_pid`).
+    pub mem_id: u64,
+    /// Memory: its bytes while it is not shared.
     pub bytes: u64,
+    /// Memory: a [`mem_kind`] value; 0 for objects that hold no bytes.
+    pub mem_kind: u32,
+    pub _reserved: u32,
+}
+
+/// One handle of a memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemHandle {
+    /// 0 when the slot is free.
+    pub client: u32,
+    pub handle: u32,
+    pub device: u32,
+    pub sub: u32,
+    /// The process whose ioctl created the handle.
+    pub pid: u32,
+    /// Creation order among the memory's handles (the oldest survivor is charged).
+    pub seq: u32,
+}
+
+/// `MemInfo.charged` when no handle is charged (only export files hold the memory).
+pub const NO_HANDLE: u32 = u32::MAX;
+
+/// Value of `MEMS`: one memory and everything that refers to it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    pub bytes: u64,
+    /// A [`mem_kind`] value.
+    pub kind: u32,
+    pub gpu: u32,
+    /// References held by export files.
+    pub export_refs: u32,
+    /// The process charged with the bytes.
+    pub charged_pid: u32,
+    /// Index into `handles` of the charged handle, or [`NO_HANDLE`].
+    pub charged: u32,
+    /// The next `seq`.
+    pub next_seq: u32,
+    pub handles: [MemHandle; MEM_HANDLES],
 }
 
 /// Key of `TOTALS`.
@@ -188,67 +281,245 @@ pub struct TotalKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
+    /// Video memory charged to the process (the per-caller figure).
     pub bytes: u64,
     pub peak_bytes: u64,
     pub host_bytes: u64,
     pub peak_host_bytes: u64,
+    pub egm_bytes: u64,
+    /// Video memory of the process's own clients' charged handles: the driver's
+    /// per-process figure (what NVML's `usedGpuMemory` reports).
+    pub driver_bytes: u64,
     pub allocs: u64,
     pub frees: u64,
 }
 
-/// Open, close or dup of an NVIDIA fd ([`crate::EventKind::GpuOpen`] etc.).
+/// Key of `SIM_FILES`: a simulated-driver file's identity.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SimFileKey {
+    /// The filesystem's device number, kernel encoding (`MAJOR << 20 | MINOR`).
+    pub dev: u32,
+    pub _reserved: u32,
+    pub ino: u64,
+}
+
+/// How a process came to have an NVIDIA fd ([`GpuOpenEvent::how`]).
+pub mod open_how {
+    /// An open syscall (any of them, any path).
+    pub const OPEN: u32 = 1;
+    /// dup, dup2, dup3, fcntl(F_DUPFD*) of another fd.
+    pub const DUP: u32 = 2;
+    /// Received over a unix socket (SCM_RIGHTS) or taken with pidfd_getfd.
+    pub const RECEIVED: u32 = 3;
+    /// First seen at an ioctl (inherited from before Keling, or another way).
+    pub const FIRST_USE: u32 = 4;
+}
+
+/// A process has an NVIDIA fd ([`crate::EventKind::GpuOpen`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuFileEvent {
+pub struct GpuOpenEvent {
+    pub header: EventHeader,
+    pub fd: i32,
+    /// A [`device_file`] value.
+    pub device: u32,
+    pub file_id: u64,
+    /// An [`open_how`] value.
+    pub how: u32,
+    /// The fd it was duplicated from (`how` DUP), else -1.
+    pub src_fd: i32,
+}
+
+/// A process closed an NVIDIA fd (close, close_range, dup2 onto it, exec, exit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuCloseEvent {
     pub header: EventHeader,
     pub fd: i32,
     pub device: u32,
     pub file_id: u64,
-    /// Close: 1 when this was the last reference and the file was released.
+    /// 1 when this dropped the file's last reference: the driver released it.
     pub released: u32,
-    /// Open: 1 when opened with O_CLOEXEC; dup: the source fd.
-    pub arg: u32,
+    pub _reserved: u32,
 }
 
-/// Allocation, free, object creation, client teardown or another decoded ioctl.
+/// A memory object the driver allocated ([`crate::EventKind::GpuAlloc`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuEvent {
+pub struct GpuAllocEvent {
     pub header: EventHeader,
     pub client: u32,
     pub parent: u32,
     pub handle: u32,
     pub class: u32,
-    /// An [`crate::nvidia::ObjectKind`] as `u32`.
-    pub kind: u32,
+    /// A [`mem_kind`] value.
+    pub mem_kind: u32,
     pub gpu: u32,
-    /// Video-memory bytes allocated or freed.
-    pub bytes: u64,
-    /// Host-memory bytes (teardown only).
-    pub host_bytes: u64,
-    /// Who allocated what is freed (free, teardown).
-    pub owner_pid: u32,
-    /// RM escape number, or the UVM command.
+    /// The RM escape that allocated it.
     pub escape: u32,
-    /// The raw ioctl command.
-    pub cmd: u32,
-    /// RM_CONTROL's command, or the objects count of a teardown.
-    pub control_cmd: u32,
-    /// RM status the driver returned (0 = success).
-    pub status: u32,
-    pub fd: i32,
-    /// ioctl(2)'s return value.
-    pub ret: i64,
-    /// Teardown: [`teardown`] reason. Other ioctls: 1 + an [`undecoded`] reason
-    /// when it was not decoded, else 0.
-    pub reason: u32,
     /// 1 when the call came through XFER_CMD.
     pub via_xfer: u32,
+    pub bytes: u64,
 }
 
-/// Why a client's memory was freed all at once.
+/// A handle freed ([`crate::EventKind::GpuFree`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuFreeEvent {
+    pub header: EventHeader,
+    pub client: u32,
+    pub handle: u32,
+    pub class: u32,
+    /// An [`crate::nvidia::ObjectKind`] value.
+    pub kind: u32,
+    pub gpu: u32,
+    /// A [`mem_kind`] value for memory, else 0.
+    pub mem_kind: u32,
+    /// The process whose charge was freed (0 when nothing was freed).
+    pub freed_pid: u32,
+    pub escape: u32,
+    /// Bytes given back to the driver (0 when other references keep the memory).
+    pub bytes: u64,
+}
+
+/// A non-memory object created ([`crate::EventKind::GpuObject`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuObjectEvent {
+    pub header: EventHeader,
+    pub client: u32,
+    pub parent: u32,
+    pub handle: u32,
+    pub class: u32,
+    /// An [`crate::nvidia::ObjectKind`] value.
+    pub kind: u32,
+    pub gpu: u32,
+}
+
+/// Why memory was freed all at once ([`GpuTeardownEvent::reason`]).
 pub mod teardown {
     pub const CLIENT_FREED: u32 = 1;
     pub const FILE_RELEASED: u32 = 2;
     pub const DEVICE_FREED: u32 = 3;
+    pub const SUBDEVICE_FREED: u32 = 4;
+}
+
+/// One contributor of a client freed all at once ([`crate::EventKind::GpuTeardown`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuTeardownEvent {
+    pub header: EventHeader,
+    pub client: u32,
+    /// A [`teardown`] value.
+    pub reason: u32,
+    /// The process whose charge was freed.
+    pub owner_pid: u32,
+    pub gpu: u32,
+    /// The device (and subdevice) the memory hung under.
+    pub device: u32,
+    pub sub: u32,
+    pub objects: u32,
+    pub _reserved: u32,
+    pub bytes: u64,
+    pub host_bytes: u64,
+    pub egm_bytes: u64,
+}
+
+/// How a new handle to existing memory came to be ([`GpuRefEvent::how`]).
+pub mod ref_how {
+    /// RM_DUP_OBJECT.
+    pub const DUP: u32 = 1;
+    /// An import control (IMPORT_OBJECT_FROM_FD or its batch form).
+    pub const IMPORT: u32 = 2;
+}
+
+/// A new handle referring to an existing memory ([`crate::EventKind::GpuRef`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuRefEvent {
+    pub header: EventHeader,
+    pub client: u32,
+    pub parent: u32,
+    pub handle: u32,
+    /// A [`ref_how`] value.
+    pub how: u32,
+    /// The handle it was made from (dup), 0 for an import.
+    pub src_client: u32,
+    pub src_handle: u32,
+    pub gpu: u32,
+    pub mem_kind: u32,
+    /// The memory's bytes (charged elsewhere: a reference adds none).
+    pub bytes: u64,
+}
+
+/// A memory exported to an export file ([`crate::EventKind::GpuExport`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuExportEvent {
+    pub header: EventHeader,
+    pub client: u32,
+    pub handle: u32,
+    pub file_id: u64,
+    pub position: u32,
+    pub gpu: u32,
+    pub bytes: u64,
+}
+
+/// A memory's charge moved to another process ([`crate::EventKind::GpuCharge`]):
+/// its charged handle went while other handles remain.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuChargeEvent {
+    pub header: EventHeader,
+    pub from_pid: u32,
+    pub to_pid: u32,
+    pub gpu: u32,
+    pub mem_kind: u32,
+    /// The handle now charged.
+    pub client: u32,
+    pub handle: u32,
+    pub bytes: u64,
+}
+
+/// What came of an ioctl that is reported as a plain call ([`GpuIoctlEvent::outcome`]).
+pub mod outcome {
+    /// Decoded; it changed no memory (a control, a map, a failed allocation, ...).
+    pub const DECODED: u32 = 0;
+    /// An escape every CUDA process sends that carries no memory.
+    pub const NO_MEMORY_ESCAPE: u32 = 1;
+    /// Not decoded; `undecoded` says why.
+    pub const UNDECODED: u32 = 2;
+}
+
+/// Any other ioctl on an NVIDIA file ([`crate::EventKind::GpuIoctl`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuIoctlEvent {
+    pub header: EventHeader,
+    pub fd: i32,
+    /// The [`device_file`] the call was made on.
+    pub device: u32,
+    /// RM escape number, or the UVM command.
+    pub escape: u32,
+    /// The raw ioctl command.
+    pub cmd: u32,
+    /// RM_CONTROL's command (0 otherwise).
+    pub control_cmd: u32,
+    /// The RM class of an allocation (0 otherwise).
+    pub class: u32,
+    /// The GPU of the object the call named, when known (else [`NO_GPU`]).
+    pub gpu: u32,
+    pub _reserved: u32,
+    /// RM status the driver returned (0 = success).
+    pub status: u32,
+    /// An [`outcome`] value.
+    pub outcome: u32,
+    /// An [`undecoded`] reason when `outcome` is UNDECODED.
+    pub undecoded: u32,
+    pub via_xfer: u32,
+    /// ioctl(2)'s return value.
+    pub ret: i64,
+    /// A failed video-memory allocation: the bytes asked for.
+    pub requested_bytes: u64,
 }

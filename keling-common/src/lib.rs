@@ -58,38 +58,68 @@ mod layout_tests {
             tracked: u32, _reserved: u32, comm: [u8; COMM_LEN]]);
         no_padding!(SwitchEvent, 48, [header: EventHeader, prev_tid: u32, prev_pid: u32,
             next_tid: u32, next_pid: u32, prev_state: u64]);
-        no_padding!(GpuFileEvent, 48, [header: EventHeader, fd: i32, device: u32,
-            file_id: u64, released: u32, arg: u32]);
-        no_padding!(GpuEvent, 104, [header: EventHeader, client: u32, parent: u32,
-            handle: u32, class: u32, kind: u32, gpu: u32, bytes: u64, host_bytes: u64,
-            owner_pid: u32, escape: u32, cmd: u32, control_cmd: u32, status: u32, fd: i32,
-            ret: i64, reason: u32, via_xfer: u32]);
+        no_padding!(GpuOpenEvent, 48, [header: EventHeader, fd: i32, device: u32,
+            file_id: u64, how: u32, src_fd: i32]);
+        no_padding!(GpuCloseEvent, 48, [header: EventHeader, fd: i32, device: u32,
+            file_id: u64, released: u32, _reserved: u32]);
+        no_padding!(GpuAllocEvent, 64, [header: EventHeader, client: u32, parent: u32,
+            handle: u32, class: u32, mem_kind: u32, gpu: u32, escape: u32, via_xfer: u32,
+            bytes: u64]);
+        no_padding!(GpuFreeEvent, 64, [header: EventHeader, client: u32, handle: u32,
+            class: u32, kind: u32, gpu: u32, mem_kind: u32, freed_pid: u32, escape: u32,
+            bytes: u64]);
+        no_padding!(GpuObjectEvent, 48, [header: EventHeader, client: u32, parent: u32,
+            handle: u32, class: u32, kind: u32, gpu: u32]);
+        no_padding!(GpuTeardownEvent, 80, [header: EventHeader, client: u32, reason: u32,
+            owner_pid: u32, gpu: u32, device: u32, sub: u32, objects: u32, _reserved: u32,
+            bytes: u64, host_bytes: u64, egm_bytes: u64]);
+        no_padding!(GpuRefEvent, 64, [header: EventHeader, client: u32, parent: u32,
+            handle: u32, how: u32, src_client: u32, src_handle: u32, gpu: u32, mem_kind: u32,
+            bytes: u64]);
+        no_padding!(GpuExportEvent, 56, [header: EventHeader, client: u32, handle: u32,
+            file_id: u64, position: u32, gpu: u32, bytes: u64]);
+        no_padding!(GpuChargeEvent, 56, [header: EventHeader, from_pid: u32, to_pid: u32,
+            gpu: u32, mem_kind: u32, client: u32, handle: u32, bytes: u64]);
+        no_padding!(GpuIoctlEvent, 88, [header: EventHeader, fd: i32, device: u32,
+            escape: u32, cmd: u32, control_cmd: u32, class: u32, gpu: u32, _reserved: u32,
+            status: u32, outcome: u32, undecoded: u32, via_xfer: u32, ret: i64,
+            requested_bytes: u64]);
     }
 
     #[test]
     fn map_value_layouts() {
         no_padding!(TrackedProcess, 8, [root_pid: u32, flags: u32]);
-        no_padding!(ProbeConfig, 120, [task_pid_off: u32, task_tgid_off: u32,
-            task_exit_code_off: u32, exit_group_dead_off: u32, switch_prev_pid_off: u32,
-            switch_prev_state_off: u32, switch_next_pid_off: u32, exec_filename_off: u32,
-            exec_old_pid_off: u32, system_wide: u32, nvos21_status_off: u32,
-            dev_prefix_len: u32, wakeup_bytes: u32, _reserved: u32,
-            dev_prefix: [u8; DEV_PREFIX_LEN]]);
-        no_padding!(FdSlot, 24, [fd: i32, device: u32, file_id: u64, cloexec: u32,
-            _reserved: u32]);
-        assert_eq!(size_of::<ProcFds>(), 24 * FD_SLOTS);
-        no_padding!(FileInfo, 16 + 4 * FILE_CLIENTS, [refs: u32, device: u32,
-            opener_pid: u32, _reserved: u32, clients: [u32; FILE_CLIENTS]]);
-        no_padding!(Contributor, 32, [pid: u32, gpu: u32, device: u32, objects: u32,
-            bytes: u64, host_bytes: u64]);
-        no_padding!(ClientInfo, 16 + 32 * CLIENT_CONTRIBUTORS, [file_id: u64,
-            creator_pid: u32, gen_: u32, contributors: [Contributor; CLIENT_CONTRIBUTORS]]);
+        no_padding!(ProbeConfig, 104, [task_pid_off: u32, task_tgid_off: u32,
+            task_exit_code_off: u32, task_files_off: u32, files_fdt_off: u32,
+            fdt_max_fds_off: u32, fdt_fd_off: u32, file_inode_off: u32, file_ref_off: u32,
+            file_ref_biased: u32, inode_rdev_off: u32, inode_ino_off: u32, inode_sb_off: u32,
+            sb_dev_off: u32, uvm_major: u32, sim_files: u32, exit_group_dead_off: u32,
+            switch_prev_pid_off: u32, switch_prev_state_off: u32, switch_next_pid_off: u32,
+            exec_filename_off: u32, exec_old_pid_off: u32, system_wide: u32,
+            nvos21_status_off: u32, driver_major: u32, wakeup_bytes: u32]);
+        no_padding!(FdSlot, 16, [fd: i32, device: u32, file_id: u64]);
+        assert_eq!(size_of::<ProcFds>(), 16 * FD_SLOTS);
+        no_padding!(FileInfo, 8 + 4 * FILE_CLIENTS + 8 * FILE_EXPORTS, [device: u32,
+            opener_pid: u32, clients: [u32; FILE_CLIENTS], exports: [u64; FILE_EXPORTS]]);
+        no_padding!(Contributor, 48, [pid: u32, gpu: u32, device: u32, sub: u32,
+            objects: u32, _reserved: u32, bytes: u64, host_bytes: u64, egm_bytes: u64]);
+        no_padding!(ClientInfo, 16 + 8 * CLIENT_SHARED + 48 * CLIENT_CONTRIBUTORS, [
+            file_id: u64, creator_pid: u32, gen_: u32, shared: [u64; CLIENT_SHARED],
+            contributors: [Contributor; CLIENT_CONTRIBUTORS]]);
         no_padding!(ObjectKey, 8, [client: u32, handle: u32]);
-        no_padding!(ObjectInfo, 40, [class: u32, kind: u32, parent: u32, device: u32,
-            gpu: u32, owner_pid: u32, client_gen: u32, _reserved: u32, bytes: u64]);
+        no_padding!(ObjectInfo, 56, [class: u32, kind: u32, parent: u32, device: u32,
+            sub: u32, gpu: u32, owner_pid: u32, client_gen: u32, mem_id: u64, bytes: u64,
+            mem_kind: u32, _reserved: u32]);
+        no_padding!(MemHandle, 24, [client: u32, handle: u32, device: u32, sub: u32,
+            pid: u32, seq: u32]);
+        no_padding!(MemInfo, 32 + 24 * MEM_HANDLES, [bytes: u64, kind: u32, gpu: u32,
+            export_refs: u32, charged_pid: u32, charged: u32, next_seq: u32,
+            handles: [MemHandle; MEM_HANDLES]]);
         no_padding!(TotalKey, 8, [pid: u32, gpu: u32]);
-        no_padding!(Totals, 48, [bytes: u64, peak_bytes: u64, host_bytes: u64,
-            peak_host_bytes: u64, allocs: u64, frees: u64]);
+        no_padding!(Totals, 64, [bytes: u64, peak_bytes: u64, host_bytes: u64,
+            peak_host_bytes: u64, egm_bytes: u64, driver_bytes: u64, allocs: u64,
+            frees: u64]);
+        no_padding!(SimFileKey, 16, [dev: u32, _reserved: u32, ino: u64]);
     }
 
     #[test]
@@ -102,7 +132,11 @@ mod layout_tests {
         ] {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }
+        for k in EventKind::ALL {
+            assert_eq!(EventKind::from_u32(k as u32), Some(k));
+        }
         assert_eq!(EventKind::from_u32(0), None);
+        assert_eq!(EventKind::from_u32(202), None);
         assert_eq!(EventKind::from_u32(4), None);
     }
 }

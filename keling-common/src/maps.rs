@@ -46,6 +46,27 @@ pub struct ProbeConfig {
     pub task_pid_off: u32,
     pub task_tgid_off: u32,
     pub task_exit_code_off: u32,
+    /// `task_struct.files`.
+    pub task_files_off: u32,
+    /// `files_struct.fdt`, `fdtable.max_fds`, `fdtable.fd`.
+    pub files_fdt_off: u32,
+    pub fdt_max_fds_off: u32,
+    pub fdt_fd_off: u32,
+    /// `file.f_inode`, and its reference count (`f_ref` or `f_count`).
+    pub file_inode_off: u32,
+    pub file_ref_off: u32,
+    /// 1 when the count is a `file_ref_t` (6.13 and later: the stored value is the
+    /// count - 1, negative once released); 0 for a plain `atomic_long_t f_count`.
+    pub file_ref_biased: u32,
+    /// `inode.i_rdev`, `inode.i_ino`, `inode.i_sb`, `super_block.s_dev`.
+    pub inode_rdev_off: u32,
+    pub inode_ino_off: u32,
+    pub inode_sb_off: u32,
+    pub sb_dev_off: u32,
+    /// The `nvidia-uvm` character major (from /proc/devices); 0 when absent.
+    pub uvm_major: u32,
+    /// 1 when `SIM_FILES` lists simulated-driver files to recognise.
+    pub sim_files: u32,
     /// `sched_process_exit`'s `group_dead` field; 0 when this kernel's tracepoint
     /// has none (before 6.17): the probe then treats the leader's exit as the
     /// process's.
@@ -58,19 +79,15 @@ pub struct ProbeConfig {
     pub exec_filename_off: u32,
     pub exec_old_pid_off: u32,
     /// 1: report fork/exec/exit of every process, and track every process that
-    /// opens an NVIDIA device (the long-running agent); 0: only tracked ones
+    /// has an NVIDIA device open (the long-running agent); 0: only tracked ones
     /// (`keling trace`).
     pub system_wide: u32,
     /// Offset of NVOS21's `status` for the driver in use (28, or 24 before 535).
     pub nvos21_status_off: u32,
-    /// Bytes of `dev_prefix` that are set.
-    pub dev_prefix_len: u32,
+    /// The driver's major version (layouts that changed: the EGM bit from 550).
+    pub driver_major: u32,
     /// Detail events wake the agent only when this many bytes are waiting.
     pub wakeup_bytes: u32,
-    pub _reserved: u32,
-    /// `<dev-dir>/nvidia`: the open probe matches `nvidiactl`, `nvidia-uvm` and
-    /// `nvidiaN` after it.
-    pub dev_prefix: [u8; crate::DEV_PREFIX_LEN],
 }
 
 impl ProbeConfig {
@@ -78,6 +95,19 @@ impl ProbeConfig {
         task_pid_off: 0,
         task_tgid_off: 0,
         task_exit_code_off: 0,
+        task_files_off: 0,
+        files_fdt_off: 0,
+        fdt_max_fds_off: 0,
+        fdt_fd_off: 0,
+        file_inode_off: 0,
+        file_ref_off: 0,
+        file_ref_biased: 0,
+        inode_rdev_off: 0,
+        inode_ino_off: 0,
+        inode_sb_off: 0,
+        sb_dev_off: 0,
+        uvm_major: 0,
+        sim_files: 0,
         exit_group_dead_off: 0,
         switch_prev_pid_off: 0,
         switch_prev_state_off: 0,
@@ -86,10 +116,8 @@ impl ProbeConfig {
         exec_old_pid_off: 0,
         system_wide: 0,
         nvos21_status_off: 28,
-        dev_prefix_len: 0,
+        driver_major: 0,
         wakeup_bytes: 0,
-        _reserved: 0,
-        dev_prefix: [0; crate::DEV_PREFIX_LEN],
     };
 }
 
@@ -112,6 +140,10 @@ mod pod {
     unsafe impl aya::Pod for crate::ObjectKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for crate::ObjectInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::MemInfo {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for crate::SimFileKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for crate::TotalKey {}
     // SAFETY: as above.

@@ -46,6 +46,34 @@ pub mod escape {
     pub const CHECK_VERSION_STR: u32 = 210;
     pub const XFER_CMD: u32 = 211;
     pub const ATTACH_GPUS_TO_FD: u32 = 212;
+    pub const ALLOC_OS_EVENT: u32 = 206;
+    pub const FREE_OS_EVENT: u32 = 207;
+    pub const SYS_PARAMS: u32 = 214;
+    pub const NUMA_INFO: u32 = 215;
+    pub const WAIT_OPEN_COMPLETE: u32 = 218;
+    pub const UPDATE_DEVICE_MAPPING_INFO: u32 = 0x5E;
+
+    /// Escapes that every CUDA process sends and that carry no memory: decoded as
+    /// such, whatever their parameters (nvproxy's compute allowlist).
+    pub const fn carries_no_memory(nr: u32) -> bool {
+        matches!(
+            nr,
+            CARD_INFO
+                | REGISTER_FD
+                | CHECK_VERSION_STR
+                | ATTACH_GPUS_TO_FD
+                | ALLOC_OS_EVENT
+                | FREE_OS_EVENT
+                | SYS_PARAMS
+                | NUMA_INFO
+                | WAIT_OPEN_COMPLETE
+                | UPDATE_DEVICE_MAPPING_INFO
+                | SHARE
+                | ALLOC_CONTEXT_DMA2
+                | MAP_MEMORY_DMA
+                | UNMAP_MEMORY_DMA
+        )
+    }
 }
 
 /// Parameter sizes that the driver requires exactly.
@@ -59,7 +87,19 @@ pub mod size {
     pub const NVOS32_VID_HEAP: u32 = 184;
     pub const NVOS33_MAP_MEMORY: u32 = 56;
     pub const NVOS34_UNMAP_MEMORY: u32 = 32;
+    pub const NVOS55_DUP_OBJECT: u32 = 28;
     pub const XFER: u32 = 16;
+}
+
+/// NVOS55 (RM_DUP_OBJECT): a new handle referring to an existing object.
+pub mod nvos55 {
+    pub const H_CLIENT: usize = 0;
+    pub const H_PARENT: usize = 4;
+    /// In/out: 0 in means the driver picks it.
+    pub const H_OBJECT: usize = 8;
+    pub const H_CLIENT_SRC: usize = 12;
+    pub const H_OBJECT_SRC: usize = 16;
+    pub const STATUS: usize = 24;
 }
 
 /// NVOS00 (RM_FREE).
@@ -101,9 +141,49 @@ pub mod nvos54 {
     pub const H_OBJECT: usize = 4;
     pub const CMD: usize = 8;
     pub const FLAGS: usize = 12;
+    /// Pointer to the control's own params, and their size.
+    pub const PARAMS: usize = 16;
+    pub const PARAMS_SIZE: usize = 24;
     pub const STATUS: usize = 28;
     /// `flags & 4`: params are FINN-serialized.
     pub const FLAGS_FINN_SERIALIZED: u32 = 4;
+}
+
+/// The RM controls that share memory between clients and processes (CUDA IPC, NCCL),
+/// sent on the client object (`rmobjexportimport.c`).
+pub mod ctrl {
+    /// NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD (24 bytes): type@0, hDevice@4,
+    /// hParent@8, hObject@12, fd@16, flags@20. The object goes to position 0.
+    pub const EXPORT_OBJECT_TO_FD: u32 = 0x3d05;
+    pub const EXPORT_SIZE: u32 = 24;
+    pub const EXPORT_H_OBJECT: usize = 12;
+    pub const EXPORT_FD: usize = 16;
+    /// NV0000_CTRL_CMD_OS_UNIX_IMPORT_OBJECT_FROM_FD (20 bytes): fd@0, type@4,
+    /// hDevice@8, hParent@12, hObject@16 (in/out).
+    pub const IMPORT_OBJECT_FROM_FD: u32 = 0x3d06;
+    pub const IMPORT_SIZE: u32 = 20;
+    pub const IMPORT_FD: usize = 0;
+    pub const IMPORT_H_PARENT: usize = 12;
+    pub const IMPORT_H_OBJECT: usize = 16;
+    /// NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECTS_TO_FD (2128 bytes): fd@0, hDevice@4,
+    /// maxObjects u16@8, metadata[64]@10, objects[512] u32@76, numObjects u16@2124,
+    /// index u16@2126. Object i goes to position index + i.
+    pub const EXPORT_OBJECTS_TO_FD: u32 = 0x3d0b;
+    pub const EXPORT_BATCH_SIZE: u32 = 2128;
+    pub const EXPORT_BATCH_FD: usize = 0;
+    pub const EXPORT_BATCH_OBJECTS: usize = 76;
+    pub const EXPORT_BATCH_NUM: usize = 2124;
+    pub const EXPORT_BATCH_INDEX: usize = 2126;
+    /// NV0000_CTRL_CMD_OS_UNIX_IMPORT_OBJECTS_FROM_FD (652 bytes): fd@0, hParent@4,
+    /// objects[128] u32@8 (in/out), objectTypes[128] u8@520, numObjects u16@648,
+    /// index u16@650.
+    pub const IMPORT_OBJECTS_FROM_FD: u32 = 0x3d0c;
+    pub const IMPORT_BATCH_SIZE: u32 = 652;
+    pub const IMPORT_BATCH_FD: usize = 0;
+    pub const IMPORT_BATCH_H_PARENT: usize = 4;
+    pub const IMPORT_BATCH_OBJECTS: usize = 8;
+    pub const IMPORT_BATCH_NUM: usize = 648;
+    pub const IMPORT_BATCH_INDEX: usize = 650;
 }
 
 /// NVOS02 (RM_ALLOC_MEMORY, on nvidiaN).
@@ -112,6 +192,8 @@ pub mod nvos02 {
     pub const H_OBJECT_PARENT: usize = 4;
     pub const H_OBJECT_NEW: usize = 8;
     pub const H_CLASS: usize = 12;
+    /// Size - 1. For class 0x40 the driver allocates nothing and writes the whole
+    /// heap size - 1 here (`rmapi_deprecated_allocmemory.c:305-356`).
     pub const LIMIT: usize = 32;
     pub const STATUS: usize = 40;
 }
@@ -124,9 +206,43 @@ pub mod nvos32 {
     pub const STATUS: usize = 20;
     /// Both union arms (AllocSize and Free) start with owner@40, hMemory@44.
     pub const H_MEMORY: usize = 44;
+    /// AllocSize (and AllocSizeRange): flags@52, attr@56, size@88 in/out, attr2@144.
+    pub const FLAGS: usize = 52;
+    pub const ATTR: usize = 56;
     pub const ALLOC_SIZE: usize = 88;
+    pub const ATTR2: usize = 144;
+    /// AllocSizeRange: size@80.
+    pub const ALLOC_SIZE_RANGE_SIZE: usize = 80;
+    /// AllocOsDescriptor: hMemory@40, limit@72.
+    pub const OS_DESCRIPTOR_H_MEMORY: usize = 40;
+    pub const OS_DESCRIPTOR_LIMIT: usize = 72;
     pub const FUNCTION_ALLOC_SIZE: u32 = 2;
     pub const FUNCTION_FREE: u32 = 3;
+    pub const FUNCTION_ALLOC_SIZE_RANGE: u32 = 14;
+    pub const FUNCTION_ALLOC_OS_DESCRIPTOR: u32 = 27;
+    /// `flags & VIRTUAL`: a virtual range (class 0x50A0), no bytes.
+    pub const FLAGS_VIRTUAL: u32 = 0x8_0000;
+    /// `attr2 & USE_EGM` (driver 550 and later): EGM (class 0x42).
+    pub const ATTR2_USE_EGM: u32 = 1 << 24;
+    /// `attr` bits 26:25 == 0: video memory (class 0x40); else host (0x3E).
+    pub const ATTR_LOCATION_SHIFT: u32 = 25;
+    pub const ATTR_LOCATION_MASK: u32 = 3;
+    /// First driver with the EGM bit.
+    pub const EGM_SINCE_MAJOR: u32 = 550;
+
+    /// The memory kind the driver picks for an ALLOC_SIZE(_RANGE) from its inputs
+    /// (`rmapi_deprecated_vidheapctrl.c:136-145`): None for a virtual range.
+    pub const fn classify(flags: u32, attr: u32, attr2: u32, egm_bit: bool) -> Option<u32> {
+        if flags & FLAGS_VIRTUAL != 0 {
+            None
+        } else if egm_bit && attr2 & ATTR2_USE_EGM != 0 {
+            Some(crate::mem_kind::EGM)
+        } else if (attr >> ATTR_LOCATION_SHIFT) & ATTR_LOCATION_MASK == 0 {
+            Some(crate::mem_kind::VIDEO)
+        } else {
+            Some(crate::mem_kind::HOST)
+        }
+    }
 }
 
 /// NVOS33 (RM_MAP_MEMORY) and NVOS34 (RM_UNMAP_MEMORY).
@@ -175,6 +291,17 @@ pub mod class {
     pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;
     pub const NV50_MEMORY_VIRTUAL: u32 = 0x50A0;
     pub const NV_MEMORY_FABRIC: u32 = 0xF8;
+    /// NV01_MEMORY_LOCAL_PRIVILEGED: RM_ALLOC_MEMORY writes limit 0xFFFFFFFF, allocates nothing.
+    pub const NV01_MEMORY_LOCAL_PRIVILEGED: u32 = 0x3F;
+    /// NV_MEMORY_EXTENDED_USER (EGM).
+    pub const NV_MEMORY_EXTENDED_USER: u32 = 0x42;
+    /// Address ranges and handles whose memory is attached by controls: no bytes.
+    pub const NV_MEMORY_MULTICAST_FABRIC: u32 = 0xFD;
+    pub const NV_MEMORY_MAPPER: u32 = 0xFE;
+    pub const NV_MEMORY_FABRIC_IMPORT_V2: u32 = 0xF9;
+    pub const NV_MEMORY_FABRIC_IMPORTED_REF: u32 = 0xFB;
+    /// Listed among the 0-byte classes in the ABI facts.
+    pub const CLASS_0XE0: u32 = 0xE0;
     pub const FERMI_VASPACE_A: u32 = 0x90F1;
     pub const KEPLER_CHANNEL_GROUP_A: u32 = 0xA06C;
     pub const FERMI_CONTEXT_SHARE_A: u32 = 0x9067;
@@ -201,8 +328,11 @@ pub enum ObjectKind {
     VideoMemory = 10,
     /// Pinned host memory: counted apart.
     HostMemory = 11,
-    /// Virtual address ranges: no bytes.
+    /// Memory objects that hold no bytes: virtual ranges, views of physical memory,
+    /// fabric and multicast handles, `RM_ALLOC_MEMORY` of video memory.
     VirtualMemory = 12,
+    /// Extended GPU memory (EGM): its own kind, neither video nor host.
+    ExtendedMemory = 13,
 }
 
 impl ObjectKind {
@@ -214,9 +344,18 @@ impl ObjectKind {
             class::FERMI_VASPACE_A => Self::VaSpace,
             class::KEPLER_CHANNEL_GROUP_A => Self::ChannelGroup,
             class::FERMI_CONTEXT_SHARE_A => Self::ContextShare,
-            class::NV01_MEMORY_LOCAL_USER | class::NV01_MEMORY_LOCAL_PHYSICAL => Self::VideoMemory,
+            class::NV01_MEMORY_LOCAL_USER => Self::VideoMemory,
             class::NV01_MEMORY_SYSTEM | class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => Self::HostMemory,
-            class::NV01_MEMORY_VIRTUAL | class::NV50_MEMORY_VIRTUAL => Self::VirtualMemory,
+            class::NV_MEMORY_EXTENDED_USER => Self::ExtendedMemory,
+            class::NV01_MEMORY_VIRTUAL
+            | class::NV50_MEMORY_VIRTUAL
+            | class::NV01_MEMORY_LOCAL_PHYSICAL
+            | class::NV01_MEMORY_LOCAL_PRIVILEGED
+            | class::NV_MEMORY_FABRIC
+            | class::NV_MEMORY_MULTICAST_FABRIC
+            | class::NV_MEMORY_FABRIC_IMPORT_V2
+            | class::NV_MEMORY_FABRIC_IMPORTED_REF
+            | class::CLASS_0XE0 => Self::VirtualMemory,
             0xC36F | 0xC46F | 0xC56F | 0xC86F | 0xC96F | 0xCA6F => Self::Channel,
             0xC5C0 | 0xC6C0 | 0xC7C0 | 0xC9C0 | 0xCBC0 | 0xCDC0 | 0xCEC0 => Self::Compute,
             0xC7B5 | 0xC8B5 => Self::Copy,
@@ -238,16 +377,30 @@ impl ObjectKind {
             10 => Self::VideoMemory,
             11 => Self::HostMemory,
             12 => Self::VirtualMemory,
+            13 => Self::ExtendedMemory,
             _ => Self::Other,
         }
     }
 
-    /// Classes whose allocation parameters are `NV_MEMORY_ALLOCATION_PARAMS`.
+    /// Classes whose allocation parameters are `NV_MEMORY_ALLOCATION_PARAMS` with a
+    /// size worth reading (class 0x50A0 has them too, but holds no bytes).
     pub const fn has_memory_params(class: u32) -> bool {
         matches!(
             class,
-            class::NV01_MEMORY_LOCAL_USER | class::NV01_MEMORY_SYSTEM | class::NV50_MEMORY_VIRTUAL
+            class::NV01_MEMORY_LOCAL_USER
+                | class::NV01_MEMORY_SYSTEM
+                | class::NV_MEMORY_EXTENDED_USER
         )
+    }
+
+    /// The [`crate::mem_kind`] of memory of this object kind (None: no bytes).
+    pub const fn mem_kind(self) -> Option<u32> {
+        match self {
+            Self::VideoMemory => Some(crate::mem_kind::VIDEO),
+            Self::HostMemory => Some(crate::mem_kind::HOST),
+            Self::ExtendedMemory => Some(crate::mem_kind::EGM),
+            _ => None,
+        }
     }
 }
 
@@ -308,7 +461,9 @@ mod tests {
     fn classes_map_to_kinds() {
         assert_eq!(ObjectKind::of_class(0x41), ObjectKind::Client);
         assert_eq!(ObjectKind::of_class(0x40), ObjectKind::VideoMemory);
-        assert_eq!(ObjectKind::of_class(0xC2), ObjectKind::VideoMemory);
+        assert_eq!(ObjectKind::of_class(0xC2), ObjectKind::VirtualMemory);
+        assert_eq!(ObjectKind::of_class(0xF8), ObjectKind::VirtualMemory);
+        assert_eq!(ObjectKind::of_class(0x42), ObjectKind::ExtendedMemory);
         assert_eq!(ObjectKind::of_class(0x71), ObjectKind::HostMemory);
         assert_eq!(ObjectKind::of_class(0x50A0), ObjectKind::VirtualMemory);
         assert_eq!(ObjectKind::of_class(0xC86F), ObjectKind::Channel);
@@ -324,8 +479,15 @@ mod tests {
         for c in class::COPY {
             assert_eq!(ObjectKind::of_class(c), ObjectKind::Copy);
         }
-        for k in 0..14 {
-            assert_eq!(ObjectKind::from_u32(k) as u32, if k < 13 { k } else { 0 });
+        for k in 0..15 {
+            assert_eq!(ObjectKind::from_u32(k) as u32, if k < 14 { k } else { 0 });
         }
+        use crate::mem_kind;
+        assert_eq!(nvos32::classify(nvos32::FLAGS_VIRTUAL, 0, 0, true), None);
+        assert_eq!(nvos32::classify(0, 0, nvos32::ATTR2_USE_EGM, true), Some(mem_kind::EGM));
+        assert_eq!(nvos32::classify(0, 0, nvos32::ATTR2_USE_EGM, false), Some(mem_kind::VIDEO));
+        assert_eq!(nvos32::classify(0, 1 << 25, 0, true), Some(mem_kind::HOST));
+        assert_eq!(nvos32::classify(0, 2 << 25, 0, true), Some(mem_kind::HOST));
+        assert_eq!(nvos32::classify(0, 1 << 24, 0, true), Some(mem_kind::VIDEO));
     }
 }

@@ -79,6 +79,30 @@ fn is_tracked_pid(pid: u32) -> bool {
     TRACKED_PIDS.get_ptr(pid).is_some()
 }
 
+/// Tracks `pid` (and the current thread) from now on: the long-running agent
+/// tracks every process that has an NVIDIA device open.
+#[inline(always)]
+fn track(pid: u32, tid: u32) {
+    if !is_tracked_pid(pid) {
+        let _ = TRACKED_PIDS.insert(
+            pid,
+            TrackedProcess {
+                root_pid: pid,
+                flags: 0,
+            },
+            0,
+        );
+        let _ = TRACKED_TIDS.insert(tid, pid, 0);
+    }
+}
+
+/// Reads a `T` from kernel memory at `base + off`.
+#[inline(always)]
+fn kread<T>(base: u64, off: u32) -> Option<T> {
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
+}
+
 /// Pid of a tracked thread, or `None`.
 #[inline(always)]
 fn tracked_tid(tid: u32) -> Option<u32> {

@@ -13,18 +13,21 @@ use aya::{
     programs::{RawTracePoint, TracePoint},
 };
 use keling_common::{
-    DEV_PREFIX_LEN, DROP_COUNTERS, FD_SLOTS, FdSlot, FileInfo, GLOBAL_CONFIG, MAP_DROPS,
-    MAP_EVENTS, MAP_FILES, MAP_PROC_FDS, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
-    MAP_UNDECODED, MAP_UNDECODED_PID, ProbeConfig, ProcFds, TotalKey, Totals, TrackedProcess,
-    nvidia, undecoded,
+    DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS,
+    MAP_PROC_FDS, MAP_SIM_FILES, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED,
+    MAP_UNDECODED_PID, ProbeConfig, ProcFds, SimFileKey, TotalKey, Totals, TrackedProcess, nvidia,
+    undecoded,
 };
 
 use self::{
     btf::Btf,
-    programs::{Attach, Feature, PROGRAMS, RELEASE_PROG_MAP, RELEASE_PROGRAM},
+    programs::{Attach, Feature, PROGRAMS, WORK_PROG_MAP, WORK_PROGRAMS},
     tracefs::TracepointFormat,
 };
-use crate::gpu::{env::GpuArgs, stats::GpuAccounting};
+use crate::gpu::{
+    env::{GpuArgs, NvidiaFiles},
+    stats::GpuAccounting,
+};
 
 pub mod btf;
 pub mod programs;
@@ -50,6 +53,8 @@ pub struct LoadOptions {
     pub dev_dir: std::path::PathBuf,
     /// The driver's major version, which selects the NVOS21 layout.
     pub driver_major: u32,
+    /// What makes a file an NVIDIA device here.
+    pub nvidia_files: NvidiaFiles,
     /// Features whose programs must attach; the others are skipped with a warning
     /// when this kernel cannot attach them.
     pub required: &'static [Feature],
@@ -69,6 +74,7 @@ impl LoadOptions {
             ringbuf_bytes: ringbuf_kib.saturating_mul(1024),
             dev_dir: gpu.dev_dir.clone(),
             driver_major: gpu.driver_major()?,
+            nvidia_files: gpu.nvidia_files()?,
             required,
         })
     }
@@ -79,35 +85,42 @@ pub struct Probes {
     ebpf: Ebpf,
     /// Features with a program this kernel could not attach.
     pub degraded: BTreeSet<Feature>,
+    nvidia_files: NvidiaFiles,
 }
 
 /// Offsets this kernel needs, from BTF and the tracepoints' format files.
 fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
     let tracefs = tracefs::ensure_mounted()?;
     let btf = Btf::from_sys_fs()?;
-    let task = |m: &str| {
-        btf.member_offset("task_struct", m)
-            .with_context(|| format!("task_struct.{m}"))
+    let off = |s: &str, m: &str| {
+        btf.member_offset(s, m)
+            .with_context(|| format!("{s}.{m} in this kernel's BTF"))
+    };
+    // 6.13 and later count a file's references in a biased `file_ref_t f_ref`.
+    let (file_ref_off, file_ref_biased) = match off("file", "f_ref") {
+        Ok(o) => (o, 1),
+        Err(_) => (off("file", "f_count")?, 0),
     };
     let exit = TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
-    let prefix = opts.dev_dir.join("nvidia");
-    let prefix = prefix.as_os_str().as_encoded_bytes();
-    if prefix.len() >= DEV_PREFIX_LEN {
-        bail!(
-            "--dev-dir {} is too long: the probes match device paths of at most {} bytes",
-            opts.dev_dir.display(),
-            DEV_PREFIX_LEN - 10
-        );
-    }
-    let mut dev_prefix = [0u8; DEV_PREFIX_LEN];
-    dev_prefix[..prefix.len()].copy_from_slice(prefix);
-    let dev_prefix_len = prefix.len() as u32;
     let switch = TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
     let exec = TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
     Ok(ProbeConfig {
-        task_pid_off: task("pid")?,
-        task_tgid_off: task("tgid")?,
-        task_exit_code_off: task("exit_code")?,
+        task_pid_off: off("task_struct", "pid")?,
+        task_tgid_off: off("task_struct", "tgid")?,
+        task_exit_code_off: off("task_struct", "exit_code")?,
+        task_files_off: off("task_struct", "files")?,
+        files_fdt_off: off("files_struct", "fdt")?,
+        fdt_max_fds_off: off("fdtable", "max_fds")?,
+        fdt_fd_off: off("fdtable", "fd")?,
+        file_inode_off: off("file", "f_inode")?,
+        file_ref_off,
+        file_ref_biased,
+        inode_rdev_off: off("inode", "i_rdev")?,
+        inode_ino_off: off("inode", "i_ino")?,
+        inode_sb_off: off("inode", "i_sb")?,
+        sb_dev_off: off("super_block", "s_dev")?,
+        uvm_major: opts.nvidia_files.uvm_major.unwrap_or(0),
+        sim_files: (!opts.nvidia_files.sim.is_empty()) as u32,
         exit_group_dead_off: exit.offset("group_dead").unwrap_or(0),
         switch_prev_pid_off: switch.require("sched_switch", "prev_pid")?,
         switch_prev_state_off: switch.require("sched_switch", "prev_state")?,
@@ -120,10 +133,8 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
         } else {
             nvidia::nvos21::STATUS_PRE_535 as u32
         },
-        dev_prefix_len,
+        driver_major: opts.driver_major,
         wakeup_bytes: opts.ringbuf_bytes / 4,
-        _reserved: 0,
-        dev_prefix,
     })
 }
 
@@ -144,21 +155,34 @@ impl Probes {
             .map_max_entries(MAP_EVENTS, opts.ringbuf_bytes)
             .load(EBPF_OBJECT)
             .context("loading Keling's eBPF object into the kernel")?;
-        // The file-release program is reached only by tail call: load it and put
-        // it in RELEASE_PROG before anything that can close a file is attached.
+        // The simulated driver's files, before anything that reads them runs.
         {
+            let mut sim: HashMap<_, SimFileKey, u32> =
+                HashMap::try_from(ebpf.map_mut(MAP_SIM_FILES).context("SIM_FILES")?)?;
+            for (id, device) in &opts.nvidia_files.sim {
+                let key = SimFileKey {
+                    dev: id.dev,
+                    _reserved: 0,
+                    ino: id.ino,
+                };
+                sim.insert(key, device, 0)?;
+            }
+        }
+        // The deferred-work programs are reached only by tail call: load them and
+        // put them in WORK_PROG before anything that can queue work is attached.
+        for &(slot, name) in WORK_PROGRAMS {
             let prog: &mut TracePoint = ebpf
-                .program_mut(RELEASE_PROGRAM)
-                .with_context(|| format!("program {RELEASE_PROGRAM} missing"))?
+                .program_mut(name)
+                .with_context(|| format!("program {name} missing"))?
                 .try_into()?;
             prog.load()
-                .with_context(|| format!("verifier rejected {RELEASE_PROGRAM}"))?;
+                .with_context(|| format!("verifier rejected {name}"))?;
             let fd = prog.fd()?.try_clone()?;
             let mut array = ProgramArray::try_from(
-                ebpf.map_mut(RELEASE_PROG_MAP)
-                    .with_context(|| format!("{RELEASE_PROG_MAP} map missing"))?,
+                ebpf.map_mut(WORK_PROG_MAP)
+                    .with_context(|| format!("{WORK_PROG_MAP} map missing"))?,
             )?;
-            array.set(0, &fd, 0)?;
+            array.set(slot, &fd, 0)?;
         }
         let skip = std::env::var(SKIP_PROGRAMS_ENV).unwrap_or_default();
         let skip: BTreeSet<&str> = skip.split(',').filter(|s| !s.is_empty()).collect();
@@ -184,7 +208,11 @@ impl Probes {
                 degraded.insert(p.feature);
             }
         }
-        Ok(Self { ebpf, degraded })
+        Ok(Self {
+            ebpf,
+            degraded,
+            nvidia_files: opts.nvidia_files.clone(),
+        })
     }
 
     /// Takes the event ring buffer (once) for the reader task.
@@ -300,58 +328,19 @@ impl Probes {
     }
 }
 
-/// An NVIDIA fd a process had open before the probes were loaded.
-struct ExistingFd {
-    pid: u32,
-    fd: i32,
-    device: u32,
-    cloexec: bool,
-}
-
-/// kcmp(2): whether two fds (in two processes) are the same open file description.
-fn same_file(a: &ExistingFd, b: &ExistingFd) -> bool {
-    const KCMP_FILE: libc::c_long = 0;
-    // SAFETY: kcmp only compares kernel objects; bad pids or fds give an error.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_kcmp,
-            a.pid as libc::c_long,
-            b.pid as libc::c_long,
-            KCMP_FILE,
-            a.fd as libc::c_long,
-            b.fd as libc::c_long,
-        )
-    };
-    r == 0
-}
-
-/// The NVIDIA fds of process `pid` under `dev_dir`.
-fn existing_fds(pid: u32, dev_dir: &std::path::Path) -> Vec<ExistingFd> {
-    crate::os::proc::fds(pid)
-        .into_iter()
-        .filter_map(|f| {
-            Some(ExistingFd {
-                pid,
-                fd: f.fd,
-                device: crate::gpu::env::device_file_of(dev_dir, &f.target)?,
-                cloexec: f.flags & libc::O_CLOEXEC as u32 != 0,
-            })
-        })
-        .collect()
-}
-
 impl Probes {
     /// Finds NVIDIA fds opened before the probes were loaded (in `pids`, or in every
-    /// process when `None`) and enters them in the kernel's fd and file maps, so
-    /// their closes and the release of their files are followed from now on.
-    /// Objects created on them before now are unknown: frees of those are counted
-    /// as undecoded (`unknown_object`). Returns the processes found.
+    /// process when `None`) and lists them in the kernel's fd table, so that their
+    /// closes, exec and exit are judged from now on; the probes learn which open
+    /// file each is the first time they meet it. Objects created on them before
+    /// now are unknown: frees of those are counted as undecoded (`unknown_object`).
+    /// Returns the processes found.
     pub fn adopt_existing_fds(
         &mut self,
-        dev_dir: &std::path::Path,
         pids: Option<&[u32]>,
         track: bool,
     ) -> anyhow::Result<BTreeSet<u32>> {
+        let files = self.nvidia_files.clone();
         let all: Vec<u32> = match pids {
             Some(p) => p.to_vec(),
             None => crate::os::proc::pids()?
@@ -359,61 +348,41 @@ impl Probes {
                 .filter(|&p| p != std::process::id())
                 .collect(),
         };
-        let fds: Vec<ExistingFd> = all.iter().flat_map(|&p| existing_fds(p, dev_dir)).collect();
-        // Group fds by open file description.
-        let mut file_of: Vec<usize> = Vec::with_capacity(fds.len());
-        let mut files: Vec<usize> = Vec::new(); // index of each file's first fd
-        for (i, fd) in fds.iter().enumerate() {
-            match files.iter().position(|&first| same_file(&fds[first], fd)) {
-                Some(f) => file_of.push(f),
-                None => {
-                    files.push(i);
-                    file_of.push(files.len() - 1);
+        let mut tables: BTreeMap<u32, ProcFds> = BTreeMap::new();
+        let mut count = 0;
+        for pid in all {
+            for fd in crate::os::proc::fds(pid) {
+                let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/fd/{}", fd.fd)) else {
+                    continue;
+                };
+                let Some(device) = files.device_of(&meta) else {
+                    continue;
+                };
+                let table = tables.entry(pid).or_insert(ProcFds {
+                    slots: [FdSlot::default(); FD_SLOTS],
+                });
+                match table.slots.iter_mut().find(|s| s.file_id == 0) {
+                    Some(slot) => {
+                        *slot = FdSlot {
+                            fd: fd.fd,
+                            device,
+                            file_id: FILE_UNRESOLVED,
+                        };
+                        count += 1;
+                    }
+                    None => log::warn!(
+                        "process {pid} has more than {FD_SLOTS} NVIDIA fds; fd {} is not followed",
+                        fd.fd
+                    ),
                 }
             }
         }
-        // Ids from the top half, which the kernel's counter never reaches.
-        let id = |f: usize| (1u64 << 63) | (std::process::id() as u64) << 20 | f as u64;
-        let mut file_map: HashMap<_, u64, FileInfo> =
-            HashMap::try_from(self.ebpf.map_mut(MAP_FILES).context("FILES")?)?;
-        for (f, &first) in files.iter().enumerate() {
-            let refs = file_of.iter().filter(|&&x| x == f).count() as u32;
-            let info = FileInfo {
-                refs,
-                device: fds[first].device,
-                opener_pid: fds[first].pid,
-                ..Default::default()
-            };
-            file_map.insert(id(f), info, 0)?;
-        }
-        let mut found = BTreeSet::new();
         let mut proc_fds: HashMap<_, u32, ProcFds> =
             HashMap::try_from(self.ebpf.map_mut(MAP_PROC_FDS).context("PROC_FDS")?)?;
-        let mut tables: BTreeMap<u32, ProcFds> = BTreeMap::new();
-        for (i, fd) in fds.iter().enumerate() {
-            let table = tables.entry(fd.pid).or_insert(ProcFds {
-                slots: [FdSlot::default(); FD_SLOTS],
-            });
-            if let Some(slot) = table.slots.iter_mut().find(|s| s.file_id == 0) {
-                *slot = FdSlot {
-                    fd: fd.fd,
-                    device: fd.device,
-                    file_id: id(file_of[i]),
-                    cloexec: fd.cloexec as u32,
-                    _reserved: 0,
-                };
-            } else {
-                log::warn!(
-                    "process {} has more than {FD_SLOTS} NVIDIA fds; fd {} is not followed",
-                    fd.pid,
-                    fd.fd
-                );
-            }
-            found.insert(fd.pid);
-        }
         for (pid, table) in &tables {
             proc_fds.insert(pid, table, 0)?;
         }
+        let found: BTreeSet<u32> = tables.keys().copied().collect();
         if track {
             for &pid in &found {
                 self.track(pid, pid)?;
@@ -421,10 +390,8 @@ impl Probes {
         }
         if !found.is_empty() {
             log::info!(
-                "adopted {} NVIDIA fds ({} open files) of {} processes that had them before Keling started; \
+                "adopted {count} NVIDIA fds of {} processes that had them before Keling started; \
                  memory they allocated before now is not in Keling's totals",
-                fds.len(),
-                files.len(),
                 found.len()
             );
         }

@@ -33,7 +33,8 @@ impl Feature {
             }
             Feature::NvidiaIoctls => "NVIDIA ioctls are not decoded: no GPU memory figures",
             Feature::FdVariant => {
-                "fds duplicated or closed this way are not followed (a release may be missed)"
+                "NVIDIA fds got or closed this way are learned only at their first ioctl \
+                 (a release may be missed)"
             }
         }
     }
@@ -63,7 +64,7 @@ const fn tp(name: &'static str, category: &'static str, feature: Feature) -> Pro
     }
 }
 
-/// Every attached program. (`release_files` is reached by tail call only.)
+/// Every attached program. (The work programs are reached by tail call only.)
 pub const PROGRAMS: &[Program] = &[
     Program {
         name: "sched_process_fork",
@@ -73,27 +74,33 @@ pub const PROGRAMS: &[Program] = &[
     tp("sched_process_exec", "sched", Feature::ProcessLifecycle),
     tp("sched_process_exit", "sched", Feature::ProcessLifecycle),
     tp("sched_switch", "sched", Feature::ContextSwitches),
-    tp("sys_enter_openat", "syscalls", Feature::NvidiaFiles),
     tp("sys_exit_openat", "syscalls", Feature::NvidiaFiles),
     tp("sys_enter_close", "syscalls", Feature::NvidiaFiles),
+    tp("sys_exit_open", "syscalls", Feature::FdVariant),
+    tp("sys_exit_openat2", "syscalls", Feature::FdVariant),
     tp("sys_enter_close_range", "syscalls", Feature::FdVariant),
-    tp("sys_enter_dup", "syscalls", Feature::FdVariant),
     tp("sys_exit_dup", "syscalls", Feature::FdVariant),
-    tp("sys_enter_dup2", "syscalls", Feature::FdVariant),
     tp("sys_exit_dup2", "syscalls", Feature::FdVariant),
-    tp("sys_enter_dup3", "syscalls", Feature::FdVariant),
     tp("sys_exit_dup3", "syscalls", Feature::FdVariant),
     tp("sys_enter_fcntl", "syscalls", Feature::FdVariant),
     tp("sys_exit_fcntl", "syscalls", Feature::FdVariant),
+    tp("sys_enter_recvmsg", "syscalls", Feature::FdVariant),
+    tp("sys_exit_recvmsg", "syscalls", Feature::FdVariant),
+    tp("sys_exit_pidfd_getfd", "syscalls", Feature::FdVariant),
     tp("sys_enter_ioctl", "syscalls", Feature::NvidiaIoctls),
     tp("sys_exit_ioctl", "syscalls", Feature::NvidiaIoctls),
 ];
 
-/// The program that releases files, reached by tail call from every program that
-/// can drop the last reference to one.
-pub const RELEASE_PROGRAM: &str = "release_files";
-/// Its slot in the program array.
-pub const RELEASE_PROG_MAP: &str = "RELEASE_PROG";
+/// The programs that do deferred accounting work (file releases, client
+/// teardowns), reached by tail call from every program that can queue some, by
+/// their slot in the program array (the work kind).
+pub const WORK_PROGRAMS: &[(u32, &str)] = &[
+    (1, "keling_release_file"),
+    (2, "keling_teardown_shared"),
+    (3, "keling_teardown_contributors"),
+];
+/// The program array.
+pub const WORK_PROG_MAP: &str = "WORK_PROG";
 
 #[cfg(test)]
 mod tests {

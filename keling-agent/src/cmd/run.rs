@@ -123,7 +123,7 @@ impl Counters {
             Event::Exec(_) => self.execs += 1,
             Event::Exit(_) => self.exits += 1,
             Event::Switch(_) => self.switches += 1,
-            Event::GpuFile(_) | Event::Gpu(_) => self.gpu += 1,
+            _ => self.gpu += 1,
         }
     }
 }
@@ -227,7 +227,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         args.ringbuf_kib,
         REQUIRED,
     )?)?;
-    probes.adopt_existing_fds(&args.gpu.dev_dir, None, true)?;
+    probes.adopt_existing_fds(None, true)?;
     let gpus = gpu_infos(&args, &file_config);
     if gpus.is_empty() {
         log::info!(

@@ -124,7 +124,7 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             let pid = args.pid.expect("checked above");
             let stat = os::proc::stat(pid)?;
             probes.track(pid, pid)?;
-            probes.adopt_existing_fds(&args.gpu.dev_dir, Some(&[pid]), false)?;
+            probes.adopt_existing_fds(Some(&[pid]), false)?;
             log::info!(
                 "tracing process {pid} ({}) and the children it forks from now on",
                 stat.comm

@@ -1,5 +1,8 @@
 //! Where the NVIDIA devices are and which driver serves them.
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context, bail};
 
@@ -100,10 +103,92 @@ impl GpuArgs {
         if !self.dev_dir.is_dir() {
             bail!("--dev-dir {}: no such directory", self.dev_dir.display());
         }
-        if !self.dev_dir.is_absolute() {
-            bail!("--dev-dir must be an absolute path (the probes match absolute paths)");
-        }
         Ok(())
+    }
+
+    /// How NVIDIA files are recognised here: real devices by their device number,
+    /// and the regular files of a simulated driver under `--dev-dir` by their
+    /// identity now (a file that only has a device's name elsewhere is not one).
+    pub fn nvidia_files(&self) -> anyhow::Result<NvidiaFiles> {
+        let mut files = NvidiaFiles {
+            uvm_major: crate::os::proc::char_major("nvidia-uvm"),
+            sim: BTreeMap::new(),
+        };
+        let entries = std::fs::read_dir(&self.dev_dir)
+            .with_context(|| format!("read --dev-dir {}", self.dev_dir.display()))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(device) = device_file_of(&self.dev_dir, &path) else {
+                continue;
+            };
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if meta.file_type().is_file() {
+                files.sim.insert(FileIdentity::of(&meta), device);
+            }
+        }
+        if !files.sim.is_empty() {
+            log::info!(
+                "{} has {} simulated NVIDIA device files: recognised by their inode",
+                self.dev_dir.display(),
+                files.sim.len()
+            );
+        }
+        Ok(files)
+    }
+}
+
+/// A file's identity as the kernel sees it: its filesystem's device number
+/// (kernel encoding, `MAJOR << 20 | MINOR`) and inode number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FileIdentity {
+    pub dev: u32,
+    pub ino: u64,
+}
+
+impl FileIdentity {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: kernel_dev(meta.dev()),
+            ino: meta.ino(),
+        }
+    }
+}
+
+/// A `dev_t` from stat(2) in the kernel's internal encoding.
+pub fn kernel_dev(dev: u64) -> u32 {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    (major << 20) | (minor & 0xf_ffff)
+}
+
+/// What makes a file an NVIDIA device (the same rule the probes apply).
+#[derive(Clone, Debug, Default)]
+pub struct NvidiaFiles {
+    /// The `nvidia-uvm` character major, when the module is loaded.
+    pub uvm_major: Option<u32>,
+    /// Simulated-driver files: identity -> device code.
+    pub sim: BTreeMap<FileIdentity, u32>,
+}
+
+impl NvidiaFiles {
+    /// Which NVIDIA device the file with these metadata is, if any.
+    pub fn device_of(&self, meta: &std::fs::Metadata) -> Option<u32> {
+        use keling_common::{device_file, nvidia};
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        if meta.file_type().is_char_device() {
+            let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+            if major == nvidia::NV_MAJOR {
+                return match minor {
+                    nvidia::NV_CTL_MINOR => Some(device_file::CTL),
+                    m if m <= device_file::MAX_GPU => Some(m),
+                    _ => None,
+                };
+            }
+            return (Some(major) == self.uvm_major && minor == 0).then_some(device_file::UVM);
+        }
+        self.sim.get(&FileIdentity::of(meta)).copied()
     }
 }
 

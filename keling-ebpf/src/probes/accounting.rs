@@ -1,9 +1,16 @@
-//! Exact GPU accounting in kernel maps: open files, clients, objects, totals.
+//! Exact GPU accounting in kernel maps: open files, clients, objects, memories,
+//! totals. The rules are docs/gpu-accounting.md; the maps are described in
+//! keling-common's `gpu` module.
 //!
-//! Everything here runs at syscall exit (or at close/exit), from what the driver
-//! returned, and never depends on the ring buffer: the events it emits are detail
-//! for the timeline; the maps are the truth. See keling-common's `gpu` module for the
-//! model.
+//! Everything here runs at syscall exit (or at close/exec/exit), from what the
+//! driver returned, and never depends on the ring buffer: the events it emits are
+//! detail for the timeline; the maps are the truth.
+//!
+//! Where a memory's bytes live: in the contributor (of its charged handle's client,
+//! under that handle's device and subdevice) of the process charged with them, or,
+//! when only export files still hold it, in no contributor (the process stays
+//! charged until the last export reference goes). So a client teardown subtracts
+//! its contributors en bloc, after moving out the memories it shares with others.
 use aya_ebpf::{
     EbpfContext,
     macros::{map, tracepoint},
@@ -11,9 +18,10 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use keling_common::{
-    ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, EventKind, FD_SLOTS, FILE_CLIENTS, FdSlot, FileInfo,
-    GpuEvent, GpuFileEvent, MAX_CLIENTS, MAX_FILES, MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS,
-    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, teardown, undecoded,
+    ALL_GPUS, CLIENT_CONTRIBUTORS, CLIENT_SHARED, ClientInfo, Contributor, EventKind, FILE_CLIENTS,
+    FILE_EXPORTS, FileInfo, GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_FILES,
+    MAX_MEMS, MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS, MEM_HANDLES, MemHandle, MemInfo,
+    NO_HANDLE, ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, teardown, undecoded,
 };
 
 use crate::{atomic_add, atomic_cas, emit, header};
@@ -27,6 +35,8 @@ pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(MAX_CLI
 #[map]
 pub static OBJECTS: HashMap<ObjectKey, ObjectInfo> = HashMap::with_max_entries(MAX_OBJECTS, 0);
 #[map]
+pub static MEMS: HashMap<u64, MemInfo> = HashMap::with_max_entries(MAX_MEMS, 0);
+#[map]
 pub static TOTALS: HashMap<TotalKey, Totals> = HashMap::with_max_entries(MAX_TOTALS, 0);
 #[map]
 pub static UNDECODED: PerCpuArray<u64> = PerCpuArray::with_max_entries(undecoded::COUNT, 0);
@@ -38,7 +48,9 @@ pub static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRAC
 static ZERO_FDS: Array<ProcFds> = Array::with_max_entries(1, 0);
 #[map]
 static ZERO_CLIENT: Array<ClientInfo> = Array::with_max_entries(1, 0);
-/// [0]: client generation counter; [1]: file id counter.
+#[map]
+static ZERO_MEM: Array<MemInfo> = Array::with_max_entries(1, 0);
+/// [0]: client generation counter; [1]: memory id counter.
 #[map]
 static COUNTERS: Array<u64> = Array::with_max_entries(2, 0);
 
@@ -52,10 +64,6 @@ fn next_id(idx: u32) -> u64 {
         Some(p) => (unsafe { atomic_add(p, 1) }) + 1,
         None => 1,
     }
-}
-
-pub fn new_file_id() -> u64 {
-    next_id(1)
 }
 
 pub fn count_undecoded(pid: u32, reason: u32) {
@@ -73,6 +81,8 @@ pub fn count_undecoded(pid: u32, reason: u32) {
     };
 }
 
+// --- Totals ------------------------------------------------------------------------
+
 /// Adds `delta` to `*field` and raises `*peak` to the result if it is higher, both
 /// atomically (concurrent ioctls of one process run on several CPUs).
 #[inline(always)]
@@ -84,7 +94,7 @@ fn add_with_peak(field: *mut u64, peak: *mut u64, delta: i64) {
     // failures in a row need three concurrent updates of one process on one GPU.
     // SAFETY: as above.
     let seen = unsafe { core::ptr::read_volatile(peak) };
-    if new <= seen {
+    if delta <= 0 || new <= seen {
         return;
     }
     // SAFETY: as above.
@@ -105,17 +115,32 @@ fn totals_ptr(key: &TotalKey) -> Option<*mut Totals> {
 
 /// A change to one `Totals` entry (passed by reference: BPF calls take at most five
 /// arguments).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct Delta {
     pub bytes: i64,
     pub host: i64,
+    pub egm: i64,
+    pub driver: i64,
     pub allocs: u64,
     pub frees: u64,
 }
 
-/// Adds an allocation (`bytes`/`host` >= 0) to one entry, raising its peaks.
+impl Delta {
+    /// `bytes` of memory of `kind`, positive or negative.
+    #[inline(always)]
+    fn of(kind: u32, bytes: i64) -> Self {
+        let mut d = Delta::default();
+        match kind {
+            mem_kind::VIDEO => d.bytes = bytes,
+            mem_kind::HOST => d.host = bytes,
+            _ => d.egm = bytes,
+        }
+        d
+    }
+}
+
 #[inline(always)]
-fn charge_one(key: TotalKey, d: &Delta) {
+fn apply_one(key: TotalKey, d: &Delta) {
     let Some(t) = totals_ptr(&key) else { return };
     // SAFETY: a valid map value pointer; fields updated atomically.
     unsafe {
@@ -125,15 +150,17 @@ fn charge_one(key: TotalKey, d: &Delta) {
             &raw mut (*t).peak_host_bytes,
             d.host,
         );
+        atomic_add(&raw mut (*t).egm_bytes, d.egm as u64);
+        atomic_add(&raw mut (*t).driver_bytes, d.driver as u64);
         atomic_add(&raw mut (*t).allocs, d.allocs);
+        atomic_add(&raw mut (*t).frees, d.frees);
     }
 }
 
-/// Takes a free (`bytes`/`host` <= 0) off one entry: no peak can change, and the
-/// entry exists (it was charged), so this path is short; the teardown loops,
-/// which the verifier walks once per client and contributor, depend on that.
+/// Takes `d` (frees: no peak can change) off one entry that exists (it was
+/// charged), so this path is short; the teardown loops depend on that.
 #[inline(always)]
-fn uncharge_one(key: TotalKey, d: &Delta) {
+fn remove_one(key: TotalKey, d: &Delta) {
     let Some(t) = TOTALS.get_ptr_mut(key) else {
         return;
     };
@@ -141,28 +168,63 @@ fn uncharge_one(key: TotalKey, d: &Delta) {
     unsafe {
         atomic_add(&raw mut (*t).bytes, d.bytes as u64);
         atomic_add(&raw mut (*t).host_bytes, d.host as u64);
+        atomic_add(&raw mut (*t).egm_bytes, d.egm as u64);
+        atomic_add(&raw mut (*t).driver_bytes, d.driver as u64);
         atomic_add(&raw mut (*t).frees, d.frees);
     }
 }
 
-/// Applies an allocation to the (pid, gpu), (pid, all GPUs) and (device) totals.
+/// Applies a change to the (pid, gpu), (pid, all GPUs) and (device) totals.
 #[inline(never)]
 pub fn add_totals(pid: u32, gpu: u32, d: &Delta) {
-    charge_one(TotalKey { pid, gpu }, d);
-    charge_one(TotalKey { pid, gpu: ALL_GPUS }, d);
-    charge_one(TotalKey { pid: 0, gpu }, d);
+    apply_one(TotalKey { pid, gpu }, d);
+    apply_one(TotalKey { pid, gpu: ALL_GPUS }, d);
+    apply_one(TotalKey { pid: 0, gpu }, d);
 }
 
-/// Applies a free to the same three totals.
+/// Applies a free (all fields <= 0) to the same three totals.
 #[inline(never)]
 pub fn sub_totals(pid: u32, gpu: u32, d: &Delta) {
-    uncharge_one(TotalKey { pid, gpu }, d);
-    uncharge_one(TotalKey { pid, gpu: ALL_GPUS }, d);
-    uncharge_one(TotalKey { pid: 0, gpu }, d);
+    remove_one(TotalKey { pid, gpu }, d);
+    remove_one(TotalKey { pid, gpu: ALL_GPUS }, d);
+    remove_one(TotalKey { pid: 0, gpu }, d);
 }
 
-/// Records a new client on the open file `file_id`.
-pub fn new_client(pid: u32, handle: u32, file_id: u64) {
+/// The driver's own figure for the creator of a client: video bytes only.
+#[inline(always)]
+fn driver_figure(creator: u32, gpu: u32, kind: u32, bytes: i64) {
+    if kind == mem_kind::VIDEO && creator != 0 {
+        let d = Delta {
+            driver: bytes,
+            ..Default::default()
+        };
+        if bytes >= 0 {
+            add_totals(creator, gpu, &d);
+        } else {
+            sub_totals(creator, gpu, &d);
+        }
+    }
+}
+
+// --- Files and clients ----------------------------------------------------------
+
+/// The `FILES` entry of `file_id`, created if needed.
+pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
+    if let Some(f) = FILES.get_ptr_mut(file_id) {
+        return Some(f);
+    }
+    let info = FileInfo {
+        device,
+        opener_pid: pid,
+        clients: [0; FILE_CLIENTS],
+        exports: [0; FILE_EXPORTS],
+    };
+    let _ = FILES.insert(file_id, info, BPF_NOEXIST);
+    FILES.get_ptr_mut(file_id)
+}
+
+/// Records a new client created through the open file `file_id`.
+pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
     let Some(zero) = ZERO_CLIENT.get_ptr(0) else {
         return;
     };
@@ -180,7 +242,7 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64) {
             (*c).gen_ = next_id(0) as u32;
         }
     }
-    let Some(f) = FILES.get_ptr_mut(file_id) else {
+    let Some(f) = file_info(file_id, device, pid) else {
         return;
     };
     for i in 0..FILE_CLIENTS {
@@ -194,143 +256,808 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64) {
     count_undecoded(pid, undecoded::TABLE_FULL);
 }
 
-/// Adds a memory object's bytes to its client's contributor slot and the totals.
-#[inline(always)]
-pub fn charge(pid: u32, client: *mut ClientInfo, device: u32, gpu: u32, bytes: u64, host: bool) {
-    let mut free = CLIENT_CONTRIBUTORS;
-    for i in 0..CLIENT_CONTRIBUTORS {
-        // SAFETY: a map value pointer; i is in bounds.
-        let c = unsafe { &mut (*client).contributors[i] };
-        if c.pid == pid && c.device == device && c.gpu == gpu {
-            free = i;
-            break;
-        }
-        if c.pid == 0 && free == CLIENT_CONTRIBUTORS {
-            free = i;
-        }
-    }
-    if free == CLIENT_CONTRIBUTORS {
-        // The totals still count it; a later client teardown cannot subtract it.
-        count_undecoded(pid, undecoded::TABLE_FULL);
-    } else if free < CLIENT_CONTRIBUTORS {
-        // SAFETY: as above.
-        let c = unsafe { &mut (*client).contributors[free] };
-        c.pid = pid;
-        c.device = device;
-        c.gpu = gpu;
-        c.objects += 1;
-        if host {
-            c.host_bytes += bytes;
-        } else {
-            c.bytes += bytes;
-        }
-    }
-    let (b, h) = if host {
-        (0, bytes as i64)
-    } else {
-        (bytes as i64, 0)
-    };
-    add_totals(
-        pid,
-        gpu,
-        &Delta {
-            bytes: b,
-            host: h,
-            allocs: 1,
-            frees: 0,
-        },
-    );
-}
-
-/// Takes a freed memory object's bytes back from its contributor slot and totals.
-pub fn uncharge(client: *mut ClientInfo, obj: &ObjectInfo, host: bool) {
-    for i in 0..CLIENT_CONTRIBUTORS {
-        // SAFETY: a map value pointer; i is in bounds.
-        let c = unsafe { &mut (*client).contributors[i] };
-        if c.pid == obj.owner_pid && c.device == obj.device && c.gpu == obj.gpu {
-            c.objects = c.objects.saturating_sub(1);
-            if host {
-                c.host_bytes = c.host_bytes.saturating_sub(obj.bytes);
-            } else {
-                c.bytes = c.bytes.saturating_sub(obj.bytes);
-            }
-            if c.objects == 0 {
-                // Empty: free the slot for another contributor.
-                *c = Default::default();
-            }
-            break;
-        }
-    }
-    let freed = -(obj.bytes as i64);
-    let (bytes, host) = if host { (0, freed) } else { (freed, 0) };
-    sub_totals(
-        obj.owner_pid,
-        obj.gpu,
-        &Delta {
-            bytes,
-            host,
-            allocs: 0,
-            frees: 1,
-        },
-    );
-}
-
-/// Frees everything a client holds (all of it, or only what hangs under `device`
-/// when it is non-zero), as the driver does, and reports each contributor.
+/// Lists `mem_id` among the client's shared memories.
 #[inline(never)]
-pub fn teardown_client(pid: u32, tid: u32, handle: u32, device: u32, reason: u32) {
-    let Some(client) = CLIENTS.get_ptr_mut(handle) else {
+pub fn shared_add(client: u32, mem_id: u64) {
+    let Some(c) = CLIENTS.get_ptr_mut(client) else {
         return;
     };
+    let mut free = CLIENT_SHARED;
+    for i in 0..CLIENT_SHARED {
+        // SAFETY: a map value pointer; i is in bounds.
+        let s = unsafe { (*c).shared[i] };
+        if s == mem_id {
+            return;
+        }
+        if s == 0 && free == CLIENT_SHARED {
+            free = i;
+        }
+    }
+    if free < CLIENT_SHARED {
+        // SAFETY: as above.
+        unsafe { (*c).shared[free] = mem_id };
+    } else {
+        // SAFETY: as above.
+        count_undecoded(unsafe { (*c).creator_pid }, undecoded::TABLE_FULL);
+    }
+}
+
+/// Every client with a handle to `mem` lists it as shared (it now has more than one
+/// reference).
+#[inline(never)]
+fn share_everywhere(mem: *mut MemInfo, mem_id: u64) {
+    for i in 0..MEM_HANDLES {
+        // SAFETY: a map value pointer; i is in bounds.
+        let client = unsafe { (*mem).handles[i].client };
+        if client != 0 {
+            shared_add(client, mem_id);
+        }
+    }
+}
+
+/// Some bytes of one kind on one GPU (passed by reference: BPF calls take at most
+/// five arguments).
+#[derive(Clone, Copy)]
+pub struct Amount {
+    pub gpu: u32,
+    pub kind: u32,
+    pub bytes: u64,
+}
+
+/// Adds (or takes back, `sign` -1) one memory object's bytes in a client's
+/// contributor slot. Returns false when the table was full.
+#[inline(never)]
+fn contribute(client: *mut ClientInfo, h: &MemHandle, a: &Amount, sign: i32) -> bool {
+    let (gpu, kind, bytes) = (a.gpu, a.kind, a.bytes);
+    let mut slot = CLIENT_CONTRIBUTORS;
     for i in 0..CLIENT_CONTRIBUTORS {
         // SAFETY: a map value pointer; i is in bounds.
+        let c = unsafe { &(*client).contributors[i] };
+        if c.pid == h.pid && c.device == h.device && c.sub == h.sub && c.gpu == gpu {
+            slot = i;
+            break;
+        }
+        if c.pid == 0 && slot == CLIENT_CONTRIBUTORS && sign > 0 {
+            slot = i;
+        }
+    }
+    if slot >= CLIENT_CONTRIBUTORS {
+        return false;
+    }
+    // SAFETY: as above.
+    let c = unsafe { &mut (*client).contributors[slot] };
+    let field = match kind {
+        mem_kind::VIDEO => &mut c.bytes,
+        mem_kind::HOST => &mut c.host_bytes,
+        _ => &mut c.egm_bytes,
+    };
+    if sign > 0 {
+        c.pid = h.pid;
+        c.device = h.device;
+        c.sub = h.sub;
+        c.gpu = gpu;
+        c.objects += 1;
+        *field += bytes;
+    } else {
+        *field = field.saturating_sub(bytes);
+        c.objects = c.objects.saturating_sub(1);
+        if c.objects == 0 {
+            *c = Contributor::default();
+        }
+    }
+    true
+}
+
+// --- Memories ---------------------------------------------------------------------
+
+/// Charges a new memory object of `bytes` (`kind`) on `gpu`, handle `h` in
+/// `client`, to `h.pid`. Its bytes live in its `ObjectInfo` until it is shared.
+#[inline(never)]
+pub fn charge_new(client: *mut ClientInfo, h: &MemHandle, gpu: u32, kind: u32, bytes: u64) {
+    if !contribute(
+        client,
+        h,
+        &Amount {
+            gpu: gpu,
+            kind: kind,
+            bytes: bytes,
+        },
+        1,
+    ) {
+        // The totals still count it; a client teardown cannot subtract it.
+        count_undecoded(h.pid, undecoded::TABLE_FULL);
+    }
+    let mut d = Delta::of(kind, bytes as i64);
+    d.allocs = 1;
+    add_totals(h.pid, gpu, &d);
+    // SAFETY: a map value pointer.
+    driver_figure(unsafe { (*client).creator_pid }, gpu, kind, bytes as i64);
+}
+
+/// The shared memory of object `key` (`obj`), created from it on first use (a dup,
+/// import or export is about to add a reference). 0 when it cannot be.
+#[inline(never)]
+pub fn share(key: &ObjectKey, obj: &mut ObjectInfo) -> u64 {
+    if obj.mem_id != 0 {
+        return obj.mem_id;
+    }
+    let mem_id = next_id(1);
+    let Some(zero) = ZERO_MEM.get_ptr(0) else {
+        return 0;
+    };
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
+    // SAFETY: a map value pointer, valid for this program run.
+    if MEMS.insert(mem_id, unsafe { &*zero }, 0).is_err() {
+        count_undecoded(obj.owner_pid, undecoded::TABLE_FULL);
+        return 0;
+    }
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        return 0;
+    };
+    // SAFETY: as above.
+    unsafe {
+        (*m).bytes = obj.bytes;
+        (*m).kind = obj.mem_kind;
+        (*m).gpu = obj.gpu;
+        (*m).charged_pid = obj.owner_pid;
+        (*m).charged = 0;
+        (*m).next_seq = 1;
+        (*m).handles[0] = MemHandle {
+            client: key.client,
+            handle: key.handle,
+            device: obj.device,
+            sub: obj.sub,
+            pid: obj.owner_pid,
+            seq: 0,
+        };
+    }
+    obj.mem_id = mem_id;
+    let _ = OBJECTS.insert(key, *obj, 0);
+    mem_id
+}
+
+/// Adds handle `h` to memory `mem_id` (a dup or an import). Returns false when the
+/// memory is unknown or its handle table is full.
+#[inline(never)]
+pub fn add_handle(mem_id: u64, h: &MemHandle) -> bool {
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        return false;
+    };
+    for i in 0..MEM_HANDLES {
+        // SAFETY: a map value pointer; i is in bounds.
+        let slot = unsafe { &mut (*m).handles[i] };
+        if slot.client == 0 {
+            *slot = *h;
+            // SAFETY: as above.
+            unsafe {
+                slot.seq = (*m).next_seq;
+                (*m).next_seq += 1;
+            }
+            share_everywhere(m, mem_id);
+            return true;
+        }
+    }
+    count_undecoded(h.pid, undecoded::TABLE_FULL);
+    false
+}
+
+/// The memory's oldest handle whose client does not live on the open file
+/// `excluded` (being released: all its handles go), or `NO_HANDLE`.
+#[inline(never)]
+fn oldest_handle(m: *mut MemInfo, excluded: u64) -> u32 {
+    let (mut best, mut best_seq) = (NO_HANDLE, u32::MAX);
+    for i in 0..MEM_HANDLES {
+        // SAFETY: a map value pointer; i is in bounds.
+        let h = unsafe { (*m).handles[i] };
+        if h.client == 0 || h.seq >= best_seq {
+            continue;
+        }
+        // SAFETY: copied out at once.
+        if excluded != 0 && unsafe { CLIENTS.get(h.client) }.is_some_and(|c| c.file_id == excluded)
+        {
+            continue;
+        }
+        best = i as u32;
+        best_seq = h.seq;
+    }
+    best
+}
+
+/// The memory `m` lost its charged handle (already removed, and its bytes already
+/// taken out of that handle's contributor by the caller): the charge moves to the
+/// oldest surviving handle, or waits in the export files, or the memory is freed.
+/// Returns the bytes freed (0 when it lives on).
+#[inline(never)]
+fn recharge(pid: u32, tid: u32, mem_id: u64, m: *mut MemInfo, excluded: u64) -> u64 {
+    // SAFETY: a map value pointer.
+    let (bytes, kind, gpu, from) = unsafe { ((*m).bytes, (*m).kind, (*m).gpu, (*m).charged_pid) };
+    let next = oldest_handle(m, excluded);
+    if next != NO_HANDLE && (next as usize) < MEM_HANDLES {
+        // SAFETY: as above; next is in bounds.
+        let h = unsafe { (*m).handles[next as usize] };
+        if let Some(client) = CLIENTS.get_ptr_mut(h.client) {
+            contribute(
+                client,
+                &h,
+                &Amount {
+                    gpu: gpu,
+                    kind: kind,
+                    bytes: bytes,
+                },
+                1,
+            );
+            // SAFETY: a map value pointer.
+            driver_figure(unsafe { (*client).creator_pid }, gpu, kind, bytes as i64);
+        }
+        if h.pid != from {
+            sub_totals(from, gpu, &Delta::of(kind, -(bytes as i64)));
+            add_totals(h.pid, gpu, &Delta::of(kind, bytes as i64));
+        }
+        // SAFETY: as above.
+        unsafe {
+            (*m).charged = next;
+            (*m).charged_pid = h.pid;
+        }
+        emit(GpuChargeEvent {
+            header: header(EventKind::GpuCharge, pid, tid),
+            from_pid: from,
+            to_pid: h.pid,
+            gpu,
+            mem_kind: kind,
+            client: h.client,
+            handle: h.handle,
+            bytes,
+        });
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { (*m).charged = NO_HANDLE };
+    // SAFETY: as above.
+    if unsafe { (*m).export_refs } > 0 {
+        return 0;
+    }
+    let mut d = Delta::of(kind, -(bytes as i64));
+    d.frees = 1;
+    sub_totals(from, gpu, &d);
+    let _ = MEMS.remove(mem_id);
+    bytes
+}
+
+/// RM_FREE of a memory handle: the handle goes; its memory is freed with its last
+/// reference, else its charge may move. Reports the free.
+#[inline(never)]
+pub fn free_mem_handle(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo, escape: u32) {
+    let mut freed = 0;
+    let mut freed_pid = 0;
+    let kind = obj.mem_kind;
+    if obj.mem_id == 0 {
+        // Not shared: this handle is its only reference.
+        if let Some(client) = CLIENTS.get_ptr_mut(key.client) {
+            let h = MemHandle {
+                client: key.client,
+                handle: key.handle,
+                device: obj.device,
+                sub: obj.sub,
+                pid: obj.owner_pid,
+                seq: 0,
+            };
+            contribute(
+                client,
+                &h,
+                &Amount {
+                    gpu: obj.gpu,
+                    kind: kind,
+                    bytes: obj.bytes,
+                },
+                -1,
+            );
+            // SAFETY: a map value pointer.
+            driver_figure(
+                unsafe { (*client).creator_pid },
+                obj.gpu,
+                kind,
+                -(obj.bytes as i64),
+            );
+        }
+        let mut d = Delta::of(kind, -(obj.bytes as i64));
+        d.frees = 1;
+        sub_totals(obj.owner_pid, obj.gpu, &d);
+        freed = obj.bytes;
+        freed_pid = obj.owner_pid;
+    } else if let Some(m) = MEMS.get_ptr_mut(obj.mem_id) {
+        let mut index = NO_HANDLE;
+        for i in 0..MEM_HANDLES {
+            // SAFETY: a map value pointer; i is in bounds.
+            let h = unsafe { &mut (*m).handles[i] };
+            if h.client == key.client && h.handle == key.handle {
+                index = i as u32;
+                *h = MemHandle::default();
+                break;
+            }
+        }
+        // SAFETY: as above.
+        let (charged, charged_pid, bytes, gpu) =
+            unsafe { ((*m).charged, (*m).charged_pid, (*m).bytes, (*m).gpu) };
+        if index != NO_HANDLE && index == charged {
+            if let Some(client) = CLIENTS.get_ptr_mut(key.client) {
+                let h = MemHandle {
+                    client: key.client,
+                    handle: key.handle,
+                    device: obj.device,
+                    sub: obj.sub,
+                    pid: charged_pid,
+                    seq: 0,
+                };
+                contribute(
+                    client,
+                    &h,
+                    &Amount {
+                        gpu: gpu,
+                        kind: kind,
+                        bytes: bytes,
+                    },
+                    -1,
+                );
+                // SAFETY: a map value pointer.
+                driver_figure(unsafe { (*client).creator_pid }, gpu, kind, -(bytes as i64));
+            }
+            freed_pid = charged_pid;
+            freed = recharge(pid, tid, obj.mem_id, m, 0);
+        }
+    }
+    let _ = OBJECTS.remove(key);
+    emit(GpuFreeEvent {
+        header: header(EventKind::GpuFree, pid, tid),
+        client: key.client,
+        handle: key.handle,
+        class: obj.class,
+        kind: obj.kind,
+        gpu: obj.gpu,
+        mem_kind: kind,
+        freed_pid: if freed > 0 { freed_pid } else { 0 },
+        escape,
+        bytes: freed,
+    });
+}
+
+/// Adds a reference held by export file `file_id` at `position`.
+#[inline(never)]
+pub fn export_memory(pid: u32, file_id: u64, position: u32, mem_id: u64) -> bool {
+    let Some(f) = file_info(file_id, keling_common::device_file::CTL, pid) else {
+        return false;
+    };
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        return false;
+    };
+    if position as usize >= FILE_EXPORTS {
+        count_undecoded(pid, undecoded::TABLE_FULL);
+        return false;
+    }
+    // SAFETY: map value pointers; position is in bounds.
+    unsafe {
+        let slot = &mut (*f).exports[position as usize];
+        if *slot == mem_id {
+            return true;
+        }
+        if *slot != 0 {
+            // Replaced: the old reference goes (rare; the driver normally refuses).
+            let old = *slot;
+            *slot = 0;
+            drop_export(pid, old);
+        }
+        *slot = mem_id;
+        (*m).export_refs += 1;
+    }
+    share_everywhere(m, mem_id);
+    true
+}
+
+/// The memory an export file holds at `position` (0: none).
+#[inline(always)]
+pub fn exported(file_id: u64, position: u32) -> u64 {
+    if position as usize >= FILE_EXPORTS {
+        return 0;
+    }
+    // SAFETY: copied out at once.
+    unsafe { FILES.get(file_id) }.map_or(0, |f| f.exports[position as usize])
+}
+
+/// One export reference to `mem_id` goes; the memory is freed if it was its last.
+#[inline(never)]
+fn drop_export(_pid: u32, mem_id: u64) {
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        return;
+    };
+    // SAFETY: a map value pointer.
+    unsafe {
+        (*m).export_refs = (*m).export_refs.saturating_sub(1);
+        if (*m).export_refs == 0 && (*m).charged == NO_HANDLE {
+            let mut d = Delta::of((*m).kind, -((*m).bytes as i64));
+            d.frees = 1;
+            sub_totals((*m).charged_pid, (*m).gpu, &d);
+            let _ = MEMS.remove(mem_id);
+        }
+    }
+}
+
+// --- Teardown -----------------------------------------------------------------------
+
+/// Whether a handle (or contributor) under `device`/`sub` is in a teardown's scope:
+/// `sub` non-zero: that subdevice; else `device` non-zero: that device; else all.
+#[inline(always)]
+fn in_scope(h_device: u32, h_sub: u32, device: u32, sub: u32) -> bool {
+    if sub != 0 {
+        h_sub == sub
+    } else {
+        device == 0 || h_device == device
+    }
+}
+
+/// One shared memory of a client whose handles go in a teardown, the first at or
+/// after slot `w.index`: its handles in scope are removed; if its charged handle
+/// went, its bytes move out of this client (to the oldest survivor, or to its export
+/// files) before the contributors are subtracted en bloc; with no reference left
+/// it stays in the contributor and goes with it. Returns the next slot to look at,
+/// or `None` when every slot is done. (One memory per program run: more is too much
+/// for the verifier.)
+#[inline(never)]
+fn teardown_shared(pid: u32, tid: u32, w: &Work) -> Option<u32> {
+    let client = CLIENTS.get_ptr_mut(w.client)?;
+    let mut slot = CLIENT_SHARED;
+    for i in 0..CLIENT_SHARED {
+        // SAFETY: a map value pointer; i is in bounds.
+        if i as u32 >= w.index && unsafe { (*client).shared[i] } != 0 {
+            slot = i;
+            break;
+        }
+    }
+    if slot >= CLIENT_SHARED {
+        return None;
+    }
+    // SAFETY: as above; slot is in bounds.
+    let mem_id = unsafe { (*client).shared[slot] };
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        // SAFETY: as above.
+        unsafe { (*client).shared[slot] = 0 };
+        return Some(slot as u32 + 1);
+    };
+    let (lost_charge, left_here) = remove_handles(m, w);
+    if left_here == 0 {
+        // SAFETY: as above.
+        unsafe { (*client).shared[slot] = 0 };
+    }
+    if lost_charge.client != 0 {
+        // SAFETY: as above.
+        let survives = oldest_handle(m, w.file_id) != NO_HANDLE || unsafe { (*m).export_refs } > 0;
+        if survives {
+            move_out(client, &lost_charge, m);
+            recharge(pid, tid, mem_id, m, w.file_id);
+        } else {
+            // Freed with this client: its bytes go with the contributors.
+            let _ = MEMS.remove(mem_id);
+        }
+    }
+    Some(slot as u32 + 1)
+}
+
+/// Removes the handles of `w`'s client in `w`'s scope from memory `m`. Returns the
+/// charged handle if it was among them (client 0 if not; its `pid` set to the
+/// charged process) and how many handles of that client remain.
+#[inline(never)]
+fn remove_handles(m: *mut MemInfo, w: &Work) -> (MemHandle, u32) {
+    // SAFETY: a map value pointer.
+    let (charged, charged_pid) = unsafe { ((*m).charged, (*m).charged_pid) };
+    let mut lost = MemHandle::default();
+    let mut left_here = 0;
+    for j in 0..MEM_HANDLES {
+        // SAFETY: as above; j is in bounds.
+        let h = unsafe { &mut (*m).handles[j] };
+        if h.client != w.client {
+            continue;
+        }
+        if !in_scope(h.device, h.sub, w.device, w.sub) {
+            left_here += 1;
+            continue;
+        }
+        if j as u32 == charged {
+            lost = *h;
+            lost.pid = charged_pid;
+        }
+        *h = MemHandle::default();
+    }
+    if lost.client != 0 {
+        // SAFETY: as above.
+        unsafe { (*m).charged = NO_HANDLE };
+    }
+    (lost, left_here)
+}
+
+/// Takes a shared memory's bytes out of the contributor of its (gone) charged
+/// handle `h` in `client`, and out of that client's creator's driver figure.
+#[inline(never)]
+fn move_out(client: *mut ClientInfo, h: &MemHandle, m: *mut MemInfo) {
+    // SAFETY: map value pointers.
+    let a = unsafe {
+        Amount {
+            gpu: (*m).gpu,
+            kind: (*m).kind,
+            bytes: (*m).bytes,
+        }
+    };
+    contribute(client, h, &a, -1);
+    // SAFETY: as above.
+    driver_figure(
+        unsafe { (*client).creator_pid },
+        a.gpu,
+        a.kind,
+        -(a.bytes as i64),
+    );
+}
+
+/// Frees what a client's contributors in `w`'s scope hold, as the driver does, and
+/// reports each; the client itself goes when the whole of it does.
+#[inline(never)]
+fn teardown_contributors(pid: u32, tid: u32, w: &Work) {
+    let Some(client) = CLIENTS.get_ptr_mut(w.client) else {
+        return;
+    };
+    // SAFETY: a map value pointer.
+    let creator = unsafe { (*client).creator_pid };
+    for i in 0..CLIENT_CONTRIBUTORS {
+        // SAFETY: as above; i is in bounds.
         let c = unsafe { &mut (*client).contributors[i] };
-        if c.pid == 0 || (device != 0 && c.device != device) {
+        if c.pid == 0 || !in_scope(c.device, c.sub, w.device, w.sub) {
             continue;
         }
         let d = Delta {
             bytes: -(c.bytes as i64),
             host: -(c.host_bytes as i64),
+            egm: -(c.egm_bytes as i64),
+            driver: 0,
             allocs: 0,
             frees: c.objects as u64,
         };
         sub_totals(c.pid, c.gpu, &d);
-        emit(GpuEvent {
+        driver_figure(creator, c.gpu, mem_kind::VIDEO, -(c.bytes as i64));
+        emit(GpuTeardownEvent {
             header: header(EventKind::GpuTeardown, pid, tid),
-            client: handle,
-            parent: 0,
-            handle: c.device,
-            class: 0,
-            kind: 0,
+            client: w.client,
+            reason: w.reason,
+            owner_pid: c.pid,
             gpu: c.gpu,
+            device: c.device,
+            sub: c.sub,
+            objects: c.objects,
+            _reserved: 0,
             bytes: c.bytes,
             host_bytes: c.host_bytes,
-            owner_pid: c.pid,
-            escape: 0,
-            cmd: 0,
-            control_cmd: c.objects,
-            status: 0,
-            fd: -1,
-            ret: 0,
-            reason,
-            via_xfer: 0,
+            egm_bytes: c.egm_bytes,
         });
-        *c = Default::default();
+        *c = Contributor::default();
     }
-    if device == 0 {
-        let _ = CLIENTS.remove(handle);
+    if w.device == 0 && w.sub == 0 {
+        let _ = CLIENTS.remove(w.client);
     }
 }
 
+/// What a teardown covers: all of a client, a device or a subdevice.
+#[derive(Clone, Copy, Default)]
+pub struct Scope {
+    pub device: u32,
+    pub sub: u32,
+}
+
+/// Deferred accounting work: the release of a file and the teardown of a client
+/// are too much to verify inside every program that can cause one, so they are
+/// queued per CPU and done by the `keling_*` work programs, reached by tail call
+/// (one item per call), at the end of the program that queued them, or at the next
+/// context switch on that CPU if a chain of tail calls ran out.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Work {
+    kind: u32,
+    /// A [`teardown`] reason.
+    reason: u32,
+    client: u32,
+    device: u32,
+    sub: u32,
+    /// TEARDOWN_SHARED: the next shared-memory slot to look at.
+    index: u32,
+    /// RELEASE_FILE: the file. Teardowns: the file being released (its clients'
+    /// handles are all going, so none of them may inherit a charge), or 0.
+    file_id: u64,
+}
+
+const WORK_RELEASE_FILE: u32 = 1;
+const WORK_TEARDOWN_SHARED: u32 = 2;
+const WORK_TEARDOWN_CONTRIBUTORS: u32 = 3;
+/// Items queued per CPU (a power of two).
+const WORK_SLOTS: usize = 64;
+
+/// A FIFO of work, per CPU.
+#[repr(C)]
+pub struct WorkQueue {
+    pid: u32,
+    tid: u32,
+    start: u32,
+    len: u32,
+    items: [Work; WORK_SLOTS],
+}
+
+#[map]
+static WORK_QUEUE: PerCpuArray<WorkQueue> = PerCpuArray::with_max_entries(1, 0);
+/// The work programs by work kind (1, 2, 3), set by the agent at load time.
+#[map]
+static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(4, 0);
+
+#[inline(always)]
+fn push_work(pid: u32, tid: u32, w: &Work) {
+    let Some(q) = WORK_QUEUE.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; programs run to completion on one CPU.
+    unsafe {
+        let len = (*q).len as usize;
+        if len >= WORK_SLOTS {
+            count_undecoded(pid, undecoded::TABLE_FULL);
+            return;
+        }
+        let at = ((*q).start as usize + len) & (WORK_SLOTS - 1);
+        (*q).items[at] = *w;
+        (*q).len += 1;
+        (*q).pid = pid;
+        (*q).tid = tid;
+    }
+}
+
+/// Puts `w` at the front of the queue (the item just taken off it goes on).
+#[inline(always)]
+fn push_front(pid: u32, tid: u32, w: &Work) {
+    let Some(q) = WORK_QUEUE.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; programs run to completion on one CPU.
+    unsafe {
+        if (*q).len as usize >= WORK_SLOTS {
+            count_undecoded(pid, undecoded::TABLE_FULL);
+            return;
+        }
+        let at = ((*q).start.wrapping_sub(1)) & (WORK_SLOTS as u32 - 1);
+        (*q).items[at as usize] = *w;
+        (*q).start = at;
+        (*q).len += 1;
+        (*q).pid = pid;
+        (*q).tid = tid;
+    }
+}
+
+/// Queues the release of `file_id` (only files through which something was created
+/// matter).
+pub fn queue_release(pid: u32, tid: u32, file_id: u64) {
+    if FILES.get_ptr(file_id).is_none() {
+        return;
+    }
+    push_work(
+        pid,
+        tid,
+        &Work {
+            kind: WORK_RELEASE_FILE,
+            file_id,
+            ..Default::default()
+        },
+    );
+}
+
+/// Queues the teardown of a client (all of it, or a device or subdevice).
+pub fn queue_teardown(pid: u32, tid: u32, client: u32, scope: &Scope, reason: u32) {
+    push_work(
+        pid,
+        tid,
+        &Work {
+            kind: WORK_TEARDOWN_SHARED,
+            reason,
+            client,
+            device: scope.device,
+            sub: scope.sub,
+            index: 0,
+            file_id: 0,
+        },
+    );
+}
+
+/// Does the queued work, one item per tail call, each kind in its own program
+/// (together they are too much for the verifier). Call last: on success it does
+/// not return.
+#[inline(always)]
+pub fn run_work<C: EbpfContext>(ctx: &C) {
+    let Some(q) = WORK_QUEUE.get_ptr(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot.
+    let (len, start) = unsafe { ((*q).len, (*q).start) };
+    if len == 0 {
+        return;
+    }
+    // SAFETY: as above; the index is masked into bounds.
+    let kind = unsafe { (*q).items[start as usize & (WORK_SLOTS - 1)].kind };
+    // SAFETY: a tail call to a program of the same type.
+    unsafe { WORK_PROG.tail_call(ctx, kind) };
+    // Only reached if the tail call failed (the chain is at its limit): the work
+    // stays queued for the next program on this CPU.
+}
+
+/// Takes the next work item off this CPU's queue: (pid, tid, item).
+#[inline(always)]
+fn pop_work() -> Option<(u32, u32, Work)> {
+    let q = WORK_QUEUE.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot.
+    let q = unsafe { &mut *q };
+    if q.len == 0 {
+        return None;
+    }
+    let w = q.items[q.start as usize & (WORK_SLOTS - 1)];
+    q.start = (q.start + 1) & (WORK_SLOTS as u32 - 1);
+    q.len -= 1;
+    Some((q.pid, q.tid, w))
+}
+
+/// [`WORK_RELEASE_FILE`]. Attached to nothing: reached through `WORK_PROG` only.
+#[tracepoint(category = "keling", name = "keling_release_file")]
+pub fn keling_release_file(ctx: TracePointContext) -> i32 {
+    if let Some((pid, tid, w)) = pop_work() {
+        release_file(pid, tid, w.file_id);
+    }
+    run_work(&ctx);
+    0
+}
+
+/// [`WORK_TEARDOWN_SHARED`], then queues the contributors' part.
+#[tracepoint(category = "keling", name = "keling_teardown_shared")]
+pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
+    if let Some((pid, tid, w)) = pop_work() {
+        let next = match teardown_shared(pid, tid, &w) {
+            Some(index) => Work { index, ..w },
+            None => Work {
+                kind: WORK_TEARDOWN_CONTRIBUTORS,
+                ..w
+            },
+        };
+        // At the front, so this teardown finishes before other work starts.
+        push_front(pid, tid, &next);
+    }
+    run_work(&ctx);
+    0
+}
+
+/// [`WORK_TEARDOWN_CONTRIBUTORS`].
+#[tracepoint(category = "keling", name = "keling_teardown_contributors")]
+pub fn keling_teardown_contributors(ctx: TracePointContext) -> i32 {
+    if let Some((pid, tid, w)) = pop_work() {
+        teardown_contributors(pid, tid, &w);
+    }
+    run_work(&ctx);
+    0
+}
+
 /// The last reference to an open file went away: the driver frees every client
-/// created on it.
+/// created on it, and the references its exported objects held.
 #[inline(never)]
-pub fn release_file(pid: u32, tid: u32, file_id: u64) {
+fn release_file(pid: u32, tid: u32, file_id: u64) {
     let Some(f) = FILES.get_ptr(file_id) else {
         return;
     };
-    for i in 0..FILE_CLIENTS {
+    for i in 0..FILE_EXPORTS {
         // SAFETY: a map value pointer; i is in bounds.
+        let mem_id = unsafe { (*f).exports[i] };
+        if mem_id != 0 {
+            drop_export(pid, mem_id);
+        }
+    }
+    for i in 0..FILE_CLIENTS {
+        // SAFETY: as above.
         let client = unsafe { (*f).clients[i] };
         if client == 0 {
             continue;
@@ -339,101 +1066,22 @@ pub fn release_file(pid: u32, tid: u32, file_id: u64) {
         // SAFETY: copied out at once.
         let on_this_file = unsafe { CLIENTS.get(client) }.is_some_and(|c| c.file_id == file_id);
         if on_this_file {
-            teardown_client(pid, tid, client, 0, teardown::FILE_RELEASED);
+            push_work(
+                pid,
+                tid,
+                &Work {
+                    kind: WORK_TEARDOWN_SHARED,
+                    reason: teardown::FILE_RELEASED,
+                    client,
+                    device: 0,
+                    sub: 0,
+                    index: 0,
+                    file_id,
+                },
+            );
         }
     }
     let _ = FILES.remove(file_id);
-}
-
-/// Drops one fd reference to `file_id`. At zero the file is released: it is queued
-/// for [`release_files`], which the caller reaches with [`run_releases`] as its
-/// last act. Returns whether it was released.
-pub fn drop_file_ref(pid: u32, tid: u32, file_id: u64) -> bool {
-    let Some(f) = FILES.get_ptr_mut(file_id) else {
-        return false;
-    };
-    // SAFETY: a map value pointer.
-    let left = unsafe {
-        (*f).refs = (*f).refs.saturating_sub(1);
-        (*f).refs
-    };
-    if left != 0 {
-        return false;
-    }
-    let Some(q) = RELEASE_QUEUE.get_ptr_mut(0) else {
-        return true;
-    };
-    // SAFETY: this CPU's slot; programs run to completion on one CPU.
-    unsafe {
-        let n = (*q).len as usize;
-        if n < FD_SLOTS {
-            (*q).pid = pid;
-            (*q).tid = tid;
-            (*q).file_ids[n] = file_id;
-            (*q).len += 1;
-        } else {
-            count_undecoded(pid, undecoded::TABLE_FULL);
-        }
-    }
-    true
-}
-
-/// Releases queued files in [`release_files`] (a tail call: releasing a file is
-/// too much work to verify inside every program that can close one). Call last.
-#[inline(always)]
-pub fn run_releases<C: EbpfContext>(ctx: &C) {
-    // SAFETY: copied out at once.
-    let pending = RELEASE_QUEUE.get(0).is_some_and(|q| q.len != 0);
-    if pending {
-        // SAFETY: a tail call to a program of the same type; on success it does not return.
-        unsafe { RELEASE_PROG.tail_call(ctx, 0) };
-        // Only reached if the tail call failed: the files stay queued for the next
-        // caller on this CPU.
-    }
-}
-
-/// Queue of files whose last reference went away, per CPU.
-#[repr(C)]
-pub struct ReleaseQueue {
-    pid: u32,
-    tid: u32,
-    len: u32,
-    _reserved: u32,
-    file_ids: [u64; FD_SLOTS],
-}
-
-#[map]
-static RELEASE_QUEUE: PerCpuArray<ReleaseQueue> = PerCpuArray::with_max_entries(1, 0);
-/// [0]: `release_files`, set by the agent at load time.
-#[map]
-static RELEASE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
-
-/// Releases one queued file, then tail-calls itself for the next. Attached to
-/// nothing: only reached through `RELEASE_PROG`.
-#[tracepoint(category = "keling", name = "release_files")]
-pub fn release_files(ctx: TracePointContext) -> i32 {
-    let Some(q) = RELEASE_QUEUE.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: this CPU's slot.
-    let q = unsafe { &mut *q };
-    let n = q.len as usize;
-    let Some(&file_id) = n.checked_sub(1).and_then(|last| q.file_ids.get(last)) else {
-        q.len = 0;
-        return 0;
-    };
-    q.len -= 1;
-    let (pid, tid) = (q.pid, q.tid);
-    release_file(pid, tid, file_id);
-    run_releases(&ctx);
-    0
-}
-
-pub fn add_file_ref(file_id: u64) {
-    if let Some(f) = FILES.get_ptr_mut(file_id) {
-        // SAFETY: a map value pointer.
-        unsafe { (*f).refs += 1 };
-    }
 }
 
 /// The fd table of `pid`, created empty if needed.
@@ -453,62 +1101,4 @@ pub fn proc_fds(pid: u32, create: bool) -> Option<*mut ProcFds> {
     let inserted = PROC_FDS.insert(pid, unsafe { &*zero }, 0);
     inserted.ok()?;
     PROC_FDS.get_ptr_mut(pid)
-}
-
-/// Emits an open/close/dup event.
-#[inline(always)]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "always inlined: no BPF call with > 5 arguments"
-)]
-pub fn file_event(
-    kind: EventKind,
-    pid: u32,
-    tid: u32,
-    fd: i32,
-    device: u32,
-    file_id: u64,
-    released: u32,
-    arg: u32,
-) {
-    emit(GpuFileEvent {
-        header: header(kind, pid, tid),
-        fd,
-        device,
-        file_id,
-        released,
-        arg,
-    });
-}
-
-/// Closes one fd: empties its slot, drops its reference to the file (queueing the
-/// release at zero) and reports the close.
-#[inline(always)]
-pub fn close_slot(pid: u32, tid: u32, slot: &mut FdSlot) {
-    let (fd, device, file_id) = (slot.fd, slot.device, slot.file_id);
-    *slot = Default::default();
-    let released = drop_file_ref(pid, tid, file_id);
-    file_event(
-        EventKind::GpuClose,
-        pid,
-        tid,
-        fd,
-        device,
-        file_id,
-        released as u32,
-        0,
-    );
-}
-
-/// Closes every slot of `fds` (all, or only the close-on-exec ones).
-#[inline(never)]
-pub fn close_slots(pid: u32, tid: u32, fds: *mut ProcFds, only_cloexec: bool) {
-    for i in 0..FD_SLOTS {
-        // SAFETY: a map value pointer; i is in bounds.
-        let slot = unsafe { &mut (*fds).slots[i] };
-        if slot.file_id == 0 || (only_cloexec && slot.cloexec == 0) {
-            continue;
-        }
-        close_slot(pid, tid, slot);
-    }
 }

@@ -1,6 +1,6 @@
 //! Probes, one module per subsystem.
 pub mod accounting;
-pub mod fds;
+pub mod files;
 pub mod nvidia;
 pub mod process;
 pub mod sched;

@@ -1,8 +1,9 @@
 //! NVIDIA driver ioctls: decoded at sys_enter (inputs) and sys_exit (what the driver
 //! returned), following XFER_CMD, and turned into exact accounting.
 //!
-//! Only ioctls on fds in `PROC_FDS` are looked at: any other ioctl costs one hash
-//! lookup (the process has no NVIDIA fd) or a scan of at most 16 slots.
+//! Only ioctls whose command has the shape of an RM escape or a UVM command are
+//! looked at further, and only on files that are NVIDIA devices by their inode
+//! (files.rs): any other ioctl on the host costs one comparison.
 use aya_ebpf::{
     helpers::bpf_probe_read_user,
     macros::{map, tracepoint},
@@ -10,16 +11,22 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use keling_common::{
-    ClientInfo, EventKind, FD_SLOTS, GpuEvent, NO_GPU, ObjectInfo, ObjectKey, device_file,
+    BATCH_OBJECTS, ClientInfo, EventKind, GpuAllocEvent, GpuExportEvent, GpuFreeEvent,
+    GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MemHandle, NO_GPU, ObjectInfo, ObjectKey,
+    device_file, mem_kind,
     nvidia::{
-        self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, escape, nvos00,
-        nvos02, nvos21, nvos32, nvos33, nvos34, nvos54, nvos64, size, uvm, xfer,
+        self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, ctrl, escape,
+        nvos00, nvos02, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm, xfer,
     },
-    teardown, undecoded,
+    open_how, outcome, ref_how, teardown, undecoded,
 };
 
-use super::accounting::{
-    CLIENTS, OBJECTS, charge, count_undecoded, new_client, proc_fds, teardown_client, uncharge,
+use super::{
+    accounting::{
+        CLIENTS, FILES, OBJECTS, Scope, add_handle, charge_new, count_undecoded, export_memory,
+        exported, free_mem_handle, new_client, proc_fds, queue_teardown, run_work, share,
+    },
+    files::{add_fd, device_of_file, file_of_fd, find_slot, follows},
 };
 use crate::{current_ids, emit, emit_quiet, header};
 
@@ -28,8 +35,12 @@ use crate::{current_ids, emit, emit_quiet, header};
 struct PendingIoctl {
     /// User address of the escape's params (after following XFER).
     params: u64,
-    /// `pAllocParms` (RM_ALLOC), else 0.
-    alloc_params: u64,
+    /// `pAllocParms` (RM_ALLOC), or RM_CONTROL's params pointer; else 0.
+    sub_params: u64,
+    /// The open file the call was made on.
+    file_id: u64,
+    /// Export / import controls: the export file the params name.
+    aux_file: u64,
     cmd: u32,
     /// RM escape nr, or the UVM command.
     escape: u32,
@@ -46,12 +57,20 @@ struct PendingIoctl {
     gpu: u32,
     /// RM_CONTROL command, or VID_HEAP function.
     sub: u32,
+    /// RM_CONTROL's params size; RM_DUP_OBJECT's source client.
+    aux: u32,
+    /// RM_DUP_OBJECT's source handle.
+    aux2: u32,
     via_xfer: u32,
     /// 0, or 1 + an undecoded reason found at entry.
     undecoded: u32,
-    _reserved: u32,
-    /// Filled at exit: ioctl's return value and the object's size.
+    /// The caller.
+    pid: u32,
+    tid: u32,
+    /// Filled at exit: ioctl's return value; the new object's memory kind and bytes.
     ret: i64,
+    mem_kind: u32,
+    _reserved: u32,
     bytes: u64,
 }
 
@@ -70,36 +89,72 @@ fn user_u32(base: u64, off: usize) -> Result<u32, u32> {
     user::<u32>(base + off as u64)
 }
 
+#[inline(always)]
+fn user_u64(base: u64, off: usize) -> Result<u64, u32> {
+    user::<u64>(base + off as u64)
+}
+
+/// The command has the shape of an RM escape ('F') or a UVM command (a small plain
+/// number, or INITIALIZE / DEINITIALIZE): worth looking at the file.
+#[inline(always)]
+fn nvidia_shaped(cmd: u32) -> bool {
+    nvidia::rm_type(cmd) == nvidia::RM_IOCTL_TYPE
+        || (cmd != 0 && cmd < 0x200)
+        || cmd == uvm::INITIALIZE
+        || cmd == uvm::DEINITIALIZE
+}
+
 #[tracepoint(category = "syscalls", name = "sys_enter_ioctl")]
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
-    let (pid, tid) = current_ids();
-    // The fast path for every other ioctl on the host: one lookup.
-    let Some(fds) = proc_fds(pid, false) else {
-        return 0;
-    };
     // SAFETY: syscall tracepoint records hold u64 arguments from byte 16.
-    let (fd, cmd, arg) = unsafe {
+    let cmd = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0) as u32;
+    if !nvidia_shaped(cmd) {
+        return 0;
+    }
+    let (pid, tid) = current_ids();
+    // SAFETY: as above.
+    let (fd, arg) = unsafe {
         (
             ctx.read_at::<u64>(16).unwrap_or(u64::MAX) as i32,
-            ctx.read_at::<u64>(24).unwrap_or(0) as u32,
             ctx.read_at::<u64>(32).unwrap_or(0),
         )
     };
+    let file = file_of_fd(fd);
+    if file == 0 {
+        return 0;
+    }
+    // The device from the process's table when it names this very file.
     let mut device = device_file::NONE;
-    for i in 0..FD_SLOTS {
+    let mut known = false;
+    if let Some(fds) = proc_fds(pid, false)
+        && let Some(i) = find_slot(fds, fd)
+    {
         // SAFETY: a map value pointer; i is in bounds.
         let s = unsafe { &(*fds).slots[i] };
-        if s.file_id != 0 && s.fd == fd {
+        if s.file_id == file {
             device = s.device;
-            break;
+            known = true;
         }
+    }
+    if !known {
+        device = device_of_file(file);
     }
     if device == device_file::NONE {
         return 0;
     }
+    let followed = follows(pid);
+    if !followed && FILES.get_ptr(file).is_none() {
+        // `keling trace`: an untracked process, on a file no traced client lives on.
+        return 0;
+    }
+    if !known && followed {
+        add_fd(fd, device, file, open_how::FIRST_USE, -1);
+    }
     let mut p = PendingIoctl {
         params: arg,
-        alloc_params: 0,
+        sub_params: 0,
+        file_id: file,
+        aux_file: 0,
         cmd,
         escape: 0,
         size: 0,
@@ -109,16 +164,21 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         parent: 0,
         handle: 0,
         class: 0,
-        gpu: if device < device_file::CTL {
+        gpu: if device <= device_file::MAX_GPU {
             device
         } else {
             NO_GPU
         },
         sub: 0,
+        aux: 0,
+        aux2: 0,
         via_xfer: 0,
         undecoded: 0,
-        _reserved: 0,
+        pid,
+        tid,
         ret: 0,
+        mem_kind: 0,
+        _reserved: 0,
         bytes: 0,
     };
     if let Err(reason) = decode_enter(&mut p) {
@@ -129,7 +189,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
 }
 
 /// Reads the inputs of the call described by `p.cmd`/`p.params`.
-#[inline(always)]
+#[inline(never)]
 fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
     if p.device == device_file::UVM {
         p.escape = p.cmd;
@@ -146,7 +206,7 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
         }
         p.escape = user_u32(p.params, xfer::CMD)? & 0xff;
         p.size = user_u32(p.params, xfer::SIZE)?;
-        p.params = user::<u64>(p.params + xfer::PTR as u64)?;
+        p.params = user_u64(p.params, xfer::PTR)?;
         p.via_xfer = 1;
     }
     let base = p.params;
@@ -166,9 +226,9 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             p.client = user_u32(base, nvos21::H_ROOT)?;
             p.parent = user_u32(base, nvos21::H_OBJECT_PARENT)?;
             p.class = user_u32(base, nvos21::H_CLASS)?;
-            p.alloc_params = user::<u64>(base + nvos21::P_ALLOC_PARMS as u64)?;
+            p.sub_params = user_u64(base, nvos21::P_ALLOC_PARMS)?;
             if p.class == class::NV01_DEVICE_0 {
-                p.gpu = user_u32(p.alloc_params, NV0080_DEVICE_ID)?;
+                p.gpu = user_u32(p.sub_params, NV0080_DEVICE_ID)?;
             }
         }
         escape::FREE => {
@@ -195,7 +255,6 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             p.parent = user_u32(base, nvos32::H_OBJECT_PARENT)?;
             p.sub = user_u32(base, nvos32::FUNCTION)?;
             p.handle = user_u32(base, nvos32::H_MEMORY)?;
-            p.class = class::NV01_MEMORY_LOCAL_USER;
         }
         escape::CONTROL => {
             if p.size != size::NVOS54_CONTROL {
@@ -207,6 +266,16 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             if user_u32(base, nvos54::FLAGS)? & nvos54::FLAGS_FINN_SERIALIZED != 0 {
                 return Err(undecoded::FINN_SERIALIZED);
             }
+            decode_control_enter(p)?;
+        }
+        escape::DUP_OBJECT => {
+            if p.size != size::NVOS55_DUP_OBJECT {
+                return Err(undecoded::UNKNOWN_LAYOUT);
+            }
+            p.client = user_u32(base, nvos55::H_CLIENT)?;
+            p.parent = user_u32(base, nvos55::H_PARENT)?;
+            p.aux = user_u32(base, nvos55::H_CLIENT_SRC)?;
+            p.aux2 = user_u32(base, nvos55::H_OBJECT_SRC)?;
         }
         escape::MAP_MEMORY | escape::UNMAP_MEMORY => {
             let want = if p.escape == escape::MAP_MEMORY {
@@ -220,18 +289,54 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             p.client = user_u32(base, nvos33::H_CLIENT)?;
             p.handle = user_u32(base, nvos33::H_MEMORY)?;
         }
-        escape::DUP_OBJECT
-        | escape::SHARE
-        | escape::ALLOC_CONTEXT_DMA2
-        | escape::MAP_MEMORY_DMA
-        | escape::UNMAP_MEMORY_DMA
-        | escape::CARD_INFO
-        | escape::REGISTER_FD
-        | escape::CHECK_VERSION_STR
-        | escape::ATTACH_GPUS_TO_FD => {}
+        e if escape::carries_no_memory(e) => {}
         _ => return Err(undecoded::UNKNOWN_ESCAPE),
     }
     Ok(())
+}
+
+/// RM_CONTROL: the controls that share memory name an export file by fd in the
+/// caller's table; resolve it now, while the fd means what the caller meant.
+#[inline(always)]
+fn decode_control_enter(p: &mut PendingIoctl) -> Result<(), u32> {
+    let (want, fd_off) = match p.sub {
+        ctrl::EXPORT_OBJECT_TO_FD => (ctrl::EXPORT_SIZE, ctrl::EXPORT_FD),
+        ctrl::IMPORT_OBJECT_FROM_FD => (ctrl::IMPORT_SIZE, ctrl::IMPORT_FD),
+        ctrl::EXPORT_OBJECTS_TO_FD => (ctrl::EXPORT_BATCH_SIZE, ctrl::EXPORT_BATCH_FD),
+        ctrl::IMPORT_OBJECTS_FROM_FD => (ctrl::IMPORT_BATCH_SIZE, ctrl::IMPORT_BATCH_FD),
+        _ => return Ok(()),
+    };
+    p.sub_params = user_u64(p.params, nvos54::PARAMS)?;
+    p.aux = user_u32(p.params, nvos54::PARAMS_SIZE)?;
+    if p.aux != want {
+        return Err(undecoded::UNKNOWN_LAYOUT);
+    }
+    let fd = user_u32(p.sub_params, fd_off)? as i32;
+    p.aux_file = file_of_fd(fd);
+    if device_of_file(p.aux_file) != device_file::CTL {
+        // Not an nvidiactl open file: the driver refuses it; nothing to account.
+        p.aux_file = 0;
+    }
+    Ok(())
+}
+
+/// What a call that changed no memory is reported as.
+#[derive(Clone, Copy)]
+struct Report {
+    status: u32,
+    outcome: u32,
+    /// A failed video allocation: the bytes asked for.
+    requested: u64,
+}
+
+impl Report {
+    fn status(status: u32) -> Self {
+        Report {
+            status,
+            outcome: outcome::DECODED,
+            requested: 0,
+        }
+    }
 }
 
 #[tracepoint(category = "syscalls", name = "sys_exit_ioctl")]
@@ -243,82 +348,63 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     };
     let _ = PENDING_IOCTL.remove(tid);
     // SAFETY: sys_exit_* records hold the return value at byte 16.
-    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
-    p.ret = ret;
-    let mut status = 0;
+    p.ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    let mut report = Report::status(0);
     let mut reason = p.undecoded;
-    if reason == 0 && ret == 0 {
-        match decode_exit(pid, tid, &mut p) {
-            Ok(Some(s)) => status = s,
-            // Fully reported by decode_exit.
-            Ok(None) => return 0,
+    if reason == 0 && p.ret == 0 {
+        match decode_exit(&mut p) {
+            Ok(Some(r)) => report = r,
+            // Fully reported by decode_exit; a teardown it queued is done now.
+            Ok(None) => {
+                run_work(&ctx);
+                return 0;
+            }
             Err(r) => reason = 1 + r,
         }
     }
     if reason != 0 {
         count_undecoded(pid, reason - 1);
+        report.outcome = outcome::UNDECODED;
     }
-    ioctl_event(
-        pid,
-        tid,
-        &p,
-        status,
-        ret,
-        reason,
-        EventKind::GpuIoctl,
-        p.bytes,
-    );
+    emit_quiet_or_not(GpuIoctlEvent {
+        header: header(EventKind::GpuIoctl, pid, tid),
+        fd: p.fd,
+        device: p.device,
+        escape: p.escape,
+        cmd: p.cmd,
+        control_cmd: if p.escape == escape::CONTROL && p.device != device_file::UVM {
+            p.sub
+        } else {
+            0
+        },
+        class: p.class,
+        gpu: p.gpu,
+        _reserved: 0,
+        status: report.status,
+        outcome: report.outcome,
+        undecoded: reason.saturating_sub(1),
+        via_xfer: p.via_xfer,
+        ret: p.ret,
+        requested_bytes: report.requested,
+    });
     0
 }
 
-/// Emits one GPU event describing `p`.
+/// A failed allocation may matter to a decision at once (memory pressure); plain
+/// calls are detail.
 #[inline(always)]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "always inlined: no BPF call with > 5 arguments"
-)]
-fn ioctl_event(
-    pid: u32,
-    tid: u32,
-    p: &PendingIoctl,
-    status: u32,
-    ret: i64,
-    reason: u32,
-    kind: EventKind,
-    bytes: u64,
-) {
-    let event = GpuEvent {
-        header: header(kind, pid, tid),
-        client: p.client,
-        parent: p.parent,
-        handle: p.handle,
-        class: p.class,
-        kind: ObjectKind::of_class(p.class) as u32,
-        gpu: p.gpu,
-        bytes,
-        host_bytes: 0,
-        owner_pid: pid,
-        escape: p.escape,
-        cmd: p.cmd,
-        control_cmd: p.sub,
-        status,
-        fd: p.fd,
-        ret,
-        reason,
-        via_xfer: p.via_xfer,
-    };
-    // Plain ioctls and object creations are detail; memory changes may matter to
-    // a decision at once.
-    match kind {
-        EventKind::GpuIoctl | EventKind::GpuObject => emit_quiet(event),
-        _ => emit(event),
+fn emit_quiet_or_not(e: GpuIoctlEvent) {
+    if e.requested_bytes != 0 {
+        emit(e);
+    } else {
+        emit_quiet(e);
     }
 }
 
-/// Applies a successful call. `Ok(Some(status))`: report as a plain ioctl;
+/// Applies a successful call. `Ok(Some(report))`: report as a plain ioctl;
 /// `Ok(None)`: already reported.
-#[inline(always)]
-fn decode_exit(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<Option<u32>, u32> {
+#[inline(never)]
+fn decode_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     let base = p.params;
     if p.device == device_file::UVM {
         let status = match p.escape {
@@ -326,152 +412,298 @@ fn decode_exit(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<Option<u32>, 
             uvm::FREE => user_u32(base, uvm::FREE_RM_STATUS)?,
             _ => 0,
         };
-        return Ok(Some(status));
+        return Ok(Some(Report::status(status)));
     }
     match p.escape {
-        escape::ALLOC => {
-            let off = match p.size {
-                size::NVOS64_ALLOC => nvos64::STATUS,
-                nvos64::SIZE_PRE_535 => nvos64::STATUS_PRE_535,
-                _ => config!(nvos21_status_off) as usize,
-            };
-            let status = user_u32(base, off)?;
-            if status != 0 {
-                // The size asked for: what a memory-pressure decision needs.
-                if ObjectKind::has_memory_params(p.class) {
-                    p.bytes = user::<u64>(p.alloc_params + MEMORY_ALLOCATION_PARAMS_SIZE as u64)?;
-                }
-                return Ok(Some(status));
-            }
-            p.handle = user_u32(base, nvos21::H_OBJECT_NEW)?;
-            let kind = ObjectKind::of_class(p.class);
-            let bytes = match p.class {
-                class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => user::<u64>(p.alloc_params + 24)? + 1,
-                c if ObjectKind::has_memory_params(c) => {
-                    user::<u64>(p.alloc_params + MEMORY_ALLOCATION_PARAMS_SIZE as u64)?
-                }
-                class::NV01_MEMORY_LOCAL_PHYSICAL | class::NV_MEMORY_FABRIC => {
-                    return Err(undecoded::UNKNOWN_LAYOUT);
-                }
-                _ => 0,
-            };
-            p.bytes = bytes;
-            record_object(pid, tid, p, kind)?;
-            Ok(None)
-        }
-        escape::ALLOC_MEMORY => {
-            let status = user_u32(base, nvos02::STATUS)?;
-            if status != 0 {
-                return Ok(Some(status));
-            }
-            p.handle = user_u32(base, nvos02::H_OBJECT_NEW)?;
-            let bytes = user::<u64>(base + nvos02::LIMIT as u64)? + 1;
-            let kind = match ObjectKind::of_class(p.class) {
-                ObjectKind::VideoMemory => ObjectKind::VideoMemory,
-                _ => ObjectKind::HostMemory,
-            };
-            p.bytes = bytes;
-            record_object(pid, tid, p, kind)?;
-            Ok(None)
-        }
-        escape::VID_HEAP_CONTROL => {
-            let status = user_u32(base, nvos32::STATUS)?;
-            if status != 0 {
-                return Ok(Some(status));
-            }
-            match p.sub {
-                nvos32::FUNCTION_ALLOC_SIZE => {
-                    p.handle = user_u32(base, nvos32::H_MEMORY)?;
-                    let bytes = user::<u64>(base + nvos32::ALLOC_SIZE as u64)?;
-                    p.bytes = bytes;
-                    record_object(pid, tid, p, ObjectKind::VideoMemory)?;
-                    Ok(None)
-                }
-                nvos32::FUNCTION_FREE => {
-                    free_object(pid, tid, p)?;
-                    Ok(None)
-                }
-                _ => Ok(Some(status)),
-            }
-        }
+        escape::ALLOC => exit_alloc(p),
+        escape::ALLOC_MEMORY => exit_alloc_memory(p),
+        escape::VID_HEAP_CONTROL => exit_vid_heap(p),
         escape::FREE => {
             let status = user_u32(base, nvos00::STATUS)?;
             if status != 0 {
-                return Ok(Some(status));
+                return Ok(Some(Report::status(status)));
             }
-            free_object(pid, tid, p)?;
+            free_object(p)?;
             Ok(None)
         }
-        escape::CONTROL => Ok(Some(user_u32(base, nvos54::STATUS)?)),
-        escape::MAP_MEMORY => Ok(Some(user_u32(base, nvos33::STATUS)?)),
-        escape::UNMAP_MEMORY => Ok(Some(user_u32(base, nvos34::STATUS)?)),
-        _ => Ok(Some(0)),
+        escape::CONTROL => exit_control(p),
+        escape::DUP_OBJECT => {
+            let status = user_u32(base, nvos55::STATUS)?;
+            if status != 0 {
+                return Ok(Some(Report::status(status)));
+            }
+            p.handle = user_u32(base, nvos55::H_OBJECT)?;
+            let src = ObjectKey {
+                client: p.aux,
+                handle: p.aux2,
+            };
+            new_ref(p, &src, 0, ref_how::DUP)?;
+            Ok(None)
+        }
+        escape::MAP_MEMORY => Ok(Some(Report::status(user_u32(base, nvos33::STATUS)?))),
+        escape::UNMAP_MEMORY => Ok(Some(Report::status(user_u32(base, nvos34::STATUS)?))),
+        _ => Ok(Some(Report {
+            status: 0,
+            outcome: outcome::NO_MEMORY_ESCAPE,
+            requested: 0,
+        })),
     }
 }
 
-/// The open file behind `fd` of `pid` (0 if it is not an NVIDIA fd).
-fn fd_file_id(pid: u32, fd: i32) -> u64 {
-    let Some(fds) = proc_fds(pid, false) else {
-        return 0;
+#[inline(never)]
+fn exit_alloc(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+    let base = p.params;
+    let off = match p.size {
+        size::NVOS64_ALLOC => nvos64::STATUS,
+        nvos64::SIZE_PRE_535 => nvos64::STATUS_PRE_535,
+        _ => config!(nvos21_status_off) as usize,
     };
-    let mut file_id = 0;
-    for i in 0..FD_SLOTS {
-        // SAFETY: a map value pointer; i is in bounds.
-        let s = unsafe { &(*fds).slots[i] };
-        if s.file_id != 0 && s.fd == fd {
-            file_id = s.file_id;
+    let status = user_u32(base, off)?;
+    let kind = ObjectKind::of_class(p.class);
+    if status != 0 {
+        // The size asked for: what a memory-pressure decision needs (video only).
+        let mut r = Report::status(status);
+        if kind == ObjectKind::VideoMemory {
+            r.requested = user_u64(p.sub_params, MEMORY_ALLOCATION_PARAMS_SIZE)?;
+        }
+        return Ok(Some(r));
+    }
+    p.handle = user_u32(base, nvos21::H_OBJECT_NEW)?;
+    let bytes = match p.class {
+        class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => user_u64(p.sub_params, 24)?.saturating_add(1),
+        c if ObjectKind::has_memory_params(c) => {
+            user_u64(p.sub_params, MEMORY_ALLOCATION_PARAMS_SIZE)?
+        }
+        _ => 0,
+    };
+    {
+        p.mem_kind = kind.mem_kind().unwrap_or(0);
+        p.bytes = bytes;
+        record_object(p, kind)?
+    };
+    Ok(None)
+}
+
+#[inline(never)]
+fn exit_alloc_memory(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+    let base = p.params;
+    let status = user_u32(base, nvos02::STATUS)?;
+    if status != 0 {
+        return Ok(Some(Report::status(status)));
+    }
+    p.handle = user_u32(base, nvos02::H_OBJECT_NEW)?;
+    match p.class {
+        class::NV01_MEMORY_SYSTEM | class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => {
+            let bytes = user_u64(base, nvos02::LIMIT)?.saturating_add(1);
+            {
+                p.mem_kind = mem_kind::HOST;
+                p.bytes = bytes;
+                record_object(p, ObjectKind::HostMemory)?
+            };
+        }
+        class::NV01_MEMORY_LOCAL_USER | class::NV01_MEMORY_LOCAL_PRIVILEGED => {
+            // The driver allocates nothing and writes the whole heap into `limit`.
+            {
+                p.mem_kind = 0;
+                p.bytes = 0;
+                record_object(p, ObjectKind::VirtualMemory)?
+            };
+        }
+        _ => return Err(undecoded::UNKNOWN_LAYOUT),
+    }
+    Ok(None)
+}
+
+#[inline(never)]
+fn exit_vid_heap(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+    let base = p.params;
+    let status = user_u32(base, nvos32::STATUS)?;
+    if status != 0 {
+        return Ok(Some(Report::status(status)));
+    }
+    let (kind, bytes) = match p.sub {
+        nvos32::FUNCTION_ALLOC_SIZE | nvos32::FUNCTION_ALLOC_SIZE_RANGE => {
+            let range = p.sub == nvos32::FUNCTION_ALLOC_SIZE_RANGE;
+            p.handle = user_u32(base, nvos32::H_MEMORY)?;
+            let flags = user_u32(base, nvos32::FLAGS)?;
+            let attr = user_u32(base, nvos32::ATTR)?;
+            let egm = !range && config!(driver_major) >= nvos32::EGM_SINCE_MAJOR;
+            let attr2 = if egm {
+                user_u32(base, nvos32::ATTR2)?
+            } else {
+                0
+            };
+            let size_off = if range {
+                nvos32::ALLOC_SIZE_RANGE_SIZE
+            } else {
+                nvos32::ALLOC_SIZE
+            };
+            match nvos32::classify(flags, attr, attr2, egm) {
+                None => {
+                    p.class = class::NV50_MEMORY_VIRTUAL;
+                    (0, 0)
+                }
+                Some(kind) => {
+                    p.class = match kind {
+                        mem_kind::VIDEO => class::NV01_MEMORY_LOCAL_USER,
+                        mem_kind::HOST => class::NV01_MEMORY_SYSTEM,
+                        _ => class::NV_MEMORY_EXTENDED_USER,
+                    };
+                    (kind, user_u64(base, size_off)?)
+                }
+            }
+        }
+        nvos32::FUNCTION_ALLOC_OS_DESCRIPTOR => {
+            p.handle = user_u32(base, nvos32::OS_DESCRIPTOR_H_MEMORY)?;
+            p.class = class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR;
+            let limit = user_u64(base, nvos32::OS_DESCRIPTOR_LIMIT)?;
+            (mem_kind::HOST, limit.saturating_add(1))
+        }
+        nvos32::FUNCTION_FREE => {
+            free_object(p)?;
+            return Ok(None);
+        }
+        _ => return Ok(Some(Report::status(status))),
+    };
+    let object_kind = ObjectKind::of_class(p.class);
+    {
+        p.mem_kind = kind;
+        p.bytes = bytes;
+        record_object(p, object_kind)?
+    };
+    Ok(None)
+}
+
+#[inline(never)]
+fn exit_control(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+    let pid = p.pid;
+    let status = user_u32(p.params, nvos54::STATUS)?;
+    if status != 0 || p.sub_params == 0 {
+        return Ok(Some(Report::status(status)));
+    }
+    let params = p.sub_params;
+    match p.sub {
+        ctrl::EXPORT_OBJECT_TO_FD => {
+            let handle = user_u32(params, ctrl::EXPORT_H_OBJECT)?;
+            export_one(p, handle, 0)?;
+        }
+        ctrl::EXPORT_OBJECTS_TO_FD => {
+            let n = user::<u16>(params + ctrl::EXPORT_BATCH_NUM as u64)? as usize;
+            let index = user::<u16>(params + ctrl::EXPORT_BATCH_INDEX as u64)? as u32;
+            if n > BATCH_OBJECTS {
+                count_undecoded(pid, undecoded::TABLE_FULL);
+            }
+            for i in 0..BATCH_OBJECTS {
+                if i >= n {
+                    break;
+                }
+                let handle = user_u32(params, ctrl::EXPORT_BATCH_OBJECTS + 4 * i)?;
+                export_one(p, handle, index + i as u32)?;
+            }
+        }
+        ctrl::IMPORT_OBJECT_FROM_FD => {
+            p.parent = user_u32(params, ctrl::IMPORT_H_PARENT)?;
+            p.handle = user_u32(params, ctrl::IMPORT_H_OBJECT)?;
+            import_one(p, 0)?;
+        }
+        ctrl::IMPORT_OBJECTS_FROM_FD => {
+            p.parent = user_u32(params, ctrl::IMPORT_BATCH_H_PARENT)?;
+            let n = user::<u16>(params + ctrl::IMPORT_BATCH_NUM as u64)? as usize;
+            let index = user::<u16>(params + ctrl::IMPORT_BATCH_INDEX as u64)? as u32;
+            if n > BATCH_OBJECTS {
+                count_undecoded(pid, undecoded::TABLE_FULL);
+            }
+            for i in 0..BATCH_OBJECTS {
+                if i >= n {
+                    break;
+                }
+                p.handle = user_u32(params, ctrl::IMPORT_BATCH_OBJECTS + 4 * i)?;
+                import_one(p, index + i as u32)?;
+            }
+        }
+        _ => return Ok(Some(Report::status(status))),
+    }
+    Ok(None)
+}
+
+/// The client named by a call, checked against the open file the call came
+/// through: a process can act only on clients created on an open file it has.
+/// A client first seen now (created before Keling started) is adopted on it.
+#[inline(always)]
+fn client_on(p: &PendingIoctl) -> Result<*mut ClientInfo, u32> {
+    let pid = p.pid;
+    if CLIENTS.get_ptr(p.client).is_none() {
+        new_client(pid, p.client, p.file_id, p.device);
+    }
+    let c = CLIENTS.get_ptr_mut(p.client).ok_or(undecoded::TABLE_FULL)?;
+    // SAFETY: a map value pointer.
+    if unsafe { (*c).file_id } != p.file_id {
+        return Err(undecoded::UNKNOWN_OBJECT);
+    }
+    Ok(c)
+}
+
+/// A live object of a client (its generation matches).
+#[inline(always)]
+fn object(key: &ObjectKey) -> Option<ObjectInfo> {
+    // SAFETY: copied out at once.
+    let obj = unsafe { OBJECTS.get(key) }.copied()?;
+    // SAFETY: as above.
+    let gen_ = unsafe { CLIENTS.get(key.client) }?.gen_;
+    (obj.client_gen == gen_).then_some(obj)
+}
+
+/// Where a new object under `parent` hangs: (device, subdevice, gpu).
+#[inline(always)]
+fn placement(p: &PendingIoctl, kind: ObjectKind) -> (u32, u32, u32) {
+    let mut gpu = p.gpu;
+    let (mut device, mut sub) = (0, 0);
+    if p.parent != p.client
+        && let Some(parent) = object(&ObjectKey {
+            client: p.client,
+            handle: p.parent,
+        })
+    {
+        device = parent.device;
+        sub = parent.sub;
+        if gpu == NO_GPU {
+            gpu = parent.gpu;
         }
     }
-    file_id
+    match kind {
+        ObjectKind::Device => (p.handle, 0, gpu),
+        ObjectKind::Subdevice => (device, p.handle, gpu),
+        _ => (device, sub, gpu),
+    }
 }
 
 /// A new object (or client) the driver created.
 #[inline(never)]
-fn record_object(pid: u32, tid: u32, p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
-    let (bytes, ret) = (p.bytes, p.ret);
+fn record_object(p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
+    let (pid, tid, mem, bytes) = (p.pid, p.tid, p.mem_kind, p.bytes);
     if kind == ObjectKind::Client {
-        new_client(pid, p.handle, fd_file_id(pid, p.fd));
+        new_client(pid, p.handle, p.file_id, p.device);
         p.client = p.handle;
-        ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuObject, 0);
+        emit_object(pid, tid, p, kind);
         return Ok(());
     }
-    if CLIENTS.get_ptr(p.client).is_none() {
-        // A client created before Keling was watching (an fd adopted at start-up):
-        // known from now on, so what is allocated under it from now on is exact.
-        new_client(pid, p.client, fd_file_id(pid, p.fd));
-    }
-    let Some(client) = CLIENTS.get_ptr_mut(p.client) else {
-        return Err(undecoded::UNKNOWN_OBJECT);
-    };
-    // SAFETY: a map value pointer.
-    let client_gen = unsafe { (*client).gen_ };
-    // Which device (and GPU) the object is under.
-    let mut device = 0;
-    if kind == ObjectKind::Device {
-        device = p.handle;
-    } else if p.parent != p.client {
-        let key = ObjectKey {
-            client: p.client,
-            handle: p.parent,
-        };
-        // SAFETY: copied out at once.
-        if let Some(parent) = unsafe { OBJECTS.get(key) } {
-            device = parent.device;
-            if p.gpu == NO_GPU {
-                p.gpu = parent.gpu;
-            }
-        }
-    }
+    let client = client_on(p)?;
+    let (device, sub, gpu) = placement(p, kind);
+    p.gpu = gpu;
     let info = ObjectInfo {
         class: p.class,
         kind: kind as u32,
         parent: p.parent,
         device,
-        gpu: p.gpu,
+        sub,
+        gpu,
         owner_pid: pid,
-        client_gen,
-        _reserved: 0,
+        // SAFETY: a map value pointer.
+        client_gen: unsafe { (*client).gen_ },
+        mem_id: 0,
         bytes,
+        mem_kind: mem,
+        _reserved: 0,
     };
     let key = ObjectKey {
         client: p.client,
@@ -480,82 +712,267 @@ fn record_object(pid: u32, tid: u32, p: &mut PendingIoctl, kind: ObjectKind) -> 
     if OBJECTS.insert(key, info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }
-    match kind {
-        ObjectKind::VideoMemory | ObjectKind::HostMemory => {
-            charge(
-                pid,
-                client,
-                device,
-                p.gpu,
-                bytes,
-                kind == ObjectKind::HostMemory,
-            );
-            ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuAlloc, bytes);
-        }
-        _ => ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuObject, 0),
+    if mem == 0 {
+        emit_object(pid, tid, p, kind);
+        return Ok(());
     }
+    let h = MemHandle {
+        client: p.client,
+        handle: p.handle,
+        device,
+        sub,
+        pid,
+        seq: 0,
+    };
+    charge_new(client, &h, gpu, mem, bytes);
+    emit(GpuAllocEvent {
+        header: header(EventKind::GpuAlloc, pid, tid),
+        client: p.client,
+        parent: p.parent,
+        handle: p.handle,
+        class: p.class,
+        mem_kind: mem,
+        gpu,
+        escape: p.escape,
+        via_xfer: p.via_xfer,
+        bytes,
+    });
     Ok(())
 }
 
-/// RM_FREE (or VID_HEAP FREE) that the driver accepted.
+#[inline(always)]
+fn emit_object(pid: u32, tid: u32, p: &PendingIoctl, kind: ObjectKind) {
+    emit_quiet(GpuObjectEvent {
+        header: header(EventKind::GpuObject, pid, tid),
+        client: p.client,
+        parent: p.parent,
+        handle: p.handle,
+        class: p.class,
+        kind: kind as u32,
+        gpu: p.gpu,
+    });
+}
+
+/// A new handle `p.client`/`p.handle` under `p.parent` referring to `src` (a dup)
+/// or to the memory `mem_id` (an import).
 #[inline(never)]
-fn free_object(pid: u32, tid: u32, p: &mut PendingIoctl) -> Result<(), u32> {
-    let ret = p.ret;
-    if p.handle == p.client {
-        if CLIENTS.get_ptr(p.client).is_none() {
-            return Err(undecoded::UNKNOWN_OBJECT);
+fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> Result<(), u32> {
+    let (pid, tid) = (p.pid, p.tid);
+    let client = client_on(p)?;
+    let mut info = ObjectInfo {
+        class: 0,
+        kind: 0,
+        parent: p.parent,
+        device: 0,
+        sub: 0,
+        gpu: NO_GPU,
+        owner_pid: pid,
+        // SAFETY: a map value pointer.
+        client_gen: unsafe { (*client).gen_ },
+        mem_id: 0,
+        bytes: 0,
+        mem_kind: 0,
+        _reserved: 0,
+    };
+    if mem_id == 0 {
+        let mut source = object(src).ok_or(undecoded::UNKNOWN_OBJECT)?;
+        info.class = source.class;
+        info.kind = source.kind;
+        info.gpu = source.gpu;
+        info.bytes = source.bytes;
+        info.mem_kind = source.mem_kind;
+        if source.mem_kind != 0 {
+            mem_id = share(src, &mut source);
+            if mem_id == 0 {
+                return Err(undecoded::TABLE_FULL);
+            }
         }
-        teardown_client(pid, tid, p.client, 0, teardown::CLIENT_FREED);
-        ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuFree, 0);
-        return Ok(());
+    } else {
+        // SAFETY: copied out at once.
+        let m = unsafe { super::accounting::MEMS.get(mem_id) }
+            .copied()
+            .ok_or(undecoded::UNKNOWN_OBJECT)?;
+        info.mem_kind = m.kind;
+        info.bytes = m.bytes;
+        info.gpu = m.gpu;
+        info.class = match m.kind {
+            mem_kind::VIDEO => class::NV01_MEMORY_LOCAL_USER,
+            mem_kind::HOST => class::NV01_MEMORY_SYSTEM,
+            _ => class::NV_MEMORY_EXTENDED_USER,
+        };
+        info.kind = ObjectKind::of_class(info.class) as u32;
+    }
+    let kind = ObjectKind::from_u32(info.kind);
+    p.gpu = info.gpu;
+    let (device, sub, gpu) = placement(p, kind);
+    info.device = device;
+    info.sub = sub;
+    if info.gpu == NO_GPU {
+        info.gpu = gpu;
+    }
+    if mem_id != 0 {
+        let h = MemHandle {
+            client: p.client,
+            handle: p.handle,
+            device,
+            sub,
+            pid,
+            seq: 0,
+        };
+        if !add_handle(mem_id, &h) {
+            return Err(undecoded::TABLE_FULL);
+        }
+        info.mem_id = mem_id;
     }
     let key = ObjectKey {
         client: p.client,
         handle: p.handle,
     };
-    // SAFETY: copied out at once.
-    let Some(obj) = (unsafe { OBJECTS.get(key) }).copied() else {
+    if OBJECTS.insert(key, info, 0).is_err() {
+        return Err(undecoded::TABLE_FULL);
+    }
+    emit(GpuRefEvent {
+        header: header(EventKind::GpuRef, pid, tid),
+        client: p.client,
+        parent: p.parent,
+        handle: p.handle,
+        how,
+        src_client: src.client,
+        src_handle: src.handle,
+        gpu: info.gpu,
+        mem_kind: info.mem_kind,
+        bytes: info.bytes,
+    });
+    Ok(())
+}
+
+/// Exports `handle` of the call's client to position `position` of its export file.
+#[inline(never)]
+fn export_one(p: &PendingIoctl, handle: u32, position: u32) -> Result<(), u32> {
+    let (pid, tid) = (p.pid, p.tid);
+    if p.aux_file == 0 {
         return Err(undecoded::UNKNOWN_OBJECT);
+    }
+    client_on(p)?;
+    let key = ObjectKey {
+        client: p.client,
+        handle,
     };
-    let _ = OBJECTS.remove(key);
-    let client: *mut ClientInfo = match CLIENTS.get_ptr_mut(p.client) {
-        // SAFETY: a map value pointer.
-        Some(c) if unsafe { (*c).gen_ } == obj.client_gen => c,
-        _ => return Err(undecoded::UNKNOWN_OBJECT),
+    let mut obj = object(&key).ok_or(undecoded::UNKNOWN_OBJECT)?;
+    let mut bytes = 0;
+    if obj.mem_kind != 0 {
+        let mem_id = share(&key, &mut obj);
+        if mem_id == 0 || !export_memory(pid, p.aux_file, position, mem_id) {
+            return Err(undecoded::TABLE_FULL);
+        }
+        bytes = obj.bytes;
+    }
+    emit(GpuExportEvent {
+        header: header(EventKind::GpuExport, pid, tid),
+        client: p.client,
+        handle,
+        file_id: p.aux_file,
+        position,
+        gpu: obj.gpu,
+        bytes,
+    });
+    Ok(())
+}
+
+/// Imports the object at `position` of the call's export file as `p.handle`.
+#[inline(never)]
+fn import_one(p: &mut PendingIoctl, position: u32) -> Result<(), u32> {
+    let (pid, tid) = (p.pid, p.tid);
+    if p.aux_file == 0 {
+        return Err(undecoded::UNKNOWN_OBJECT);
+    }
+    let mem_id = exported(p.aux_file, position);
+    if mem_id == 0 {
+        // An object without bytes (fabric, multicast): a plain new object.
+        client_on(p)?;
+        emit_object(pid, tid, p, ObjectKind::Other);
+        return Ok(());
+    }
+    new_ref(p, &ObjectKey::default(), mem_id, ref_how::IMPORT)
+}
+
+/// RM_FREE (or VID_HEAP FREE) that the driver accepted.
+#[inline(never)]
+fn free_object(p: &mut PendingIoctl) -> Result<(), u32> {
+    let (pid, tid) = (p.pid, p.tid);
+    if p.handle == p.client {
+        // SAFETY: copied out at once.
+        let file = unsafe { CLIENTS.get(p.client) }
+            .map(|c| c.file_id)
+            .ok_or(undecoded::UNKNOWN_OBJECT)?;
+        if file != p.file_id {
+            return Err(undecoded::UNKNOWN_OBJECT);
+        }
+        queue_teardown(
+            pid,
+            tid,
+            p.client,
+            &Scope::default(),
+            teardown::CLIENT_FREED,
+        );
+        emit_free(pid, tid, p, ObjectKind::Client);
+        return Ok(());
+    }
+    client_on(p)?;
+    let key = ObjectKey {
+        client: p.client,
+        handle: p.handle,
     };
+    let obj = object(&key).ok_or(undecoded::UNKNOWN_OBJECT)?;
     p.class = obj.class;
     p.gpu = obj.gpu;
     p.parent = obj.parent;
-    match ObjectKind::from_u32(obj.kind) {
-        kind @ (ObjectKind::VideoMemory | ObjectKind::HostMemory) => {
-            uncharge(client, &obj, kind == ObjectKind::HostMemory);
-            emit(GpuEvent {
-                header: header(EventKind::GpuFree, pid, tid),
-                client: p.client,
-                parent: obj.parent,
-                handle: p.handle,
-                class: obj.class,
-                kind: obj.kind,
-                gpu: obj.gpu,
-                bytes: obj.bytes,
-                host_bytes: 0,
-                owner_pid: obj.owner_pid,
-                escape: p.escape,
-                cmd: p.cmd,
-                control_cmd: 0,
-                status: 0,
-                fd: p.fd,
-                ret,
-                reason: 0,
-                via_xfer: p.via_xfer,
-            });
-        }
-        ObjectKind::Device => {
-            // The driver frees everything under the device with it.
-            teardown_client(pid, tid, p.client, p.handle, teardown::DEVICE_FREED);
-            ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuFree, 0);
-        }
-        _ => ioctl_event(pid, tid, p, 0, ret, 0, EventKind::GpuFree, 0),
+    if obj.mem_kind != 0 {
+        free_mem_handle(pid, tid, &key, &obj, p.escape);
+        return Ok(());
     }
+    let _ = OBJECTS.remove(key);
+    let kind = ObjectKind::from_u32(obj.kind);
+    match kind {
+        // The driver frees everything under the device (subdevice) with it.
+        ObjectKind::Device => queue_teardown(
+            pid,
+            tid,
+            p.client,
+            &Scope {
+                device: p.handle,
+                sub: 0,
+            },
+            teardown::DEVICE_FREED,
+        ),
+        ObjectKind::Subdevice => queue_teardown(
+            pid,
+            tid,
+            p.client,
+            &Scope {
+                device: 0,
+                sub: p.handle,
+            },
+            teardown::SUBDEVICE_FREED,
+        ),
+        _ => {}
+    }
+    emit_free(pid, tid, p, kind);
     Ok(())
+}
+
+#[inline(always)]
+fn emit_free(pid: u32, tid: u32, p: &PendingIoctl, kind: ObjectKind) {
+    emit(GpuFreeEvent {
+        header: header(EventKind::GpuFree, pid, tid),
+        client: p.client,
+        handle: p.handle,
+        class: p.class,
+        kind: kind as u32,
+        gpu: p.gpu,
+        mem_kind: 0,
+        freed_pid: 0,
+        escape: p.escape,
+        bytes: 0,
+    });
 }

@@ -55,7 +55,7 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Result<(), i64> {
                 flags: 0,
             };
             TRACKED_PIDS.insert(child_pid, proc, 0)?;
-            super::fds::on_fork(pid, child_pid);
+            super::files::on_fork(pid, child_pid);
         }
     } else if !(new_process && config!(system_wide) != 0) {
         return Ok(());
@@ -78,7 +78,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> i32 {
         Err(_) => 1,
     };
     // Files whose last fd went away are released in a tail call, last.
-    super::accounting::run_releases(&ctx);
+    super::accounting::run_work(&ctx);
     rc
 }
 
@@ -92,7 +92,7 @@ fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     let old_tid: u32 =
         unsafe { ctx.read_at(config!(exec_old_pid_off) as usize) }.map_err(|e| e as i64)?;
     if tracked {
-        super::fds::on_exec(pid, tid);
+        super::files::on_exec(pid, tid);
     }
     if tracked && old_tid != tid {
         // A non-leader thread exec'd and took the leader's id.
@@ -125,7 +125,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> i32 {
         Err(_) => 1,
     };
     // Files whose last fd went away are released in a tail call, last.
-    super::accounting::run_releases(&ctx);
+    super::accounting::run_work(&ctx);
     rc
 }
 
@@ -145,7 +145,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Result<(), i64> {
         // so its final slice on the CPU is still accounted.
         if group_dead {
             let _ = TRACKED_PIDS.remove(pid);
-            super::fds::on_exit(pid, tid);
+            super::files::on_exit(pid, tid);
         }
     } else if !(group_dead && config!(system_wide) != 0) {
         return Ok(());

@@ -9,10 +9,13 @@ use crate::{TRACKED_TIDS, current_ids, emit_quiet, header, tracked_tid};
 
 #[tracepoint(category = "sched", name = "sched_switch")]
 pub fn sched_switch(ctx: TracePointContext) -> i32 {
-    match try_sched_switch(&ctx) {
+    let rc = match try_sched_switch(&ctx) {
         Ok(()) => 0,
         Err(_) => 1,
-    }
+    };
+    // Accounting work a chain of tail calls left on this CPU is done here.
+    super::accounting::run_work(&ctx);
+    rc
 }
 
 fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {

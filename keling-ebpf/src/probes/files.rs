@@ -1,0 +1,621 @@
+//! NVIDIA device files: which file is behind an fd, which fds of which process are
+//! NVIDIA files, and when an open file is released.
+//!
+//! A file is an NVIDIA device by its inode, never by a path: the device number
+//! (major 195: `nvidiactl` minor 255, `nvidiaN` minor N; the `nvidia-uvm` major,
+//! minor 0), or, for the simulated driver, its (filesystem, inode number) listed by
+//! the agent in `SIM_FILES`. The open file's `struct file` address is its identity.
+//!
+//! `PROC_FDS[pid]` lists the NVIDIA fds Keling knows in each process. They are
+//! learned at open (any open syscall, any path), dup, fork, receipt over a unix
+//! socket, pidfd_getfd, the first ioctl through an fd not seen before, and from
+//! `/proc` when the agent starts. They matter for judging releases: a file is
+//! released when its last reference goes, and at every place a known fd drops one
+//! (close, close_range, dup2/dup3 onto it, exec, exit) the probes read the kernel's
+//! own count of the file's references, so references held elsewhere (an unknown fd,
+//! a message in flight, another process) keep it open exactly as in the kernel.
+//!
+//! Syscall tracepoint records put argument i at byte 16 + 8 * i, and the return
+//! value of sys_exit_* at 16; that layout is fixed by the syscall tracing ABI.
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, bpf_probe_read_user},
+    macros::{map, tracepoint},
+    maps::HashMap,
+    programs::TracePointContext,
+};
+use keling_common::{
+    FD_SLOTS, FILE_UNRESOLVED, FdSlot, GpuCloseEvent, GpuOpenEvent, ProcFds, SimFileKey,
+    device_file, nvidia, open_how, undecoded,
+};
+
+use super::accounting::{PROC_FDS, count_undecoded, proc_fds, queue_release};
+use crate::{current_ids, emit, header, is_tracked_pid, kread, track};
+
+/// Simulated-driver files: (filesystem device, inode) -> device code. Filled by the
+/// agent at load time from the files under `--dev-dir`.
+#[map]
+pub static SIM_FILES: HashMap<SimFileKey, u32> =
+    HashMap::with_max_entries(keling_common::MAX_SIM_FILES, 0);
+
+/// A dup or recvmsg in flight (sys_enter -> sys_exit), per thread.
+#[derive(Clone, Copy)]
+struct PendingFd {
+    /// fcntl: the source fd of F_DUPFD*. recvmsg: the user `msghdr` address.
+    arg: u64,
+    kind: u32,
+    _reserved: u32,
+}
+
+const PENDING_DUPFD: u32 = 1;
+const PENDING_RECVMSG: u32 = 2;
+
+#[map]
+static PENDING_FD: HashMap<u32, PendingFd> =
+    HashMap::with_max_entries(keling_common::MAX_PENDING, 0);
+
+const F_DUPFD: u64 = 0;
+const F_DUPFD_CLOEXEC: u64 = 1030;
+const CLOSE_RANGE_CLOEXEC: u64 = 1 << 2;
+const SOL_SOCKET: u32 = 1;
+const SCM_RIGHTS: u32 = 1;
+/// fds read from one SCM_RIGHTS message.
+const RECV_FDS: usize = 8;
+/// `file_ref_t` values from here up mean released (6.13+).
+const FILE_REF_RELEASED: u64 = 0xC000_0000_0000_0000;
+
+#[inline(always)]
+fn arg(ctx: &TracePointContext, i: usize) -> u64 {
+    // SAFETY: syscall tracepoint records hold 6 u64 arguments from byte 16.
+    unsafe { ctx.read_at::<u64>(16 + 8 * i) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn ret(ctx: &TracePointContext) -> i64 {
+    // SAFETY: sys_exit_* records hold the return value at byte 16.
+    unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1)
+}
+
+/// The open file behind `fd` of the current task (its `struct file` address).
+#[inline(never)]
+pub fn file_of_fd(fd: i32) -> u64 {
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: the current task pointer; every read through it is checked.
+    let task = unsafe { bpf_get_current_task() };
+    let Some(files) = kread::<u64>(task, config!(task_files_off)) else {
+        return 0;
+    };
+    let Some(fdt) = kread::<u64>(files, config!(files_fdt_off)) else {
+        return 0;
+    };
+    let max = kread::<u32>(fdt, config!(fdt_max_fds_off)).unwrap_or(0);
+    if fd as u32 >= max {
+        return 0;
+    }
+    let Some(array) = kread::<u64>(fdt, config!(fdt_fd_off)) else {
+        return 0;
+    };
+    kread::<u64>(array, fd as u32 * 8).unwrap_or(0)
+}
+
+/// Which NVIDIA device `file` is (a `device_file` code), or `NONE`.
+#[inline(never)]
+pub fn device_of_file(file: u64) -> u32 {
+    if file == 0 {
+        return device_file::NONE;
+    }
+    let Some(inode) = kread::<u64>(file, config!(file_inode_off)) else {
+        return device_file::NONE;
+    };
+    let rdev = kread::<u32>(inode, config!(inode_rdev_off)).unwrap_or(0);
+    let (major, minor) = (rdev >> 20, rdev & 0xf_ffff);
+    if major == nvidia::NV_MAJOR {
+        if minor == nvidia::NV_CTL_MINOR {
+            return device_file::CTL;
+        }
+        if minor <= device_file::MAX_GPU {
+            return minor;
+        }
+        return device_file::NONE;
+    }
+    let uvm = config!(uvm_major);
+    if uvm != 0 && major == uvm {
+        return if minor == 0 {
+            device_file::UVM
+        } else {
+            device_file::NONE
+        };
+    }
+    if major != 0 || config!(sim_files) == 0 {
+        return device_file::NONE;
+    }
+    let Some(sb) = kread::<u64>(inode, config!(inode_sb_off)) else {
+        return device_file::NONE;
+    };
+    let key = SimFileKey {
+        dev: kread::<u32>(sb, config!(sb_dev_off)).unwrap_or(0),
+        _reserved: 0,
+        ino: kread::<u64>(inode, config!(inode_ino_off)).unwrap_or(0),
+    };
+    // SAFETY: copied out at once.
+    unsafe { SIM_FILES.get(&key) }
+        .copied()
+        .unwrap_or(device_file::NONE)
+}
+
+/// How many references the kernel counts on `file` (0 once released).
+#[inline(always)]
+pub fn file_refs(file: u64) -> u64 {
+    let Some(v) = kread::<u64>(file, config!(file_ref_off)) else {
+        return u64::MAX;
+    };
+    if config!(file_ref_biased) != 0 {
+        // file_ref_t: the count - 1; released values are from FILE_REF_RELEASED up.
+        if v >= FILE_REF_RELEASED { 0 } else { v + 1 }
+    } else {
+        v
+    }
+}
+
+/// Whether fds of this process are followed: tracked processes, and in system-wide
+/// mode every process (it becomes tracked when it has an NVIDIA device).
+#[inline(always)]
+pub fn follows(pid: u32) -> bool {
+    config!(system_wide) != 0 || is_tracked_pid(pid)
+}
+
+/// The slot of `fd` in a process's table.
+#[inline(always)]
+pub fn find_slot(fds: *mut ProcFds, fd: i32) -> Option<usize> {
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        let s = unsafe { &(*fds).slots[i] };
+        if s.file_id != 0 && s.fd == fd {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// The file of a slot, resolving one the agent listed at start from the fd table.
+#[inline(always)]
+fn slot_file(slot: &mut FdSlot) -> u64 {
+    if slot.file_id == FILE_UNRESOLVED {
+        slot.file_id = file_of_fd(slot.fd);
+        if slot.file_id == 0 {
+            slot.file_id = FILE_UNRESOLVED;
+        }
+    }
+    slot.file_id
+}
+
+/// Records that `fd` of the current process is the NVIDIA `file` (`device`), and
+/// reports it. Tracks the process in system-wide mode.
+#[inline(never)]
+pub fn add_fd(fd: i32, device: u32, file: u64, how: u32, src_fd: i32) {
+    let (pid, tid) = current_ids();
+    if config!(system_wide) != 0 {
+        track(pid, tid);
+    }
+    let Some(fds) = proc_fds(pid, true) else {
+        return;
+    };
+    let mut free = FD_SLOTS;
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        let s = unsafe { &(*fds).slots[i] };
+        if s.file_id != 0 && s.fd == fd {
+            free = i;
+            break;
+        }
+        if s.file_id == 0 && free == FD_SLOTS {
+            free = i;
+        }
+    }
+    if free >= FD_SLOTS {
+        count_undecoded(pid, undecoded::TABLE_FULL);
+    } else {
+        // SAFETY: as above.
+        unsafe {
+            (*fds).slots[free] = FdSlot {
+                fd,
+                device,
+                file_id: file,
+            }
+        };
+    }
+    emit(GpuOpenEvent {
+        header: header(keling_common::EventKind::GpuOpen, pid, tid),
+        fd,
+        device,
+        file_id: file,
+        how,
+        src_fd,
+    });
+}
+
+/// If `fd` is an NVIDIA file, records it.
+#[inline(always)]
+fn learn_fd(fd: i32, how: u32, src_fd: i32) {
+    let file = file_of_fd(fd);
+    let device = device_of_file(file);
+    if device != device_file::NONE {
+        add_fd(fd, device, file, how, src_fd);
+    }
+}
+
+/// Reports the close of `slot` and, when `released`, queues its file's release.
+#[inline(always)]
+fn closed(pid: u32, tid: u32, slot: &FdSlot, released: bool) {
+    if released {
+        queue_release(pid, tid, slot.file_id);
+    }
+    emit(GpuCloseEvent {
+        header: header(keling_common::EventKind::GpuClose, pid, tid),
+        fd: slot.fd,
+        device: slot.device,
+        file_id: slot.file_id,
+        released: released as u32,
+        _reserved: 0,
+    });
+}
+
+// --- Opens -------------------------------------------------------------------
+
+#[inline(always)]
+fn exit_open(ctx: &TracePointContext) -> i32 {
+    let (pid, _) = current_ids();
+    let fd = ret(ctx);
+    if fd >= 0 && follows(pid) {
+        learn_fd(fd as i32, open_how::OPEN, -1);
+    }
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_openat")]
+pub fn sys_exit_openat(ctx: TracePointContext) -> i32 {
+    exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_open")]
+pub fn sys_exit_open(ctx: TracePointContext) -> i32 {
+    exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_openat2")]
+pub fn sys_exit_openat2(ctx: TracePointContext) -> i32 {
+    exit_open(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_pidfd_getfd")]
+pub fn sys_exit_pidfd_getfd(ctx: TracePointContext) -> i32 {
+    let (pid, _) = current_ids();
+    let fd = ret(&ctx);
+    if fd >= 0 && follows(pid) {
+        learn_fd(fd as i32, open_how::RECEIVED, -1);
+    }
+    0
+}
+
+// --- Dups --------------------------------------------------------------------
+
+#[tracepoint(category = "syscalls", name = "sys_exit_dup")]
+pub fn sys_exit_dup(ctx: TracePointContext) -> i32 {
+    let (pid, _) = current_ids();
+    let fd = ret(&ctx);
+    if fd >= 0 && follows(pid) {
+        learn_fd(fd as i32, open_how::DUP, -1);
+    }
+    0
+}
+
+/// dup2/dup3 returned `newfd`: whatever NVIDIA file was there before was closed
+/// (its reference is already dropped, its release deferred to the return to user
+/// space, so its count still reads), and `newfd` may now be an NVIDIA file.
+#[inline(always)]
+fn exit_dup2(ctx: &TracePointContext) -> i32 {
+    let (pid, tid) = current_ids();
+    let fd = ret(ctx);
+    if fd < 0 || !follows(pid) {
+        return 0;
+    }
+    let fd = fd as i32;
+    let now = file_of_fd(fd);
+    if let Some(fds) = proc_fds(pid, false)
+        && let Some(i) = find_slot(fds, fd)
+    {
+        // SAFETY: a map value pointer; i is in bounds.
+        let slot = unsafe { &mut (*fds).slots[i] };
+        let old = slot_file(slot);
+        if old != now {
+            let released = old != FILE_UNRESOLVED && file_refs(old) == 0;
+            let gone = *slot;
+            *slot = FdSlot::default();
+            closed(pid, tid, &gone, released);
+        }
+    }
+    let device = device_of_file(now);
+    if device != device_file::NONE {
+        add_fd(fd, device, now, open_how::DUP, -1);
+    }
+    super::accounting::run_work(ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_dup2")]
+pub fn sys_exit_dup2(ctx: TracePointContext) -> i32 {
+    exit_dup2(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_dup3")]
+pub fn sys_exit_dup3(ctx: TracePointContext) -> i32 {
+    exit_dup2(&ctx)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_fcntl")]
+pub fn sys_enter_fcntl(ctx: TracePointContext) -> i32 {
+    let (pid, tid) = current_ids();
+    let cmd = arg(&ctx, 1);
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && follows(pid) {
+        let p = PendingFd {
+            arg: arg(&ctx, 0),
+            kind: PENDING_DUPFD,
+            _reserved: 0,
+        };
+        let _ = PENDING_FD.insert(tid, p, 0);
+    }
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_fcntl")]
+pub fn sys_exit_fcntl(ctx: TracePointContext) -> i32 {
+    let (_, tid) = current_ids();
+    // SAFETY: copied out at once.
+    let Some(p) = (unsafe { PENDING_FD.get(tid) }).copied() else {
+        return 0;
+    };
+    let _ = PENDING_FD.remove(tid);
+    let fd = ret(&ctx);
+    if p.kind == PENDING_DUPFD && fd >= 0 {
+        learn_fd(fd as i32, open_how::DUP, p.arg as i32);
+    }
+    0
+}
+
+// --- fds received over a unix socket ----------------------------------------
+
+#[tracepoint(category = "syscalls", name = "sys_enter_recvmsg")]
+pub fn sys_enter_recvmsg(ctx: TracePointContext) -> i32 {
+    let (pid, tid) = current_ids();
+    if is_tracked_pid(pid) {
+        let p = PendingFd {
+            arg: arg(&ctx, 1),
+            kind: PENDING_RECVMSG,
+            _reserved: 0,
+        };
+        let _ = PENDING_FD.insert(tid, p, 0);
+    }
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_recvmsg")]
+pub fn sys_exit_recvmsg(ctx: TracePointContext) -> i32 {
+    let (_, tid) = current_ids();
+    // SAFETY: copied out at once.
+    let Some(p) = (unsafe { PENDING_FD.get(tid) }).copied() else {
+        return 0;
+    };
+    let _ = PENDING_FD.remove(tid);
+    if p.kind != PENDING_RECVMSG || ret(&ctx) < 0 {
+        return 0;
+    }
+    let _ = received_fds(p.arg);
+    0
+}
+
+#[inline(always)]
+fn user<T>(addr: u64) -> Option<T> {
+    // SAFETY: bpf_probe_read_user checks the address.
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// Learns the NVIDIA fds among those an SCM_RIGHTS message carried (the first
+/// control message; `struct user_msghdr`: msg_control@32, msg_controllen@40;
+/// `struct cmsghdr`: len@0, level@8, type@12, data@16).
+#[inline(never)]
+fn received_fds(msghdr: u64) -> Option<()> {
+    let control = user::<u64>(msghdr + 32)?;
+    let controllen = user::<u64>(msghdr + 40)?;
+    if control == 0 || controllen < 16 {
+        return None;
+    }
+    let len = user::<u64>(control)?;
+    let level = user::<u32>(control + 8)?;
+    let ty = user::<u32>(control + 12)?;
+    if level != SOL_SOCKET || ty != SCM_RIGHTS || len < 16 {
+        return None;
+    }
+    let n = ((len - 16) / 4) as usize;
+    for i in 0..RECV_FDS {
+        if i >= n {
+            break;
+        }
+        if let Some(fd) = user::<i32>(control + 16 + 4 * i as u64) {
+            learn_fd(fd, open_how::RECEIVED, -1);
+        }
+    }
+    Some(())
+}
+
+// --- Closes --------------------------------------------------------------------
+
+#[tracepoint(category = "syscalls", name = "sys_enter_close")]
+pub fn sys_enter_close(ctx: TracePointContext) -> i32 {
+    let (pid, tid) = current_ids();
+    let Some(fds) = proc_fds(pid, false) else {
+        return 0;
+    };
+    let fd = arg(&ctx, 0) as i32;
+    let Some(i) = find_slot(fds, fd) else {
+        return 0;
+    };
+    // close() removes the fd even when it reports an error, so act at entry, while
+    // the reference is still counted: ours is the last one if the count is 1.
+    // SAFETY: a map value pointer; i is in bounds.
+    let slot = unsafe { &mut (*fds).slots[i] };
+    let file = slot_file(slot);
+    let released = file != FILE_UNRESOLVED && file == file_of_fd(fd) && file_refs(file) <= 1;
+    let gone = *slot;
+    *slot = FdSlot::default();
+    closed(pid, tid, &gone, released);
+    super::accounting::run_work(&ctx);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_close_range")]
+pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
+    let (pid, tid) = current_ids();
+    let (first, last, flags) = (arg(&ctx, 0), arg(&ctx, 1), arg(&ctx, 2));
+    if flags & CLOSE_RANGE_CLOEXEC != 0 {
+        // Only marks them close-on-exec: exec will tell.
+        return 0;
+    }
+    let Some(fds) = proc_fds(pid, false) else {
+        return 0;
+    };
+    drop_slots(pid, tid, fds, first, last);
+    super::accounting::run_work(&ctx);
+    0
+}
+
+/// Drops every slot whose fd is in `first..=last`, judging each file once, at its
+/// last slot in the range: the drops release it when they are all the references
+/// the kernel counts.
+#[inline(never)]
+fn drop_slots(pid: u32, tid: u32, fds: *mut ProcFds, first: u64, last: u64) {
+    let in_range = |s: &FdSlot| s.file_id != 0 && (s.fd as u64) >= first && (s.fd as u64) <= last;
+    let mut released: u32 = 0;
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        let slot = unsafe { &mut (*fds).slots[i] };
+        if !in_range(slot) {
+            continue;
+        }
+        let file = slot_file(slot);
+        let (mut drops, mut later) = (0u64, 0u64);
+        for j in 0..FD_SLOTS {
+            // SAFETY: as above.
+            let other = unsafe { &(*fds).slots[j] };
+            if other.file_id == file && in_range(other) {
+                drops += 1;
+                if j > i {
+                    later += 1;
+                }
+            }
+        }
+        if later == 0 && file != FILE_UNRESOLVED && file_refs(file) <= drops {
+            released |= 1 << i;
+        }
+    }
+    for i in 0..FD_SLOTS {
+        // SAFETY: as above.
+        let slot = unsafe { &mut (*fds).slots[i] };
+        if !in_range(slot) {
+            continue;
+        }
+        let gone = *slot;
+        *slot = FdSlot::default();
+        closed(pid, tid, &gone, released & (1 << i) != 0);
+    }
+}
+
+/// exec: the close-on-exec fds are gone already (their release, if it was the last
+/// reference, is deferred to the return to user space, so the count still reads 0).
+#[inline(always)]
+pub fn on_exec(pid: u32, tid: u32) {
+    let Some(fds) = proc_fds(pid, false) else {
+        return;
+    };
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        let slot = unsafe { &mut (*fds).slots[i] };
+        if slot.file_id == 0 {
+            continue;
+        }
+        let now = file_of_fd(slot.fd);
+        let file = slot.file_id;
+        if file == FILE_UNRESOLVED {
+            // Never resolved: whatever is at its number now is its file, or it is gone.
+            if now == 0 {
+                *slot = FdSlot::default();
+            } else {
+                slot.file_id = now;
+            }
+            continue;
+        }
+        if now == file {
+            continue;
+        }
+        let released = file_refs(file) == 0;
+        let gone = *slot;
+        *slot = FdSlot::default();
+        closed(pid, tid, &gone, released);
+    }
+}
+
+/// The process is gone: its fd table goes after this probe. Each file is released
+/// when this process's fds are all the references the kernel counts.
+#[inline(always)]
+pub fn on_exit(pid: u32, tid: u32) {
+    if let Some(fds) = proc_fds(pid, false) {
+        exit_slots(pid, tid, fds);
+        let _ = PROC_FDS.remove(pid);
+    }
+}
+
+#[inline(never)]
+fn exit_slots(pid: u32, tid: u32, fds: *mut ProcFds) {
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        let slot = unsafe { &mut (*fds).slots[i] };
+        if slot.file_id == 0 {
+            continue;
+        }
+        let file = slot_file(slot);
+        // How many of this process's fds refer to the file, and whether this is
+        // the last of them (it judges).
+        let mut mine = 0u64;
+        let mut later = 0u64;
+        for j in 0..FD_SLOTS {
+            // SAFETY: as above.
+            let other = unsafe { &(*fds).slots[j] };
+            if other.file_id == file {
+                mine += 1;
+                if j > i {
+                    later += 1;
+                }
+            }
+        }
+        let released = later == 0 && file != FILE_UNRESOLVED && file_refs(file) <= mine;
+        let gone = *slot;
+        closed(pid, tid, &gone, released);
+    }
+}
+
+/// fork: the child gets a copy of the parent's NVIDIA fds (each a new reference,
+/// which the kernel counts).
+#[inline(always)]
+pub fn on_fork(parent: u32, child: u32) {
+    let Some(fds) = proc_fds(parent, false) else {
+        return;
+    };
+    // The child starts with a copy of the parent's table, inserted straight from
+    // the parent's map value (too large for the BPF stack).
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
+    // SAFETY: a map value pointer, valid for this program run.
+    let _ = PROC_FDS.insert(child, unsafe { &*fds }, 0);
+}
