@@ -98,6 +98,7 @@ pub const WORK_PROGRAMS: &[(u32, &str)] = &[
     (1, "keling_release_file"),
     (2, "keling_teardown_shared"),
     (3, "keling_teardown_contributors"),
+    (4, "keling_close_range"),
 ];
 /// The program array.
 pub const WORK_PROG_MAP: &str = "WORK_PROG";

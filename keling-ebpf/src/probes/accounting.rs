@@ -493,24 +493,14 @@ fn recharge(pid: u32, tid: u32, mem_id: u64, m: *mut MemInfo, excluded: u64) -> 
             driver_figure(unsafe { (*client).creator_pid }, gpu, kind, bytes as i64);
         }
         if h.pid != from {
-            sub_totals(from, gpu, &Delta::of(kind, -(bytes as i64)));
-            add_totals(h.pid, gpu, &Delta::of(kind, bytes as i64));
+            move_totals(from, h.pid, gpu, kind, bytes);
         }
         // SAFETY: as above.
         unsafe {
             (*m).charged = next;
             (*m).charged_pid = h.pid;
         }
-        emit(GpuChargeEvent {
-            header: header(EventKind::GpuCharge, pid, tid),
-            from_pid: from,
-            to_pid: h.pid,
-            gpu,
-            mem_kind: kind,
-            client: h.client,
-            handle: h.handle,
-            bytes,
-        });
+        emit_charge(pid, tid, from, &h, m);
         return 0;
     }
     // SAFETY: as above.
@@ -519,96 +509,147 @@ fn recharge(pid: u32, tid: u32, mem_id: u64, m: *mut MemInfo, excluded: u64) -> 
     if unsafe { (*m).export_refs } > 0 {
         return 0;
     }
-    let mut d = Delta::of(kind, -(bytes as i64));
-    d.frees = 1;
-    sub_totals(from, gpu, &d);
+    free_bytes(from, gpu, kind, bytes);
     let _ = MEMS.remove(mem_id);
     bytes
 }
 
-/// RM_FREE of a memory handle: the handle goes; its memory is freed with its last
-/// reference, else its charge may move. Reports the free.
+/// A charge moves from one process to another: neither a free nor an allocation.
 #[inline(never)]
-pub fn free_mem_handle(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo, escape: u32) {
-    let mut freed = 0;
-    let mut freed_pid = 0;
-    let kind = obj.mem_kind;
-    if obj.mem_id == 0 {
-        // Not shared: this handle is its only reference.
-        if let Some(client) = CLIENTS.get_ptr_mut(key.client) {
-            let h = MemHandle {
-                client: key.client,
-                handle: key.handle,
-                device: obj.device,
-                sub: obj.sub,
-                pid: obj.owner_pid,
-                seq: 0,
-            };
-            contribute(
-                client,
-                &h,
-                &Amount {
-                    gpu: obj.gpu,
-                    kind: kind,
-                    bytes: obj.bytes,
-                },
-                -1,
-            );
-            // SAFETY: a map value pointer.
-            driver_figure(
-                unsafe { (*client).creator_pid },
-                obj.gpu,
-                kind,
-                -(obj.bytes as i64),
-            );
-        }
-        let mut d = Delta::of(kind, -(obj.bytes as i64));
-        d.frees = 1;
-        sub_totals(obj.owner_pid, obj.gpu, &d);
-        freed = obj.bytes;
-        freed_pid = obj.owner_pid;
-    } else if let Some(m) = MEMS.get_ptr_mut(obj.mem_id) {
-        let mut index = NO_HANDLE;
-        for i in 0..MEM_HANDLES {
-            // SAFETY: a map value pointer; i is in bounds.
-            let h = unsafe { &mut (*m).handles[i] };
-            if h.client == key.client && h.handle == key.handle {
-                index = i as u32;
-                *h = MemHandle::default();
-                break;
-            }
-        }
-        // SAFETY: as above.
-        let (charged, charged_pid, bytes, gpu) =
-            unsafe { ((*m).charged, (*m).charged_pid, (*m).bytes, (*m).gpu) };
-        if index != NO_HANDLE && index == charged {
-            if let Some(client) = CLIENTS.get_ptr_mut(key.client) {
-                let h = MemHandle {
-                    client: key.client,
-                    handle: key.handle,
-                    device: obj.device,
-                    sub: obj.sub,
-                    pid: charged_pid,
-                    seq: 0,
-                };
-                contribute(
-                    client,
-                    &h,
-                    &Amount {
-                        gpu: gpu,
-                        kind: kind,
-                        bytes: bytes,
-                    },
-                    -1,
-                );
-                // SAFETY: a map value pointer.
-                driver_figure(unsafe { (*client).creator_pid }, gpu, kind, -(bytes as i64));
-            }
-            freed_pid = charged_pid;
-            freed = recharge(pid, tid, obj.mem_id, m, 0);
+fn move_totals(from: u32, to: u32, gpu: u32, kind: u32, bytes: u64) {
+    sub_totals(from, gpu, &Delta::of(kind, -(bytes as i64)));
+    add_totals(to, gpu, &Delta::of(kind, bytes as i64));
+}
+
+/// Reports a charge that moved from `from` to `h`'s process.
+#[inline(never)]
+fn emit_charge(pid: u32, tid: u32, from: u32, h: &MemHandle, m: *mut MemInfo) {
+    // SAFETY: a map value pointer.
+    let (gpu, kind, bytes) = unsafe { ((*m).gpu, (*m).kind, (*m).bytes) };
+    emit(GpuChargeEvent {
+        header: header(EventKind::GpuCharge, pid, tid),
+        from_pid: from,
+        to_pid: h.pid,
+        gpu,
+        mem_kind: kind,
+        client: h.client,
+        handle: h.handle,
+        bytes,
+    });
+}
+
+/// RM_FREE of memory object `key`: the handle goes; its memory is freed with its
+/// last reference, else its charge may move. Reports the free. (Inlined: the
+/// verifier allows 8 nested calls.)
+#[inline(always)]
+pub fn free_mem_handle(pid: u32, tid: u32, key: &ObjectKey, escape: u32) {
+    let Some(obj) = OBJECTS.get_ptr(key) else {
+        return;
+    };
+    // SAFETY: a map value pointer, valid for this program run.
+    let obj = unsafe { &*obj };
+    let (freed, freed_pid) = if obj.mem_id == 0 {
+        (free_private(key, obj), obj.owner_pid)
+    } else {
+        free_shared(pid, tid, key, obj)
+    };
+    let freed_pid = if freed > 0 { freed_pid } else { 0 };
+    emit_mem_free(
+        pid,
+        tid,
+        key,
+        obj,
+        &Freed {
+            pid: freed_pid,
+            escape,
+            bytes: freed,
+        },
+    );
+    let _ = OBJECTS.remove(key);
+}
+
+/// A memory that was never shared: this handle is its only reference.
+#[inline(never)]
+fn free_private(key: &ObjectKey, obj: &ObjectInfo) -> u64 {
+    if let Some(client) = CLIENTS.get_ptr_mut(key.client) {
+        let h = MemHandle {
+            client: key.client,
+            handle: key.handle,
+            device: obj.device,
+            sub: obj.sub,
+            pid: obj.owner_pid,
+            seq: 0,
+        };
+        let a = Amount {
+            gpu: obj.gpu,
+            kind: obj.mem_kind,
+            bytes: obj.bytes,
+        };
+        contribute(client, &h, &a, -1);
+        // SAFETY: a map value pointer.
+        driver_figure(
+            unsafe { (*client).creator_pid },
+            a.gpu,
+            a.kind,
+            -(a.bytes as i64),
+        );
+    }
+    free_bytes(obj.owner_pid, obj.gpu, obj.mem_kind, obj.bytes);
+    obj.bytes
+}
+
+/// `bytes` of `kind` charged to `pid` on `gpu` go back to the driver.
+#[inline(never)]
+fn free_bytes(pid: u32, gpu: u32, kind: u32, bytes: u64) {
+    let mut d = Delta::of(kind, -(bytes as i64));
+    d.frees = 1;
+    sub_totals(pid, gpu, &d);
+}
+
+/// One handle of a shared memory goes: (bytes freed, process charged with them).
+#[inline(never)]
+fn free_shared(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo) -> (u64, u32) {
+    let Some(m) = MEMS.get_ptr_mut(obj.mem_id) else {
+        return (0, 0);
+    };
+    let mut index = NO_HANDLE;
+    for i in 0..MEM_HANDLES {
+        // SAFETY: a map value pointer; i is in bounds.
+        let h = unsafe { &mut (*m).handles[i] };
+        if h.client == key.client && h.handle == key.handle {
+            index = i as u32;
+            *h = MemHandle::default();
+            break;
         }
     }
-    let _ = OBJECTS.remove(key);
+    // SAFETY: as above.
+    let (charged, charged_pid) = unsafe { ((*m).charged, (*m).charged_pid) };
+    if index == NO_HANDLE || index != charged {
+        return (0, 0);
+    }
+    if let Some(client) = CLIENTS.get_ptr_mut(key.client) {
+        let h = MemHandle {
+            client: key.client,
+            handle: key.handle,
+            device: obj.device,
+            sub: obj.sub,
+            pid: charged_pid,
+            seq: 0,
+        };
+        move_out(client, &h, m);
+    }
+    (recharge(pid, tid, obj.mem_id, m, 0), charged_pid)
+}
+
+/// What a free gave back (to keep call arguments within five).
+struct Freed {
+    pid: u32,
+    escape: u32,
+    bytes: u64,
+}
+
+#[inline(never)]
+fn emit_mem_free(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo, f: &Freed) {
     emit(GpuFreeEvent {
         header: header(EventKind::GpuFree, pid, tid),
         client: key.client,
@@ -616,10 +657,10 @@ pub fn free_mem_handle(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo, es
         class: obj.class,
         kind: obj.kind,
         gpu: obj.gpu,
-        mem_kind: kind,
-        freed_pid: if freed > 0 { freed_pid } else { 0 },
-        escape,
-        bytes: freed,
+        mem_kind: obj.mem_kind,
+        freed_pid: f.pid,
+        escape: f.escape,
+        bytes: f.bytes,
     });
 }
 
@@ -874,6 +915,8 @@ pub struct Work {
 const WORK_RELEASE_FILE: u32 = 1;
 const WORK_TEARDOWN_SHARED: u32 = 2;
 const WORK_TEARDOWN_CONTRIBUTORS: u32 = 3;
+/// `client`: the pid; `device`, `sub`: first and last fd; `index`: next slot.
+const WORK_CLOSE_RANGE: u32 = 4;
 /// Items queued per CPU (a power of two).
 const WORK_SLOTS: usize = 64;
 
@@ -889,9 +932,9 @@ pub struct WorkQueue {
 
 #[map]
 static WORK_QUEUE: PerCpuArray<WorkQueue> = PerCpuArray::with_max_entries(1, 0);
-/// The work programs by work kind (1, 2, 3), set by the agent at load time.
+/// The work programs by work kind (1..=4), set by the agent at load time.
 #[map]
-static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(4, 0);
+static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(8, 0);
 
 #[inline(always)]
 fn push_work(pid: u32, tid: u32, w: &Work) {
@@ -947,6 +990,24 @@ pub fn queue_release(pid: u32, tid: u32, file_id: u64) {
             kind: WORK_RELEASE_FILE,
             file_id,
             ..Default::default()
+        },
+    );
+}
+
+/// Queues the judging of a close_range's slots, at the front: it must run before
+/// the kernel closes them.
+pub fn queue_close_range(pid: u32, tid: u32, first: u32, last: u32) {
+    push_front(
+        pid,
+        tid,
+        &Work {
+            kind: WORK_CLOSE_RANGE,
+            reason: 0,
+            client: pid,
+            device: first,
+            sub: last,
+            index: 0,
+            file_id: 0,
         },
     );
 }
@@ -1027,6 +1088,19 @@ pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
         };
         // At the front, so this teardown finishes before other work starts.
         push_front(pid, tid, &next);
+    }
+    run_work(&ctx);
+    0
+}
+
+/// [`WORK_CLOSE_RANGE`]: one slot per run.
+#[tracepoint(category = "keling", name = "keling_close_range")]
+pub fn keling_close_range(ctx: TracePointContext) -> i32 {
+    if let Some((pid, tid, w)) = pop_work() {
+        let index = super::files::close_range_step(w.client, tid, w.device, w.sub, w.index);
+        if index != u32::MAX {
+            push_front(pid, tid, &Work { index, ..w });
+        }
     }
     run_work(&ctx);
     0

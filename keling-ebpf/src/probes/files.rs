@@ -481,53 +481,95 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
         // Only marks them close-on-exec: exec will tell.
         return 0;
     }
-    let Some(fds) = proc_fds(pid, false) else {
+    if proc_fds(pid, false).is_none() {
         return 0;
-    };
-    drop_slots(pid, tid, fds, first, last);
+    }
+    // One slot per tail call (all 16 in one program are too much for the
+    // verifier), before the kernel closes anything.
+    super::accounting::queue_close_range(
+        pid,
+        tid,
+        first.min(u32::MAX as u64) as u32,
+        last.min(u32::MAX as u64) as u32,
+    );
     super::accounting::run_work(&ctx);
     0
 }
 
-/// Drops every slot whose fd is in `first..=last`, judging each file once, at its
-/// last slot in the range: the drops release it when they are all the references
-/// the kernel counts.
+/// `FdSlot.fd` of a slot being closed by a close_range still in progress: it
+/// still counts among the references the call drops.
+const CLOSING: i32 = -2;
+
+/// Counters kept in memory rather than registers: the verifier does not follow
+/// values in map memory, so loops that count do not multiply its states.
+#[map]
+static SCRATCH_COUNTS: aya_ebpf::maps::PerCpuArray<[u64; 2]> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+/// Adds one to a counter in memory. Volatile: kept in a register, the count would
+/// again be a value the verifier follows.
+#[inline(always)]
+fn bump(counters: *mut [u64; 2], i: usize) {
+    // SAFETY: a per-CPU map value; i < 2.
+    unsafe {
+        let p = &raw mut (*counters)[i & 1];
+        core::ptr::write_volatile(p, core::ptr::read_volatile(p) + 1);
+    }
+}
+
+/// One step of a close_range of `first..=last`: judges the first slot at or after
+/// `from` whose fd is in range, at its file's last slot in the range (the drops
+/// release it when they are all the references the kernel counts), and marks it
+/// closing. Returns the slot after it, or `u32::MAX` when no slot is left, having
+/// cleared the marked ones.
 #[inline(never)]
-fn drop_slots(pid: u32, tid: u32, fds: *mut ProcFds, first: u64, last: u64) {
-    let in_range = |s: &FdSlot| s.file_id != 0 && (s.fd as u64) >= first && (s.fd as u64) <= last;
-    let mut released: u32 = 0;
+pub fn close_range_step(pid: u32, tid: u32, first: u32, last: u32, from: u32) -> u32 {
+    let (Some(fds), Some(counters)) = (proc_fds(pid, false), SCRATCH_COUNTS.get_ptr_mut(0)) else {
+        return u32::MAX;
+    };
+    let in_range =
+        |s: &FdSlot| s.file_id != 0 && s.fd >= 0 && (s.fd as u32) >= first && (s.fd as u32) <= last;
+    let mut at = FD_SLOTS;
     for i in 0..FD_SLOTS {
         // SAFETY: a map value pointer; i is in bounds.
-        let slot = unsafe { &mut (*fds).slots[i] };
-        if !in_range(slot) {
-            continue;
+        if i as u32 >= from && in_range(unsafe { &(*fds).slots[i] }) {
+            at = i;
+            break;
         }
-        let file = slot_file(slot);
-        let (mut drops, mut later) = (0u64, 0u64);
-        for j in 0..FD_SLOTS {
+    }
+    if at >= FD_SLOTS {
+        for i in 0..FD_SLOTS {
             // SAFETY: as above.
-            let other = unsafe { &(*fds).slots[j] };
-            if other.file_id == file && in_range(other) {
-                drops += 1;
-                if j > i {
-                    later += 1;
-                }
+            let slot = unsafe { &mut (*fds).slots[i] };
+            if slot.fd == CLOSING {
+                *slot = FdSlot::default();
             }
         }
-        if later == 0 && file != FILE_UNRESOLVED && file_refs(file) <= drops {
-            released |= 1 << i;
-        }
+        return u32::MAX;
     }
-    for i in 0..FD_SLOTS {
+    // SAFETY: as above; `at` is in bounds.
+    let slot = unsafe { &mut (*fds).slots[at] };
+    let file = slot_file(slot);
+    // [0]: this call's drops of the file; [1]: its slots still to come.
+    // SAFETY: this CPU's counters.
+    unsafe { *counters = [1, 0] };
+    for j in 0..FD_SLOTS {
         // SAFETY: as above.
-        let slot = unsafe { &mut (*fds).slots[i] };
-        if !in_range(slot) {
-            continue;
+        let other = unsafe { &(*fds).slots[j] };
+        if j != at && other.file_id == file && (other.fd == CLOSING || in_range(other)) {
+            bump(counters, 0);
+            if other.fd != CLOSING && j > at {
+                bump(counters, 1);
+            }
         }
-        let gone = *slot;
-        *slot = FdSlot::default();
-        closed(pid, tid, &gone, released & (1 << i) != 0);
     }
+    // SAFETY: as above.
+    let [drops, later] = unsafe { core::ptr::read_volatile(counters) };
+    let released = later == 0 && file != FILE_UNRESOLVED && file_refs(file) <= drops;
+    let gone = *slot;
+    slot.fd = CLOSING;
+    closed(pid, tid, &gone, released);
+    at as u32 + 1
 }
 
 /// exec: the close-on-exec fds are gone already (their release, if it was the last
@@ -576,6 +618,9 @@ pub fn on_exit(pid: u32, tid: u32) {
 
 #[inline(never)]
 fn exit_slots(pid: u32, tid: u32, fds: *mut ProcFds) {
+    let Some(counters) = SCRATCH_COUNTS.get_ptr_mut(0) else {
+        return;
+    };
     for i in 0..FD_SLOTS {
         // SAFETY: a map value pointer; i is in bounds.
         let slot = unsafe { &mut (*fds).slots[i] };
@@ -583,20 +628,21 @@ fn exit_slots(pid: u32, tid: u32, fds: *mut ProcFds) {
             continue;
         }
         let file = slot_file(slot);
-        // How many of this process's fds refer to the file, and whether this is
-        // the last of them (it judges).
-        let mut mine = 0u64;
-        let mut later = 0u64;
+        // How many of this process's fds refer to the file, and how many of them
+        // come later (the last judges).
+        // SAFETY: this CPU's counters.
+        unsafe { *counters = [0, 0] };
         for j in 0..FD_SLOTS {
             // SAFETY: as above.
-            let other = unsafe { &(*fds).slots[j] };
-            if other.file_id == file {
-                mine += 1;
+            if unsafe { (*fds).slots[j].file_id } == file {
+                bump(counters, 0);
                 if j > i {
-                    later += 1;
+                    bump(counters, 1);
                 }
             }
         }
+        // SAFETY: as above.
+        let [mine, later] = unsafe { core::ptr::read_volatile(counters) };
         let released = later == 0 && file != FILE_UNRESOLVED && file_refs(file) <= mine;
         let gone = *slot;
         closed(pid, tid, &gone, released);

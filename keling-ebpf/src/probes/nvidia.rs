@@ -78,6 +78,12 @@ struct PendingIoctl {
 static PENDING_IOCTL: HashMap<u32, PendingIoctl> =
     HashMap::with_max_entries(keling_common::MAX_PENDING, 0);
 
+/// Where sys_enter builds a [`PendingIoctl`] (it does not fit the stack with the
+/// rest), per CPU.
+#[map]
+static SCRATCH_IOCTL: aya_ebpf::maps::PerCpuArray<PendingIoctl> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 fn user<T>(addr: u64) -> Result<T, u32> {
     // SAFETY: bpf_probe_read_user checks the address; a bad one is an error.
@@ -150,7 +156,12 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     if !known && followed {
         add_fd(fd, device, file, open_how::FIRST_USE, -1);
     }
-    let mut p = PendingIoctl {
+    let Some(p) = SCRATCH_IOCTL.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's scratch slot; the program runs to completion on this CPU.
+    let p = unsafe { &mut *p };
+    *p = PendingIoctl {
         params: arg,
         sub_params: 0,
         file_id: file,
@@ -181,10 +192,14 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         _reserved: 0,
         bytes: 0,
     };
-    if let Err(reason) = decode_enter(&mut p) {
+    if let Err(reason) = decode_enter(p) {
         p.undecoded = 1 + reason;
     }
-    let _ = PENDING_IOCTL.insert(tid, p, 0);
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
+    let _ = PENDING_IOCTL.insert(tid, &*p, 0);
     0
 }
 
@@ -342,20 +357,23 @@ impl Report {
 #[tracepoint(category = "syscalls", name = "sys_exit_ioctl")]
 pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
-    // SAFETY: copied out at once.
-    let Some(mut p) = (unsafe { PENDING_IOCTL.get(tid) }).copied() else {
+    // Worked on in place: a copy would take a third of the 512-byte stack.
+    let Some(p) = PENDING_IOCTL.get_ptr_mut(tid) else {
         return 0;
     };
-    let _ = PENDING_IOCTL.remove(tid);
+    // SAFETY: a map value pointer, valid for this program run; only this thread's
+    // syscall uses this entry.
+    let p = unsafe { &mut *p };
     // SAFETY: sys_exit_* records hold the return value at byte 16.
     p.ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
     let mut report = Report::status(0);
     let mut reason = p.undecoded;
     if reason == 0 && p.ret == 0 {
-        match decode_exit(&mut p) {
+        match decode_exit(p) {
             Ok(Some(r)) => report = r,
             // Fully reported by decode_exit; a teardown it queued is done now.
             Ok(None) => {
+                let _ = PENDING_IOCTL.remove(tid);
                 run_work(&ctx);
                 return 0;
             }
@@ -366,8 +384,16 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
         count_undecoded(pid, reason - 1);
         report.outcome = outcome::UNDECODED;
     }
+    report_ioctl(p, &report, reason);
+    let _ = PENDING_IOCTL.remove(tid);
+    0
+}
+
+/// Reports a call that changed no memory.
+#[inline(never)]
+fn report_ioctl(p: &PendingIoctl, report: &Report, reason: u32) {
     emit_quiet_or_not(GpuIoctlEvent {
-        header: header(EventKind::GpuIoctl, pid, tid),
+        header: header(EventKind::GpuIoctl, p.pid, p.tid),
         fd: p.fd,
         device: p.device,
         escape: p.escape,
@@ -387,7 +413,6 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
         ret: p.ret,
         requested_bytes: report.requested,
     });
-    0
 }
 
 /// A failed allocation may matter to a decision at once (memory pressure); plain
@@ -402,8 +427,8 @@ fn emit_quiet_or_not(e: GpuIoctlEvent) {
 }
 
 /// Applies a successful call. `Ok(Some(report))`: report as a plain ioctl;
-/// `Ok(None)`: already reported.
-#[inline(never)]
+/// `Ok(None)`: already reported. (Inlined: the verifier allows 8 nested calls.)
+#[inline(always)]
 fn decode_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     let base = p.params;
     if p.device == device_file::UVM {
@@ -653,6 +678,17 @@ fn object(key: &ObjectKey) -> Option<ObjectInfo> {
     (obj.client_gen == gen_).then_some(obj)
 }
 
+/// A live object of a client, in place.
+#[inline(always)]
+fn object_ref(key: &ObjectKey) -> Option<&'static ObjectInfo> {
+    let obj = OBJECTS.get_ptr(key)?;
+    // SAFETY: copied out at once.
+    let gen_ = unsafe { CLIENTS.get(key.client) }?.gen_;
+    // SAFETY: a map value pointer, valid for this program run.
+    let obj = unsafe { &*obj };
+    (obj.client_gen == gen_).then_some(obj)
+}
+
 /// Where a new object under `parent` hangs: (device, subdevice, gpu).
 #[inline(always)]
 fn placement(p: &PendingIoctl, kind: ObjectKind) -> (u32, u32, u32) {
@@ -725,22 +761,28 @@ fn record_object(p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
         seq: 0,
     };
     charge_new(client, &h, gpu, mem, bytes);
+    emit_alloc(p);
+    Ok(())
+}
+
+/// Reports the allocation `p` describes (its own frame: the caller's is deep).
+#[inline(never)]
+fn emit_alloc(p: &PendingIoctl) {
     emit(GpuAllocEvent {
-        header: header(EventKind::GpuAlloc, pid, tid),
+        header: header(EventKind::GpuAlloc, p.pid, p.tid),
         client: p.client,
         parent: p.parent,
         handle: p.handle,
         class: p.class,
-        mem_kind: mem,
-        gpu,
+        mem_kind: p.mem_kind,
+        gpu: p.gpu,
         escape: p.escape,
         via_xfer: p.via_xfer,
-        bytes,
+        bytes: p.bytes,
     });
-    Ok(())
 }
 
-#[inline(always)]
+#[inline(never)]
 fn emit_object(pid: u32, tid: u32, p: &PendingIoctl, kind: ObjectKind) {
     emit_quiet(GpuObjectEvent {
         header: header(EventKind::GpuObject, pid, tid),
@@ -757,7 +799,7 @@ fn emit_object(pid: u32, tid: u32, p: &PendingIoctl, kind: ObjectKind) {
 /// or to the memory `mem_id` (an import).
 #[inline(never)]
 fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> Result<(), u32> {
-    let (pid, tid) = (p.pid, p.tid);
+    let pid = p.pid;
     let client = client_on(p)?;
     let mut info = ObjectInfo {
         class: 0,
@@ -788,14 +830,16 @@ fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> 
             }
         }
     } else {
-        // SAFETY: copied out at once.
-        let m = unsafe { super::accounting::MEMS.get(mem_id) }
-            .copied()
+        let m = super::accounting::MEMS
+            .get_ptr(mem_id)
             .ok_or(undecoded::UNKNOWN_OBJECT)?;
-        info.mem_kind = m.kind;
-        info.bytes = m.bytes;
-        info.gpu = m.gpu;
-        info.class = match m.kind {
+        // SAFETY: a map value pointer, read field by field (a copy is 128 bytes of stack).
+        unsafe {
+            info.mem_kind = (*m).kind;
+            info.bytes = (*m).bytes;
+            info.gpu = (*m).gpu;
+        }
+        info.class = match info.mem_kind {
             mem_kind::VIDEO => class::NV01_MEMORY_LOCAL_USER,
             mem_kind::HOST => class::NV01_MEMORY_SYSTEM,
             _ => class::NV_MEMORY_EXTENDED_USER,
@@ -831,25 +875,33 @@ fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> 
     if OBJECTS.insert(key, info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }
+    p.gpu = info.gpu;
+    p.mem_kind = info.mem_kind;
+    p.bytes = info.bytes;
+    emit_ref(p, src, how);
+    Ok(())
+}
+
+#[inline(never)]
+fn emit_ref(p: &PendingIoctl, src: &ObjectKey, how: u32) {
     emit(GpuRefEvent {
-        header: header(EventKind::GpuRef, pid, tid),
+        header: header(EventKind::GpuRef, p.pid, p.tid),
         client: p.client,
         parent: p.parent,
         handle: p.handle,
         how,
         src_client: src.client,
         src_handle: src.handle,
-        gpu: info.gpu,
-        mem_kind: info.mem_kind,
-        bytes: info.bytes,
+        gpu: p.gpu,
+        mem_kind: p.mem_kind,
+        bytes: p.bytes,
     });
-    Ok(())
 }
 
 /// Exports `handle` of the call's client to position `position` of its export file.
 #[inline(never)]
 fn export_one(p: &PendingIoctl, handle: u32, position: u32) -> Result<(), u32> {
-    let (pid, tid) = (p.pid, p.tid);
+    let pid = p.pid;
     if p.aux_file == 0 {
         return Err(undecoded::UNKNOWN_OBJECT);
     }
@@ -867,16 +919,21 @@ fn export_one(p: &PendingIoctl, handle: u32, position: u32) -> Result<(), u32> {
         }
         bytes = obj.bytes;
     }
+    emit_export(p, handle, position, obj.gpu, bytes);
+    Ok(())
+}
+
+#[inline(never)]
+fn emit_export(p: &PendingIoctl, handle: u32, position: u32, gpu: u32, bytes: u64) {
     emit(GpuExportEvent {
-        header: header(EventKind::GpuExport, pid, tid),
+        header: header(EventKind::GpuExport, p.pid, p.tid),
         client: p.client,
         handle,
         file_id: p.aux_file,
         position,
-        gpu: obj.gpu,
+        gpu,
         bytes,
     });
-    Ok(())
 }
 
 /// Imports the object at `position` of the call's export file as `p.handle`.
@@ -923,16 +980,19 @@ fn free_object(p: &mut PendingIoctl) -> Result<(), u32> {
         client: p.client,
         handle: p.handle,
     };
-    let obj = object(&key).ok_or(undecoded::UNKNOWN_OBJECT)?;
-    p.class = obj.class;
-    p.gpu = obj.gpu;
-    p.parent = obj.parent;
-    if obj.mem_kind != 0 {
-        free_mem_handle(pid, tid, &key, &obj, p.escape);
+    let (mem, kind) = {
+        let obj = object_ref(&key).ok_or(undecoded::UNKNOWN_OBJECT)?;
+        p.class = obj.class;
+        p.gpu = obj.gpu;
+        p.parent = obj.parent;
+        (obj.mem_kind, obj.kind)
+    };
+    if mem != 0 {
+        free_mem_handle(pid, tid, &key, p.escape);
         return Ok(());
     }
     let _ = OBJECTS.remove(key);
-    let kind = ObjectKind::from_u32(obj.kind);
+    let kind = ObjectKind::from_u32(kind);
     match kind {
         // The driver frees everything under the device (subdevice) with it.
         ObjectKind::Device => queue_teardown(
@@ -961,7 +1021,7 @@ fn free_object(p: &mut PendingIoctl) -> Result<(), u32> {
     Ok(())
 }
 
-#[inline(always)]
+#[inline(never)]
 fn emit_free(pid: u32, tid: u32, p: &PendingIoctl, kind: ObjectKind) {
     emit(GpuFreeEvent {
         header: header(EventKind::GpuFree, pid, tid),
