@@ -246,45 +246,43 @@ pub fn gpu_workload_bin() -> PathBuf {
     sibling_bin("keling-gpu-workload")
 }
 
-/// (pid, gpu) -> (bytes, peak_bytes, host_bytes, allocs, frees), from the simulator's
-/// ground truth.
-pub type GpuFigures = std::collections::BTreeMap<(u64, u64), [u64; 5]>;
+/// (pid, gpu) -> [bytes, peak_bytes, host_bytes, egm_bytes, driver figure, allocs,
+/// frees]; entries whose figures are all 0 are left out on both sides.
+pub type GpuFigures = std::collections::BTreeMap<(u64, u64), [u64; 7]>;
 
-pub fn truth_figures(state: &Value) -> GpuFigures {
-    let mut out = GpuFigures::new();
-    for p in state["processes"].as_array().expect("processes") {
-        for g in p["gpus"].as_array().expect("gpus") {
-            let f = [
-                &g["bytes"],
-                &g["peak_bytes"],
-                &g["host_bytes"],
-                &g["allocs"],
-                &g["frees"],
-            ]
-            .map(|v| v.as_u64().expect("number"));
-            out.insert((p["pid"].as_u64().unwrap(), g["gpu"].as_u64().unwrap()), f);
-        }
-    }
-    out
-}
+/// What each figure is called in the comparison's messages.
+pub const FIGURE_NAMES: &str = "[bytes, peak, host, egm, driver, allocs, frees]";
 
-/// The same figures from a Keling `summary` or `gpu_snapshot` line.
-pub fn keling_figures(line: &Value) -> GpuFigures {
+fn figures(processes: &Value, driver_field: &str) -> GpuFigures {
     let mut out = GpuFigures::new();
-    for p in line["processes"].as_array().expect("processes") {
+    for p in processes.as_array().expect("processes") {
         for g in p["gpus"].as_array().into_iter().flatten() {
             let f = [
                 &g["bytes"],
                 &g["peak_bytes"],
                 &g["host_bytes"],
+                &g["egm_bytes"],
+                &g[driver_field],
                 &g["allocs"],
                 &g["frees"],
             ]
-            .map(|v| v.as_u64().expect("number"));
-            out.insert((p["pid"].as_u64().unwrap(), g["gpu"].as_u64().unwrap()), f);
+            .map(|v| v.as_u64().unwrap_or_else(|| panic!("number expected in {g}")));
+            if f.iter().any(|&v| v != 0) {
+                out.insert((p["pid"].as_u64().unwrap(), g["gpu"].as_u64().unwrap()), f);
+            }
         }
     }
     out
+}
+
+/// The simulator's ground truth.
+pub fn truth_figures(state: &Value) -> GpuFigures {
+    figures(&state["processes"], "driver_video_bytes")
+}
+
+/// The same figures from a Keling `summary` or `gpu_snapshot` line.
+pub fn keling_figures(line: &Value) -> GpuFigures {
+    figures(&line["processes"], "driver_bytes")
 }
 
 /// Compares Keling's figures with the simulator's, re-reading the simulator's state
@@ -318,7 +316,7 @@ pub fn converge(
                 })
                 .collect();
             return Err(format!(
-                "[bytes, peak, host, allocs, frees] differ:\n  {}",
+                "{FIGURE_NAMES} differ:\n  {}",
                 diff.join("\n  ")
             ));
         }

@@ -80,6 +80,13 @@ impl LoadOptions {
     }
 }
 
+impl LoadOptions {
+    /// Whether there is an NVIDIA driver (real or simulated) to trace.
+    pub fn has_gpu(&self) -> bool {
+        self.driver_major != u32::MAX || !self.nvidia_files.sim.is_empty()
+    }
+}
+
 /// The loaded, attached programs and their maps.
 pub struct Probes {
     ebpf: Ebpf,

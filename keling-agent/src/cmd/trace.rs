@@ -30,6 +30,13 @@ use crate::{
 
 /// What a trace cannot do without.
 const REQUIRED: &[Feature] = &[Feature::ProcessLifecycle, Feature::ContextSwitches];
+/// ... and with an NVIDIA driver (or the simulated one) present.
+const REQUIRED_WITH_GPU: &[Feature] = &[
+    Feature::ProcessLifecycle,
+    Feature::ContextSwitches,
+    Feature::NvidiaFiles,
+    Feature::NvidiaIoctls,
+];
 
 #[derive(Debug, clap::Args)]
 pub struct TraceArgs {
@@ -88,12 +95,11 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
     } else {
         Some(HeldChild::spawn(&args.command)?)
     };
-    let mut probes = Probes::load(&LoadOptions::new(
-        &args.gpu,
-        false,
-        args.ringbuf_kib,
-        REQUIRED,
-    )?)?;
+    let mut opts = LoadOptions::new(&args.gpu, false, args.ringbuf_kib, REQUIRED)?;
+    if opts.has_gpu() {
+        opts.required = REQUIRED_WITH_GPU;
+    }
+    let mut probes = Probes::load(&opts)?;
     let out: Box<dyn Write + Send> = match &args.output {
         Some(path) => Box::new(BufWriter::new(
             File::create(path).with_context(|| format!("create {}", path.display()))?,

@@ -374,10 +374,15 @@ pub fn charge_new(client: *mut ClientInfo, h: &MemHandle, gpu: u32, kind: u32, b
     driver_figure(unsafe { (*client).creator_pid }, gpu, kind, bytes as i64);
 }
 
-/// The shared memory of object `key` (`obj`), created from it on first use (a dup,
+/// The shared memory of object `key`, created from it on first use (a dup,
 /// import or export is about to add a reference). 0 when it cannot be.
 #[inline(never)]
-pub fn share(key: &ObjectKey, obj: &mut ObjectInfo) -> u64 {
+pub fn share(key: &ObjectKey) -> u64 {
+    let Some(obj) = OBJECTS.get_ptr_mut(key) else {
+        return 0;
+    };
+    // SAFETY: a map value pointer, valid for this program run.
+    let obj = unsafe { &mut *obj };
     if obj.mem_id != 0 {
         return obj.mem_id;
     }
@@ -415,8 +420,22 @@ pub fn share(key: &ObjectKey, obj: &mut ObjectInfo) -> u64 {
         };
     }
     obj.mem_id = mem_id;
-    let _ = OBJECTS.insert(key, *obj, 0);
     mem_id
+}
+
+/// A per-CPU place to build an `ObjectInfo` before inserting it (56 bytes the
+/// deepest call chains cannot spare on the stack).
+#[map]
+static SCRATCH_OBJECT: PerCpuArray<ObjectInfo> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's object scratch, zeroed.
+#[inline(always)]
+pub fn scratch_object() -> Option<&'static mut ObjectInfo> {
+    let o = SCRATCH_OBJECT.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; the program runs to completion on this CPU.
+    let o = unsafe { &mut *o };
+    *o = ObjectInfo::default();
+    Some(o)
 }
 
 /// Adds handle `h` to memory `mem_id` (a dup or an import). Returns false when the
@@ -664,35 +683,35 @@ fn emit_mem_free(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo, f: &Free
     });
 }
 
-/// Adds a reference held by export file `file_id` at `position`.
+/// An export slot that holds an object without bytes (nothing to account, but an
+/// import of it makes a handle).
+pub const NO_BYTES_EXPORT: u64 = u64::MAX;
+
+/// Sets export file `file_id`'s `position` to `mem_id` (a memory, which gains a
+/// reference; [`NO_BYTES_EXPORT`]; or 0 to empty it). What was there loses its
+/// reference.
 #[inline(never)]
 pub fn export_memory(pid: u32, file_id: u64, position: u32, mem_id: u64) -> bool {
     let Some(f) = file_info(file_id, keling_common::device_file::CTL, pid) else {
-        return false;
-    };
-    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
         return false;
     };
     if position as usize >= FILE_EXPORTS {
         count_undecoded(pid, undecoded::TABLE_FULL);
         return false;
     }
-    // SAFETY: map value pointers; position is in bounds.
-    unsafe {
-        let slot = &mut (*f).exports[position as usize];
-        if *slot == mem_id {
-            return true;
-        }
-        if *slot != 0 {
-            // Replaced: the old reference goes (rare; the driver normally refuses).
-            let old = *slot;
-            *slot = 0;
-            drop_export(pid, old);
-        }
-        *slot = mem_id;
-        (*m).export_refs += 1;
+    // SAFETY: a map value pointer; position is in bounds.
+    let slot = unsafe { &mut (*f).exports[position as usize] };
+    if *slot == mem_id {
+        return true;
     }
-    share_everywhere(m, mem_id);
+    let old = *slot;
+    *slot = mem_id;
+    drop_export(pid, old);
+    if let Some(m) = MEMS.get_ptr_mut(mem_id) {
+        // SAFETY: a map value pointer.
+        unsafe { (*m).export_refs += 1 };
+        share_everywhere(m, mem_id);
+    }
     true
 }
 
@@ -709,6 +728,9 @@ pub fn exported(file_id: u64, position: u32) -> u64 {
 /// One export reference to `mem_id` goes; the memory is freed if it was its last.
 #[inline(never)]
 fn drop_export(_pid: u32, mem_id: u64) {
+    if mem_id == 0 || mem_id == NO_BYTES_EXPORT {
+        return;
+    }
     let Some(m) = MEMS.get_ptr_mut(mem_id) else {
         return;
     };
@@ -1126,9 +1148,7 @@ fn release_file(pid: u32, tid: u32, file_id: u64) {
     for i in 0..FILE_EXPORTS {
         // SAFETY: a map value pointer; i is in bounds.
         let mem_id = unsafe { (*f).exports[i] };
-        if mem_id != 0 {
-            drop_export(pid, mem_id);
-        }
+        drop_export(pid, mem_id);
     }
     for i in 0..FILE_CLIENTS {
         // SAFETY: as above.

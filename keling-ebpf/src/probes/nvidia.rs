@@ -23,8 +23,9 @@ use keling_common::{
 
 use super::{
     accounting::{
-        CLIENTS, FILES, OBJECTS, Scope, add_handle, charge_new, count_undecoded, export_memory,
-        exported, free_mem_handle, new_client, proc_fds, queue_teardown, run_work, share,
+        CLIENTS, FILES, NO_BYTES_EXPORT, OBJECTS, Scope, add_handle, charge_new, count_undecoded,
+        export_memory, exported, free_mem_handle, new_client, proc_fds, queue_teardown, run_work,
+        scratch_object, share,
     },
     files::{add_fd, device_of_file, file_of_fd, find_slot, follows},
 };
@@ -77,6 +78,13 @@ struct PendingIoctl {
 #[map]
 static PENDING_IOCTL: HashMap<u32, PendingIoctl> =
     HashMap::with_max_entries(keling_common::MAX_PENDING, 0);
+
+/// nvidiaN open file -> the nvidiactl open file it was registered with
+/// (REGISTER_FD): calls through the former act on clients of the latter. LRU: an
+/// nvidiaN file's release is not followed, so old entries make room.
+#[map]
+static REGISTERED: aya_ebpf::maps::LruHashMap<u64, u64> =
+    aya_ebpf::maps::LruHashMap::with_max_entries(keling_common::MAX_FILES, 0);
 
 /// Where sys_enter builds a [`PendingIoctl`] (it does not fit the stack with the
 /// rest), per CPU.
@@ -304,6 +312,12 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             p.client = user_u32(base, nvos33::H_CLIENT)?;
             p.handle = user_u32(base, nvos33::H_MEMORY)?;
         }
+        escape::REGISTER_FD => {
+            // `{int ctl_fd}`: this nvidiaN file acts for the clients of that
+            // nvidiactl file (RM_ALLOC_MEMORY comes through nvidiaN).
+            let ctl_fd = user_u32(base, 0)? as i32;
+            p.aux_file = file_of_fd(ctl_fd);
+        }
         e if escape::carries_no_memory(e) => {}
         _ => return Err(undecoded::UNKNOWN_ESCAPE),
     }
@@ -464,6 +478,16 @@ fn decode_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
             };
             new_ref(p, &src, 0, ref_how::DUP)?;
             Ok(None)
+        }
+        escape::REGISTER_FD => {
+            if p.aux_file != 0 && device_of_file(p.aux_file) == device_file::CTL {
+                let _ = REGISTERED.insert(p.file_id, p.aux_file, 0);
+            }
+            Ok(Some(Report {
+                status: 0,
+                outcome: outcome::NO_MEMORY_ESCAPE,
+                requested: 0,
+            }))
         }
         escape::MAP_MEMORY => Ok(Some(Report::status(user_u32(base, nvos33::STATUS)?))),
         escape::UNMAP_MEMORY => Ok(Some(Report::status(user_u32(base, nvos34::STATUS)?))),
@@ -658,11 +682,17 @@ fn exit_control(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
 fn client_on(p: &PendingIoctl) -> Result<*mut ClientInfo, u32> {
     let pid = p.pid;
     if CLIENTS.get_ptr(p.client).is_none() {
-        new_client(pid, p.client, p.file_id, p.device);
+        // SAFETY: copied out at once.
+        let file = unsafe { REGISTERED.get(p.file_id) }
+            .copied()
+            .unwrap_or(p.file_id);
+        new_client(pid, p.client, file, p.device);
     }
     let c = CLIENTS.get_ptr_mut(p.client).ok_or(undecoded::TABLE_FULL)?;
     // SAFETY: a map value pointer.
-    if unsafe { (*c).file_id } != p.file_id {
+    let file = unsafe { (*c).file_id };
+    // SAFETY: copied out at once.
+    if file != p.file_id && unsafe { REGISTERED.get(p.file_id) }.copied() != Some(file) {
         return Err(undecoded::UNKNOWN_OBJECT);
     }
     Ok(c)
@@ -726,26 +756,23 @@ fn record_object(p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
     let client = client_on(p)?;
     let (device, sub, gpu) = placement(p, kind);
     p.gpu = gpu;
-    let info = ObjectInfo {
-        class: p.class,
-        kind: kind as u32,
-        parent: p.parent,
-        device,
-        sub,
-        gpu,
-        owner_pid: pid,
-        // SAFETY: a map value pointer.
-        client_gen: unsafe { (*client).gen_ },
-        mem_id: 0,
-        bytes,
-        mem_kind: mem,
-        _reserved: 0,
-    };
+    let info = scratch_object().ok_or(undecoded::TABLE_FULL)?;
+    info.class = p.class;
+    info.kind = kind as u32;
+    info.parent = p.parent;
+    info.device = device;
+    info.sub = sub;
+    info.gpu = gpu;
+    info.owner_pid = pid;
+    // SAFETY: a map value pointer.
+    info.client_gen = unsafe { (*client).gen_ };
+    info.bytes = bytes;
+    info.mem_kind = mem;
     let key = ObjectKey {
         client: p.client,
         handle: p.handle,
     };
-    if OBJECTS.insert(key, info, 0).is_err() {
+    if OBJECTS.insert(key, &*info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }
     if mem == 0 {
@@ -801,30 +828,21 @@ fn emit_object(pid: u32, tid: u32, p: &PendingIoctl, kind: ObjectKind) {
 fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> Result<(), u32> {
     let pid = p.pid;
     let client = client_on(p)?;
-    let mut info = ObjectInfo {
-        class: 0,
-        kind: 0,
-        parent: p.parent,
-        device: 0,
-        sub: 0,
-        gpu: NO_GPU,
-        owner_pid: pid,
-        // SAFETY: a map value pointer.
-        client_gen: unsafe { (*client).gen_ },
-        mem_id: 0,
-        bytes: 0,
-        mem_kind: 0,
-        _reserved: 0,
-    };
+    let info = scratch_object().ok_or(undecoded::TABLE_FULL)?;
+    info.parent = p.parent;
+    info.gpu = NO_GPU;
+    info.owner_pid = pid;
+    // SAFETY: a map value pointer.
+    info.client_gen = unsafe { (*client).gen_ };
     if mem_id == 0 {
-        let mut source = object(src).ok_or(undecoded::UNKNOWN_OBJECT)?;
+        let source = object_ref(src).ok_or(undecoded::UNKNOWN_OBJECT)?;
         info.class = source.class;
         info.kind = source.kind;
         info.gpu = source.gpu;
         info.bytes = source.bytes;
         info.mem_kind = source.mem_kind;
         if source.mem_kind != 0 {
-            mem_id = share(src, &mut source);
+            mem_id = share(src);
             if mem_id == 0 {
                 return Err(undecoded::TABLE_FULL);
             }
@@ -872,7 +890,7 @@ fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> 
         client: p.client,
         handle: p.handle,
     };
-    if OBJECTS.insert(key, info, 0).is_err() {
+    if OBJECTS.insert(key, &*info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }
     p.gpu = info.gpu;
@@ -906,20 +924,29 @@ fn export_one(p: &PendingIoctl, handle: u32, position: u32) -> Result<(), u32> {
         return Err(undecoded::UNKNOWN_OBJECT);
     }
     client_on(p)?;
+    if handle == 0 {
+        // An empty entry: the position is emptied.
+        export_memory(pid, p.aux_file, position, 0);
+        return Ok(());
+    }
     let key = ObjectKey {
         client: p.client,
         handle,
     };
-    let mut obj = object(&key).ok_or(undecoded::UNKNOWN_OBJECT)?;
-    let mut bytes = 0;
-    if obj.mem_kind != 0 {
-        let mem_id = share(&key, &mut obj);
-        if mem_id == 0 || !export_memory(pid, p.aux_file, position, mem_id) {
-            return Err(undecoded::TABLE_FULL);
-        }
-        bytes = obj.bytes;
+    let (mem, gpu, obj_bytes) = {
+        let obj = object_ref(&key).ok_or(undecoded::UNKNOWN_OBJECT)?;
+        (obj.mem_kind, obj.gpu, obj.bytes)
+    };
+    let mem_id = if mem != 0 {
+        share(&key)
+    } else {
+        NO_BYTES_EXPORT
+    };
+    if mem_id == 0 || !export_memory(pid, p.aux_file, position, mem_id) {
+        return Err(undecoded::TABLE_FULL);
     }
-    emit_export(p, handle, position, obj.gpu, bytes);
+    let bytes = if mem != 0 { obj_bytes } else { 0 };
+    emit_export(p, handle, position, gpu, bytes);
     Ok(())
 }
 
@@ -939,16 +966,22 @@ fn emit_export(p: &PendingIoctl, handle: u32, position: u32, gpu: u32, bytes: u6
 /// Imports the object at `position` of the call's export file as `p.handle`.
 #[inline(never)]
 fn import_one(p: &mut PendingIoctl, position: u32) -> Result<(), u32> {
-    let (pid, tid) = (p.pid, p.tid);
     if p.aux_file == 0 {
         return Err(undecoded::UNKNOWN_OBJECT);
     }
+    if p.handle == 0 {
+        return Ok(()); // nothing was imported
+    }
     let mem_id = exported(p.aux_file, position);
-    if mem_id == 0 {
+    if mem_id == NO_BYTES_EXPORT {
         // An object without bytes (fabric, multicast): a plain new object.
-        client_on(p)?;
-        emit_object(pid, tid, p, ObjectKind::Other);
-        return Ok(());
+        p.class = 0;
+        p.mem_kind = 0;
+        p.bytes = 0;
+        return record_object(p, ObjectKind::VirtualMemory);
+    }
+    if mem_id == 0 {
+        return Err(undecoded::UNKNOWN_OBJECT);
     }
     new_ref(p, &ObjectKey::default(), mem_id, ref_how::IMPORT)
 }
