@@ -54,10 +54,8 @@ pub const FILE_CLIENTS: usize = 8;
 pub const FILE_EXPORTS: usize = 8;
 /// Most (pid, device, subdevice, gpu) contributors tracked per client.
 pub const CLIENT_CONTRIBUTORS: usize = 16;
-/// Most shared memories (with handles in other clients or export files) per client.
-pub const CLIENT_SHARED: usize = 8;
 /// Most handles referring to one memory.
-pub const MEM_HANDLES: usize = 4;
+pub const MEM_HANDLES: usize = 8;
 /// Most objects decoded from one batch export or import control.
 pub const BATCH_OBJECTS: usize = 8;
 /// Simulated-driver files the agent can list.
@@ -190,8 +188,10 @@ pub struct ClientInfo {
     /// Generation: objects recorded under an older client with the same handle are
     /// stale and ignored.
     pub gen_: u32,
-    /// Shared memories this client has handles to (0 = free slot).
-    pub shared: [u64; CLIENT_SHARED],
+    /// The first of this client's objects whose memory is shared (a list linked
+    /// through `ObjectInfo.shared_next`); 0 when none.
+    pub shared_head: u32,
+    pub _reserved: u32,
     pub contributors: [Contributor; CLIENT_CONTRIBUTORS],
 }
 
@@ -227,7 +227,11 @@ pub struct ObjectInfo {
     pub bytes: u64,
     /// Memory: a [`mem_kind`] value; 0 for objects that hold no bytes.
     pub mem_kind: u32,
-    pub _reserved: u32,
+    /// 1 while the object is on its client's list of shared-memory handles.
+    pub in_shared_list: u32,
+    /// Neighbours on that list (handles; 0 at the ends).
+    pub shared_prev: u32,
+    pub shared_next: u32,
 }
 
 /// One handle of a memory.

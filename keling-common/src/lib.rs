@@ -103,13 +103,13 @@ mod layout_tests {
             opener_pid: u32, clients: [u32; FILE_CLIENTS], exports: [u64; FILE_EXPORTS]]);
         no_padding!(Contributor, 48, [pid: u32, gpu: u32, device: u32, sub: u32,
             objects: u32, _reserved: u32, bytes: u64, host_bytes: u64, egm_bytes: u64]);
-        no_padding!(ClientInfo, 16 + 8 * CLIENT_SHARED + 48 * CLIENT_CONTRIBUTORS, [
-            file_id: u64, creator_pid: u32, gen_: u32, shared: [u64; CLIENT_SHARED],
+        no_padding!(ClientInfo, 24 + 48 * CLIENT_CONTRIBUTORS, [
+            file_id: u64, creator_pid: u32, gen_: u32, shared_head: u32, _reserved: u32,
             contributors: [Contributor; CLIENT_CONTRIBUTORS]]);
         no_padding!(ObjectKey, 8, [client: u32, handle: u32]);
-        no_padding!(ObjectInfo, 56, [class: u32, kind: u32, parent: u32, device: u32,
+        no_padding!(ObjectInfo, 64, [class: u32, kind: u32, parent: u32, device: u32,
             sub: u32, gpu: u32, owner_pid: u32, client_gen: u32, mem_id: u64, bytes: u64,
-            mem_kind: u32, _reserved: u32]);
+            mem_kind: u32, in_shared_list: u32, shared_prev: u32, shared_next: u32]);
         no_padding!(MemHandle, 24, [client: u32, handle: u32, device: u32, sub: u32,
             pid: u32, seq: u32]);
         no_padding!(MemInfo, 32 + 24 * MEM_HANDLES, [bytes: u64, kind: u32, gpu: u32,

@@ -484,8 +484,14 @@ mod tests {
         }
         use crate::mem_kind;
         assert_eq!(nvos32::classify(nvos32::FLAGS_VIRTUAL, 0, 0, true), None);
-        assert_eq!(nvos32::classify(0, 0, nvos32::ATTR2_USE_EGM, true), Some(mem_kind::EGM));
-        assert_eq!(nvos32::classify(0, 0, nvos32::ATTR2_USE_EGM, false), Some(mem_kind::VIDEO));
+        assert_eq!(
+            nvos32::classify(0, 0, nvos32::ATTR2_USE_EGM, true),
+            Some(mem_kind::EGM)
+        );
+        assert_eq!(
+            nvos32::classify(0, 0, nvos32::ATTR2_USE_EGM, false),
+            Some(mem_kind::VIDEO)
+        );
         assert_eq!(nvos32::classify(0, 1 << 25, 0, true), Some(mem_kind::HOST));
         assert_eq!(nvos32::classify(0, 2 << 25, 0, true), Some(mem_kind::HOST));
         assert_eq!(nvos32::classify(0, 1 << 24, 0, true), Some(mem_kind::VIDEO));

@@ -266,7 +266,10 @@ fn figures(processes: &Value, driver_field: &str) -> GpuFigures {
                 &g["allocs"],
                 &g["frees"],
             ]
-            .map(|v| v.as_u64().unwrap_or_else(|| panic!("number expected in {g}")));
+            .map(|v| {
+                v.as_u64()
+                    .unwrap_or_else(|| panic!("number expected in {g}"))
+            });
             if f.iter().any(|&v| v != 0) {
                 out.insert((p["pid"].as_u64().unwrap(), g["gpu"].as_u64().unwrap()), f);
             }
@@ -315,10 +318,7 @@ pub fn converge(
                     )
                 })
                 .collect();
-            return Err(format!(
-                "{FIGURE_NAMES} differ:\n  {}",
-                diff.join("\n  ")
-            ));
+            return Err(format!("{FIGURE_NAMES} differ:\n  {}", diff.join("\n  ")));
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

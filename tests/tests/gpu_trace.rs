@@ -393,10 +393,12 @@ fn attach_adopts_fds_opened_before_keling() {
     let mut from_wl = BufReader::new(wl.0.stdout.take().unwrap()).lines();
     assert_eq!(from_wl.next().unwrap().unwrap(), "checkpoint 1");
     let before = keling_tests::truth_figures(&sim.state());
+    // Index of `allocs` in the figures.
+    const ALLOCS: usize = 5;
     let allocs_before: u64 = before
         .iter()
         .filter(|(k, _)| k.0 == pid)
-        .map(|(_, f)| f[3])
+        .map(|(_, f)| f[ALLOCS])
         .sum();
     let dir = tempdir();
     let out_path = dir.join("trace.jsonl");
@@ -452,12 +454,12 @@ fn attach_adopts_fds_opened_before_keling() {
     let allocs_after: u64 = after
         .iter()
         .filter(|(k, _)| k.0 == pid)
-        .map(|(_, f)| f[3])
+        .map(|(_, f)| f[ALLOCS])
         .sum();
     let our_allocs: u64 = ours
         .iter()
         .filter(|(k, _)| k.0 == pid)
-        .map(|(_, f)| f[3])
+        .map(|(_, f)| f[ALLOCS])
         .sum();
     assert_eq!(
         our_allocs,

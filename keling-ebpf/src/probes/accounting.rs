@@ -18,10 +18,10 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use keling_common::{
-    ALL_GPUS, CLIENT_CONTRIBUTORS, CLIENT_SHARED, ClientInfo, Contributor, EventKind, FILE_CLIENTS,
-    FILE_EXPORTS, FileInfo, GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_FILES,
-    MAX_MEMS, MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS, MEM_HANDLES, MemHandle, MemInfo,
-    NO_HANDLE, ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, teardown, undecoded,
+    ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, Contributor, EventKind, FILE_CLIENTS, FILE_EXPORTS,
+    FileInfo, GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_FILES, MAX_MEMS,
+    MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS, MEM_HANDLES, MemHandle, MemInfo, NO_HANDLE,
+    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, teardown, undecoded,
 };
 
 use crate::{atomic_add, atomic_cas, emit, header};
@@ -256,41 +256,64 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
     count_undecoded(pid, undecoded::TABLE_FULL);
 }
 
-/// Lists `mem_id` among the client's shared memories.
+/// Puts object `key` (whose memory is now shared) on its client's list of
+/// shared-memory handles, if it is not there already.
 #[inline(never)]
-pub fn shared_add(client: u32, mem_id: u64) {
-    let Some(c) = CLIENTS.get_ptr_mut(client) else {
+pub fn link_shared(key: &ObjectKey) {
+    let (Some(obj), Some(c)) = (OBJECTS.get_ptr_mut(key), CLIENTS.get_ptr_mut(key.client)) else {
         return;
     };
-    let mut free = CLIENT_SHARED;
-    for i in 0..CLIENT_SHARED {
-        // SAFETY: a map value pointer; i is in bounds.
-        let s = unsafe { (*c).shared[i] };
-        if s == mem_id {
+    // SAFETY: map value pointers, valid for this program run.
+    unsafe {
+        if (*obj).in_shared_list != 0 {
             return;
         }
-        if s == 0 && free == CLIENT_SHARED {
-            free = i;
+        let head = (*c).shared_head;
+        (*obj).shared_prev = 0;
+        (*obj).shared_next = head;
+        (*obj).in_shared_list = 1;
+        if head != 0
+            && let Some(first) = OBJECTS.get_ptr_mut(ObjectKey {
+                client: key.client,
+                handle: head,
+            })
+        {
+            (*first).shared_prev = key.handle;
         }
-    }
-    if free < CLIENT_SHARED {
-        // SAFETY: as above.
-        unsafe { (*c).shared[free] = mem_id };
-    } else {
-        // SAFETY: as above.
-        count_undecoded(unsafe { (*c).creator_pid }, undecoded::TABLE_FULL);
+        (*c).shared_head = key.handle;
     }
 }
 
-/// Every client with a handle to `mem` lists it as shared (it now has more than one
-/// reference).
+/// Takes object `key` off its client's list of shared-memory handles.
 #[inline(never)]
-fn share_everywhere(mem: *mut MemInfo, mem_id: u64) {
-    for i in 0..MEM_HANDLES {
-        // SAFETY: a map value pointer; i is in bounds.
-        let client = unsafe { (*mem).handles[i].client };
-        if client != 0 {
-            shared_add(client, mem_id);
+fn unlink_shared(key: &ObjectKey) {
+    let Some(obj) = OBJECTS.get_ptr_mut(key) else {
+        return;
+    };
+    // SAFETY: map value pointers, valid for this program run.
+    unsafe {
+        if (*obj).in_shared_list == 0 {
+            return;
+        }
+        let (prev, next) = ((*obj).shared_prev, (*obj).shared_next);
+        (*obj).in_shared_list = 0;
+        if prev != 0 {
+            if let Some(p) = OBJECTS.get_ptr_mut(ObjectKey {
+                client: key.client,
+                handle: prev,
+            }) {
+                (*p).shared_next = next;
+            }
+        } else if let Some(c) = CLIENTS.get_ptr_mut(key.client) {
+            (*c).shared_head = next;
+        }
+        if next != 0
+            && let Some(n) = OBJECTS.get_ptr_mut(ObjectKey {
+                client: key.client,
+                handle: next,
+            })
+        {
+            (*n).shared_prev = prev;
         }
     }
 }
@@ -420,6 +443,7 @@ pub fn share(key: &ObjectKey) -> u64 {
         };
     }
     obj.mem_id = mem_id;
+    link_shared(key);
     mem_id
 }
 
@@ -455,7 +479,6 @@ pub fn add_handle(mem_id: u64, h: &MemHandle) -> bool {
                 slot.seq = (*m).next_seq;
                 (*m).next_seq += 1;
             }
-            share_everywhere(m, mem_id);
             return true;
         }
     }
@@ -463,10 +486,21 @@ pub fn add_handle(mem_id: u64, h: &MemHandle) -> bool {
     false
 }
 
-/// The memory's oldest handle whose client does not live on the open file
-/// `excluded` (being released: all its handles go), or `NO_HANDLE`.
+/// Handles going away together, which must not inherit a charge: those of
+/// clients on the open file `file` (being released), and those of `client` in the
+/// scope `device`/`sub` (a teardown under way). Zeroes exclude nothing.
+#[derive(Clone, Copy, Default)]
+pub struct Exclude {
+    pub file: u64,
+    pub client: u32,
+    pub device: u32,
+    pub sub: u32,
+    pub _reserved: u32,
+}
+
+/// The memory's oldest handle not excluded by `x`, or `NO_HANDLE`.
 #[inline(never)]
-fn oldest_handle(m: *mut MemInfo, excluded: u64) -> u32 {
+fn oldest_handle(m: *mut MemInfo, x: &Exclude) -> u32 {
     let (mut best, mut best_seq) = (NO_HANDLE, u32::MAX);
     for i in 0..MEM_HANDLES {
         // SAFETY: a map value pointer; i is in bounds.
@@ -474,9 +508,11 @@ fn oldest_handle(m: *mut MemInfo, excluded: u64) -> u32 {
         if h.client == 0 || h.seq >= best_seq {
             continue;
         }
+        if x.client != 0 && h.client == x.client && in_scope(h.device, h.sub, x.device, x.sub) {
+            continue;
+        }
         // SAFETY: copied out at once.
-        if excluded != 0 && unsafe { CLIENTS.get(h.client) }.is_some_and(|c| c.file_id == excluded)
-        {
+        if x.file != 0 && unsafe { CLIENTS.get(h.client) }.is_some_and(|c| c.file_id == x.file) {
             continue;
         }
         best = i as u32;
@@ -490,7 +526,7 @@ fn oldest_handle(m: *mut MemInfo, excluded: u64) -> u32 {
 /// oldest surviving handle, or waits in the export files, or the memory is freed.
 /// Returns the bytes freed (0 when it lives on).
 #[inline(never)]
-fn recharge(pid: u32, tid: u32, mem_id: u64, m: *mut MemInfo, excluded: u64) -> u64 {
+fn recharge(pid: u32, tid: u32, mem_id: u64, m: *mut MemInfo, excluded: &Exclude) -> u64 {
     // SAFETY: a map value pointer.
     let (bytes, kind, gpu, from) = unsafe { ((*m).bytes, (*m).kind, (*m).gpu, (*m).charged_pid) };
     let next = oldest_handle(m, excluded);
@@ -638,9 +674,9 @@ fn free_shared(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo) -> (u64, u
         if h.client == key.client && h.handle == key.handle {
             index = i as u32;
             *h = MemHandle::default();
-            break;
         }
     }
+    unlink_shared(key);
     // SAFETY: as above.
     let (charged, charged_pid) = unsafe { ((*m).charged, (*m).charged_pid) };
     if index == NO_HANDLE || index != charged {
@@ -657,7 +693,10 @@ fn free_shared(pid: u32, tid: u32, key: &ObjectKey, obj: &ObjectInfo) -> (u64, u
         };
         move_out(client, &h, m);
     }
-    (recharge(pid, tid, obj.mem_id, m, 0), charged_pid)
+    (
+        recharge(pid, tid, obj.mem_id, m, &Exclude::default()),
+        charged_pid,
+    )
 }
 
 /// What a free gave back (to keep call arguments within five).
@@ -710,7 +749,6 @@ pub fn export_memory(pid: u32, file_id: u64, position: u32, mem_id: u64) -> bool
     if let Some(m) = MEMS.get_ptr_mut(mem_id) {
         // SAFETY: a map value pointer.
         unsafe { (*m).export_refs += 1 };
-        share_everywhere(m, mem_id);
     }
     true
 }
@@ -759,83 +797,95 @@ fn in_scope(h_device: u32, h_sub: u32, device: u32, sub: u32) -> bool {
     }
 }
 
-/// One shared memory of a client whose handles go in a teardown, the first at or
-/// after slot `w.index`: its handles in scope are removed; if its charged handle
-/// went, its bytes move out of this client (to the oldest survivor, or to its export
-/// files) before the contributors are subtracted en bloc; with no reference left
-/// it stays in the contributor and goes with it. Returns the next slot to look at,
-/// or `None` when every slot is done. (One memory per program run: more is too much
-/// for the verifier.)
+/// One handle to a shared memory of a client whose handles go in a teardown, the
+/// one at `w.cursor` on the client's list (its head when `w.index` is 0): if it is
+/// in the teardown's scope it goes; if it was the charged handle, its memory's
+/// bytes move out of this client (to the oldest survivor, or to its export files)
+/// before the contributors are subtracted en bloc, or, with no reference left,
+/// they stay in the contributor and go with it. Returns the next handle on the
+/// list, or `None` at its end. (One handle per program run: more is too much for
+/// the verifier.)
 #[inline(never)]
 fn teardown_shared(pid: u32, tid: u32, w: &Work) -> Option<u32> {
-    let client = CLIENTS.get_ptr_mut(w.client)?;
-    let mut slot = CLIENT_SHARED;
-    for i in 0..CLIENT_SHARED {
-        // SAFETY: a map value pointer; i is in bounds.
-        if i as u32 >= w.index && unsafe { (*client).shared[i] } != 0 {
-            slot = i;
-            break;
-        }
-    }
-    if slot >= CLIENT_SHARED {
+    let client = CLIENTS.get_ptr(w.client)?;
+    let handle = if w.index == 0 {
+        // SAFETY: a map value pointer.
+        unsafe { (*client).shared_head }
+    } else {
+        w.cursor
+    };
+    if handle == 0 {
         return None;
     }
-    // SAFETY: as above; slot is in bounds.
-    let mem_id = unsafe { (*client).shared[slot] };
-    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
-        // SAFETY: as above.
-        unsafe { (*client).shared[slot] = 0 };
-        return Some(slot as u32 + 1);
+    let key = ObjectKey {
+        client: w.client,
+        handle,
     };
-    let (lost_charge, left_here) = remove_handles(m, w);
-    if left_here == 0 {
-        // SAFETY: as above.
-        unsafe { (*client).shared[slot] = 0 };
+    let obj = OBJECTS.get_ptr(key)?;
+    // SAFETY: a map value pointer, valid for this program run.
+    let (next, device, sub, mem_id) =
+        unsafe { ((*obj).shared_next, (*obj).device, (*obj).sub, (*obj).mem_id) };
+    if !in_scope(device, sub, w.device, w.sub) {
+        return Some(next);
     }
+    unlink_shared(&key);
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        return Some(next);
+    };
+    let lost_charge = remove_handle(m, &key);
     if lost_charge.client != 0 {
-        // SAFETY: as above.
-        let survives = oldest_handle(m, w.file_id) != NO_HANDLE || unsafe { (*m).export_refs } > 0;
-        if survives {
-            move_out(client, &lost_charge, m);
-            recharge(pid, tid, mem_id, m, w.file_id);
-        } else {
-            // Freed with this client: its bytes go with the contributors.
-            let _ = MEMS.remove(mem_id);
-        }
+        settle_lost_charge(pid, tid, w, mem_id, &lost_charge);
     }
-    Some(slot as u32 + 1)
+    Some(next)
 }
 
-/// Removes the handles of `w`'s client in `w`'s scope from memory `m`. Returns the
-/// charged handle if it was among them (client 0 if not; its `pid` set to the
-/// charged process) and how many handles of that client remain.
+/// A teardown removed the charged handle `lost` of memory `mem_id`: its bytes move
+/// out of `w`'s client to a survivor (or wait in export files), or, with no
+/// reference left, stay in the contributor and go with it.
 #[inline(never)]
-fn remove_handles(m: *mut MemInfo, w: &Work) -> (MemHandle, u32) {
+fn settle_lost_charge(pid: u32, tid: u32, w: &Work, mem_id: u64, lost: &MemHandle) {
+    let (Some(m), Some(client)) = (MEMS.get_ptr_mut(mem_id), CLIENTS.get_ptr_mut(w.client)) else {
+        return;
+    };
+    let x = Exclude {
+        file: w.file_id,
+        client: w.client,
+        device: w.device,
+        sub: w.sub,
+        _reserved: 0,
+    };
+    // SAFETY: a map value pointer.
+    let survives = oldest_handle(m, &x) != NO_HANDLE || unsafe { (*m).export_refs } > 0;
+    if survives {
+        move_out(client, lost, m);
+        recharge(pid, tid, mem_id, m, &x);
+    } else {
+        // Freed with this client: its bytes go with the contributors.
+        let _ = MEMS.remove(mem_id);
+    }
+}
+
+/// Removes handle `key` from memory `m`. Returns it if it was the charged one
+/// (with its `pid` set to the charged process; client 0 if it was not).
+#[inline(never)]
+fn remove_handle(m: *mut MemInfo, key: &ObjectKey) -> MemHandle {
     // SAFETY: a map value pointer.
     let (charged, charged_pid) = unsafe { ((*m).charged, (*m).charged_pid) };
     let mut lost = MemHandle::default();
-    let mut left_here = 0;
     for j in 0..MEM_HANDLES {
         // SAFETY: as above; j is in bounds.
         let h = unsafe { &mut (*m).handles[j] };
-        if h.client != w.client {
-            continue;
+        if h.client == key.client && h.handle == key.handle {
+            if j as u32 == charged {
+                lost = *h;
+                lost.pid = charged_pid;
+                // SAFETY: as above.
+                unsafe { (*m).charged = NO_HANDLE };
+            }
+            *h = MemHandle::default();
         }
-        if !in_scope(h.device, h.sub, w.device, w.sub) {
-            left_here += 1;
-            continue;
-        }
-        if j as u32 == charged {
-            lost = *h;
-            lost.pid = charged_pid;
-        }
-        *h = MemHandle::default();
     }
-    if lost.client != 0 {
-        // SAFETY: as above.
-        unsafe { (*m).charged = NO_HANDLE };
-    }
-    (lost, left_here)
+    lost
 }
 
 /// Takes a shared memory's bytes out of the contributor of its (gone) charged
@@ -927,8 +977,11 @@ pub struct Work {
     client: u32,
     device: u32,
     sub: u32,
-    /// TEARDOWN_SHARED: the next shared-memory slot to look at.
+    /// TEARDOWN_SHARED: 0 before the first step, then 1; CLOSE_RANGE: next slot.
     index: u32,
+    /// TEARDOWN_SHARED: the next handle on the client's shared list.
+    cursor: u32,
+    _reserved: u32,
     /// RELEASE_FILE: the file. Teardowns: the file being released (its clients'
     /// handles are all going, so none of them may inherit a charge), or 0.
     file_id: u64,
@@ -1029,6 +1082,8 @@ pub fn queue_close_range(pid: u32, tid: u32, first: u32, last: u32) {
             device: first,
             sub: last,
             index: 0,
+            cursor: 0,
+            _reserved: 0,
             file_id: 0,
         },
     );
@@ -1046,6 +1101,8 @@ pub fn queue_teardown(pid: u32, tid: u32, client: u32, scope: &Scope, reason: u3
             device: scope.device,
             sub: scope.sub,
             index: 0,
+            cursor: 0,
+            _reserved: 0,
             file_id: 0,
         },
     );
@@ -1097,19 +1154,31 @@ pub fn keling_release_file(ctx: TracePointContext) -> i32 {
     0
 }
 
-/// [`WORK_TEARDOWN_SHARED`], then queues the contributors' part.
+/// The item at the front of this CPU's queue, in place: (pid, tid, item).
+#[inline(always)]
+fn front_work() -> Option<(u32, u32, &'static mut Work)> {
+    let q = WORK_QUEUE.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; programs run to completion on one CPU.
+    let q = unsafe { &mut *q };
+    if q.len == 0 {
+        return None;
+    }
+    let w = &mut q.items[q.start as usize & (WORK_SLOTS - 1)];
+    Some((q.pid, q.tid, w))
+}
+
+/// [`WORK_TEARDOWN_SHARED`]: one handle of the client's shared list per run, the
+/// item updated in place; then the contributors' part.
 #[tracepoint(category = "keling", name = "keling_teardown_shared")]
 pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
-    if let Some((pid, tid, w)) = pop_work() {
-        let next = match teardown_shared(pid, tid, &w) {
-            Some(index) => Work { index, ..w },
-            None => Work {
-                kind: WORK_TEARDOWN_CONTRIBUTORS,
-                ..w
-            },
-        };
-        // At the front, so this teardown finishes before other work starts.
-        push_front(pid, tid, &next);
+    if let Some((pid, tid, w)) = front_work() {
+        match teardown_shared(pid, tid, w) {
+            Some(cursor) if cursor != 0 => {
+                w.index = 1;
+                w.cursor = cursor;
+            }
+            _ => w.kind = WORK_TEARDOWN_CONTRIBUTORS,
+        }
     }
     run_work(&ctx);
     0
@@ -1170,6 +1239,8 @@ fn release_file(pid: u32, tid: u32, file_id: u64) {
                     device: 0,
                     sub: 0,
                     index: 0,
+                    cursor: 0,
+                    _reserved: 0,
                     file_id,
                 },
             );

@@ -24,8 +24,8 @@ use keling_common::{
 use super::{
     accounting::{
         CLIENTS, FILES, NO_BYTES_EXPORT, OBJECTS, Scope, add_handle, charge_new, count_undecoded,
-        export_memory, exported, free_mem_handle, new_client, proc_fds, queue_teardown, run_work,
-        scratch_object, share,
+        export_memory, exported, free_mem_handle, link_shared, new_client, proc_fds,
+        queue_teardown, run_work, scratch_object, share,
     },
     files::{add_fd, device_of_file, file_of_fd, find_slot, follows},
 };
@@ -892,6 +892,9 @@ fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> 
     };
     if OBJECTS.insert(key, &*info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
+    }
+    if mem_id != 0 {
+        link_shared(&key);
     }
     p.gpu = info.gpu;
     p.mem_kind = info.mem_kind;
