@@ -21,7 +21,9 @@ use keling_common::{
 
 use self::{
     btf::Btf,
-    programs::{Attach, Feature, PROGRAMS, WORK_PROG_MAP, WORK_PROGRAMS},
+    programs::{
+        Attach, Feature, IOCTL_PROG_MAP, IOCTL_PROGRAMS, PROGRAMS, WORK_PROG_MAP, WORK_PROGRAMS,
+    },
     tracefs::TracepointFormat,
 };
 use crate::gpu::{
@@ -177,7 +179,15 @@ impl Probes {
         }
         // The deferred-work programs are reached only by tail call: load them and
         // put them in WORK_PROG before anything that can queue work is attached.
-        for &(slot, name) in WORK_PROGRAMS {
+        let tail_called = WORK_PROGRAMS
+            .iter()
+            .map(|&(slot, name)| (WORK_PROG_MAP, slot, name))
+            .chain(
+                IOCTL_PROGRAMS
+                    .iter()
+                    .map(|&(slot, name)| (IOCTL_PROG_MAP, slot, name)),
+            );
+        for (map, slot, name) in tail_called {
             let prog: &mut TracePoint = ebpf
                 .program_mut(name)
                 .with_context(|| format!("program {name} missing"))?
@@ -186,8 +196,8 @@ impl Probes {
                 .with_context(|| format!("verifier rejected {name}"))?;
             let fd = prog.fd()?.try_clone()?;
             let mut array = ProgramArray::try_from(
-                ebpf.map_mut(WORK_PROG_MAP)
-                    .with_context(|| format!("{WORK_PROG_MAP} map missing"))?,
+                ebpf.map_mut(map)
+                    .with_context(|| format!("{map} map missing"))?,
             )?;
             array.set(slot, &fd, 0)?;
         }

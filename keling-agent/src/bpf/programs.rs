@@ -102,6 +102,16 @@ pub const WORK_PROGRAMS: &[(u32, &str)] = &[
 ];
 /// The program array.
 pub const WORK_PROG_MAP: &str = "WORK_PROG";
+/// The handlers of the NVIDIA calls that change memory, reached by tail call from
+/// `sys_exit_ioctl` by their slot.
+pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
+    (1, "keling_ioctl_alloc"),
+    (2, "keling_ioctl_free"),
+    (3, "keling_ioctl_control"),
+    (4, "keling_ioctl_dup"),
+];
+/// Their program array.
+pub const IOCTL_PROG_MAP: &str = "IOCTL_PROG";
 
 #[cfg(test)]
 mod tests {

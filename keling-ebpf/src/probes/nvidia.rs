@@ -368,9 +368,38 @@ impl Report {
     }
 }
 
+/// Handlers of the calls that change memory, each its own program reached by tail
+/// call from `sys_exit_ioctl` (together they are too much for the verifier).
+pub const IOCTL_ALLOC: u32 = 1;
+pub const IOCTL_FREE: u32 = 2;
+pub const IOCTL_CONTROL: u32 = 3;
+pub const IOCTL_DUP: u32 = 4;
+
+/// The handler programs, by the numbers above; set by the agent at load time.
+#[map]
+static IOCTL_PROG: aya_ebpf::maps::ProgramArray =
+    aya_ebpf::maps::ProgramArray::with_max_entries(8, 0);
+
+/// Which handler a successful call needs (0: none, it is a plain call).
+#[inline(always)]
+fn handler(p: &PendingIoctl) -> u32 {
+    if p.device == device_file::UVM {
+        return 0;
+    }
+    match p.escape {
+        escape::ALLOC | escape::ALLOC_MEMORY => IOCTL_ALLOC,
+        escape::VID_HEAP_CONTROL if p.sub == nvos32::FUNCTION_FREE => IOCTL_FREE,
+        escape::VID_HEAP_CONTROL => IOCTL_ALLOC,
+        escape::FREE => IOCTL_FREE,
+        escape::CONTROL if p.sub_params != 0 => IOCTL_CONTROL,
+        escape::DUP_OBJECT => IOCTL_DUP,
+        _ => 0,
+    }
+}
+
 #[tracepoint(category = "syscalls", name = "sys_exit_ioctl")]
 pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
-    let (pid, tid) = current_ids();
+    let (_, tid) = current_ids();
     // Worked on in place: a copy would take a third of the 512-byte stack.
     let Some(p) = PENDING_IOCTL.get_ptr_mut(tid) else {
         return 0;
@@ -380,27 +409,137 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     let p = unsafe { &mut *p };
     // SAFETY: sys_exit_* records hold the return value at byte 16.
     p.ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
-    let mut report = Report::status(0);
-    let mut reason = p.undecoded;
-    if reason == 0 && p.ret == 0 {
-        match decode_exit(p) {
-            Ok(Some(r)) => report = r,
-            // Fully reported by decode_exit; a teardown it queued is done now.
-            Ok(None) => {
-                let _ = PENDING_IOCTL.remove(tid);
-                run_work(&ctx);
-                return 0;
-            }
-            Err(r) => reason = 1 + r,
+    if p.undecoded == 0 && p.ret == 0 {
+        let h = handler(p);
+        if h != 0 {
+            // SAFETY: a tail call to a program of the same type.
+            unsafe { IOCTL_PROG.tail_call(&ctx, h) };
+            // Only reached if the tail call failed.
+            p.undecoded = 1 + undecoded::TABLE_FULL;
         }
     }
-    if reason != 0 {
-        count_undecoded(pid, reason - 1);
-        report.outcome = outcome::UNDECODED;
-    }
-    report_ioctl(p, &report, reason);
-    let _ = PENDING_IOCTL.remove(tid);
+    let result = if p.undecoded != 0 || p.ret != 0 {
+        Ok(Some(Report::status(0)))
+    } else {
+        plain_exit(p)
+    };
+    finish(&ctx, p, result);
     0
+}
+
+/// Reports the outcome of a call and lets go of its pending entry; runs any work
+/// it queued.
+#[inline(always)]
+fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<Report>, u32>) {
+    let tid = p.tid;
+    match result {
+        // Fully reported; a teardown it queued is done now.
+        Ok(None) => {
+            let _ = PENDING_IOCTL.remove(tid);
+            run_work(ctx);
+        }
+        Ok(Some(report)) => {
+            let reason = p.undecoded;
+            let mut report = report;
+            if reason != 0 {
+                count_undecoded(p.pid, reason - 1);
+                report.outcome = outcome::UNDECODED;
+            }
+            report_ioctl(p, &report, reason);
+            let _ = PENDING_IOCTL.remove(tid);
+        }
+        Err(r) => {
+            count_undecoded(p.pid, r);
+            let report = Report {
+                status: 0,
+                outcome: outcome::UNDECODED,
+                requested: 0,
+            };
+            report_ioctl(p, &report, 1 + r);
+            let _ = PENDING_IOCTL.remove(tid);
+            run_work(ctx);
+        }
+    }
+}
+
+/// The pending entry of the current thread, for a handler program.
+#[inline(always)]
+fn pending() -> Option<&'static mut PendingIoctl> {
+    let (_, tid) = current_ids();
+    let p = PENDING_IOCTL.get_ptr_mut(tid)?;
+    // SAFETY: a map value pointer, valid for this program run.
+    Some(unsafe { &mut *p })
+}
+
+#[tracepoint(category = "keling", name = "keling_ioctl_alloc")]
+pub fn keling_ioctl_alloc(ctx: TracePointContext) -> i32 {
+    if let Some(p) = pending() {
+        let r = match p.escape {
+            escape::ALLOC => exit_alloc(p),
+            escape::ALLOC_MEMORY => exit_alloc_memory(p),
+            _ => exit_vid_heap(p),
+        };
+        finish(&ctx, p, r);
+    }
+    0
+}
+
+#[tracepoint(category = "keling", name = "keling_ioctl_free")]
+pub fn keling_ioctl_free(ctx: TracePointContext) -> i32 {
+    if let Some(p) = pending() {
+        let r = exit_free(p);
+        finish(&ctx, p, r);
+    }
+    0
+}
+
+#[tracepoint(category = "keling", name = "keling_ioctl_control")]
+pub fn keling_ioctl_control(ctx: TracePointContext) -> i32 {
+    if let Some(p) = pending() {
+        let r = exit_control(p);
+        finish(&ctx, p, r);
+    }
+    0
+}
+
+#[tracepoint(category = "keling", name = "keling_ioctl_dup")]
+pub fn keling_ioctl_dup(ctx: TracePointContext) -> i32 {
+    if let Some(p) = pending() {
+        let r = exit_dup(p);
+        finish(&ctx, p, r);
+    }
+    0
+}
+
+/// RM_FREE, or VID_HEAP_CONTROL FREE, that returned.
+#[inline(never)]
+fn exit_free(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+    let status = if p.escape == escape::FREE {
+        user_u32(p.params, nvos00::STATUS)?
+    } else {
+        user_u32(p.params, nvos32::STATUS)?
+    };
+    if status != 0 {
+        return Ok(Some(Report::status(status)));
+    }
+    free_object(p)?;
+    Ok(None)
+}
+
+/// RM_DUP_OBJECT that returned.
+#[inline(never)]
+fn exit_dup(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+    let status = user_u32(p.params, nvos55::STATUS)?;
+    if status != 0 {
+        return Ok(Some(Report::status(status)));
+    }
+    p.handle = user_u32(p.params, nvos55::H_OBJECT)?;
+    let src = ObjectKey {
+        client: p.aux,
+        handle: p.aux2,
+    };
+    new_ref(p, &src, 0, ref_how::DUP)?;
+    Ok(None)
 }
 
 /// Reports a call that changed no memory.
@@ -440,10 +579,9 @@ fn emit_quiet_or_not(e: GpuIoctlEvent) {
     }
 }
 
-/// Applies a successful call. `Ok(Some(report))`: report as a plain ioctl;
-/// `Ok(None)`: already reported. (Inlined: the verifier allows 8 nested calls.)
+/// A successful call that changes no memory: its status.
 #[inline(always)]
-fn decode_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
+fn plain_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     let base = p.params;
     if p.device == device_file::UVM {
         let status = match p.escape {
@@ -454,31 +592,7 @@ fn decode_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
         return Ok(Some(Report::status(status)));
     }
     match p.escape {
-        escape::ALLOC => exit_alloc(p),
-        escape::ALLOC_MEMORY => exit_alloc_memory(p),
-        escape::VID_HEAP_CONTROL => exit_vid_heap(p),
-        escape::FREE => {
-            let status = user_u32(base, nvos00::STATUS)?;
-            if status != 0 {
-                return Ok(Some(Report::status(status)));
-            }
-            free_object(p)?;
-            Ok(None)
-        }
-        escape::CONTROL => exit_control(p),
-        escape::DUP_OBJECT => {
-            let status = user_u32(base, nvos55::STATUS)?;
-            if status != 0 {
-                return Ok(Some(Report::status(status)));
-            }
-            p.handle = user_u32(base, nvos55::H_OBJECT)?;
-            let src = ObjectKey {
-                client: p.aux,
-                handle: p.aux2,
-            };
-            new_ref(p, &src, 0, ref_how::DUP)?;
-            Ok(None)
-        }
+        escape::CONTROL => Ok(Some(Report::status(user_u32(base, nvos54::STATUS)?))),
         escape::REGISTER_FD => {
             if p.aux_file != 0 && device_of_file(p.aux_file) == device_file::CTL {
                 let _ = REGISTERED.insert(p.file_id, p.aux_file, 0);
@@ -608,10 +722,6 @@ fn exit_vid_heap(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
             let limit = user_u64(base, nvos32::OS_DESCRIPTOR_LIMIT)?;
             (mem_kind::HOST, limit.saturating_add(1))
         }
-        nvos32::FUNCTION_FREE => {
-            free_object(p)?;
-            return Ok(None);
-        }
         _ => return Ok(Some(Report::status(status))),
     };
     let object_kind = ObjectKind::of_class(p.class);
@@ -691,11 +801,35 @@ fn client_on(p: &PendingIoctl) -> Result<*mut ClientInfo, u32> {
     let c = CLIENTS.get_ptr_mut(p.client).ok_or(undecoded::TABLE_FULL)?;
     // SAFETY: a map value pointer.
     let file = unsafe { (*c).file_id };
-    // SAFETY: copied out at once.
-    if file != p.file_id && unsafe { REGISTERED.get(p.file_id) }.copied() != Some(file) {
-        return Err(undecoded::UNKNOWN_OBJECT);
+    if file == p.file_id {
+        return Ok(c);
     }
-    Ok(c)
+    // SAFETY: copied out at once.
+    if unsafe { REGISTERED.get(p.file_id) }.copied() == Some(file) {
+        return Ok(c);
+    }
+    // Through an nvidiaN file registered before Keling was watching: the caller
+    // must have the client's own file open.
+    if p.device <= device_file::MAX_GPU && has_file(pid, file) {
+        let _ = REGISTERED.insert(p.file_id, file, 0);
+        return Ok(c);
+    }
+    Err(undecoded::UNKNOWN_OBJECT)
+}
+
+/// Whether `pid` has an fd of the open file `file` (as far as Keling knows).
+#[inline(never)]
+fn has_file(pid: u32, file: u64) -> bool {
+    let Some(fds) = proc_fds(pid, false) else {
+        return false;
+    };
+    for i in 0..keling_common::FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        if unsafe { (*fds).slots[i].file_id } == file {
+            return true;
+        }
+    }
+    false
 }
 
 /// A live object of a client (its generation matches).
