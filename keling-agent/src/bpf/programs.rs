@@ -109,6 +109,7 @@ pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
     (2, "keling_ioctl_free"),
     (3, "keling_ioctl_control"),
     (4, "keling_ioctl_dup"),
+    (5, "keling_ioctl_batch"),
 ];
 /// Their program array.
 pub const IOCTL_PROG_MAP: &str = "IOCTL_PROG";

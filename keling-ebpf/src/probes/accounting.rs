@@ -105,6 +105,7 @@ fn add_with_peak(field: *mut u64, peak: *mut u64, delta: i64) {
     }
 }
 
+#[inline(always)]
 fn totals_ptr(key: &TotalKey) -> Option<*mut Totals> {
     if let Some(p) = TOTALS.get_ptr_mut(key) {
         return Some(p);
@@ -484,6 +485,19 @@ pub fn add_handle(mem_id: u64, h: &MemHandle) -> bool {
     }
     count_undecoded(h.pid, undecoded::TABLE_FULL);
     false
+}
+
+/// A memory that only export files held (no handle charged) is charged to its
+/// oldest handle again: the one just added. (Inlined: calls nest at most 8 deep.)
+#[inline(always)]
+pub fn claim_charge(pid: u32, tid: u32, mem_id: u64) {
+    let Some(m) = MEMS.get_ptr_mut(mem_id) else {
+        return;
+    };
+    // SAFETY: a map value pointer.
+    if unsafe { (*m).charged } == NO_HANDLE {
+        recharge(pid, tid, mem_id, m, &Exclude::default());
+    }
 }
 
 /// Handles going away together, which must not inherit a charge: those of

@@ -23,9 +23,9 @@ use keling_common::{
 
 use super::{
     accounting::{
-        CLIENTS, FILES, NO_BYTES_EXPORT, OBJECTS, Scope, add_handle, charge_new, count_undecoded,
-        export_memory, exported, free_mem_handle, link_shared, new_client, proc_fds,
-        queue_teardown, run_work, scratch_object, share,
+        CLIENTS, FILES, NO_BYTES_EXPORT, OBJECTS, Scope, add_handle, charge_new, claim_charge,
+        count_undecoded, export_memory, exported, free_mem_handle, link_shared, new_client,
+        proc_fds, queue_teardown, run_work, scratch_object, share,
     },
     files::{add_fd, device_of_file, file_of_fd, find_slot, follows},
 };
@@ -374,6 +374,7 @@ pub const IOCTL_ALLOC: u32 = 1;
 pub const IOCTL_FREE: u32 = 2;
 pub const IOCTL_CONTROL: u32 = 3;
 pub const IOCTL_DUP: u32 = 4;
+pub const IOCTL_BATCH: u32 = 5;
 
 /// The handler programs, by the numbers above; set by the agent at load time.
 #[map]
@@ -391,6 +392,13 @@ fn handler(p: &PendingIoctl) -> u32 {
         escape::VID_HEAP_CONTROL if p.sub == nvos32::FUNCTION_FREE => IOCTL_FREE,
         escape::VID_HEAP_CONTROL => IOCTL_ALLOC,
         escape::FREE => IOCTL_FREE,
+        escape::CONTROL
+            if p.sub_params != 0
+                && (p.sub == ctrl::EXPORT_OBJECTS_TO_FD
+                    || p.sub == ctrl::IMPORT_OBJECTS_FROM_FD) =>
+        {
+            IOCTL_BATCH
+        }
         escape::CONTROL if p.sub_params != 0 => IOCTL_CONTROL,
         escape::DUP_OBJECT => IOCTL_DUP,
         _ => 0,
@@ -498,6 +506,37 @@ pub fn keling_ioctl_control(ctx: TracePointContext) -> i32 {
     if let Some(p) = pending() {
         let r = exit_control(p);
         finish(&ctx, p, r);
+    }
+    0
+}
+
+/// Batch exports and imports: one object per run, then itself again.
+#[tracepoint(category = "keling", name = "keling_ioctl_batch")]
+pub fn keling_ioctl_batch(ctx: TracePointContext) -> i32 {
+    let Some(p) = pending() else {
+        return 0;
+    };
+    let r = if p.aux2 == 0 {
+        match user_u32(p.params, nvos54::STATUS) {
+            Ok(0) => Ok(None),
+            Ok(status) => Ok(Some(Report::status(status))),
+            Err(e) => Err(e),
+        }
+    } else {
+        Ok(None)
+    };
+    if !matches!(r, Ok(None)) {
+        finish(&ctx, p, r);
+        return 0;
+    }
+    match batch_step(p) {
+        Ok(true) => {
+            // SAFETY: a tail call to a program of the same type.
+            unsafe { IOCTL_PROG.tail_call(&ctx, IOCTL_BATCH) };
+            finish(&ctx, p, Err(undecoded::TABLE_FULL));
+        }
+        Ok(false) => finish(&ctx, p, Ok(None)),
+        Err(e) => finish(&ctx, p, Err(e)),
     }
     0
 }
@@ -735,7 +774,6 @@ fn exit_vid_heap(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
 
 #[inline(never)]
 fn exit_control(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
-    let pid = p.pid;
     let status = user_u32(p.params, nvos54::STATUS)?;
     if status != 0 || p.sub_params == 0 {
         return Ok(Some(Report::status(status)));
@@ -746,43 +784,47 @@ fn exit_control(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
             let handle = user_u32(params, ctrl::EXPORT_H_OBJECT)?;
             export_one(p, handle, 0)?;
         }
-        ctrl::EXPORT_OBJECTS_TO_FD => {
-            let n = user::<u16>(params + ctrl::EXPORT_BATCH_NUM as u64)? as usize;
-            let index = user::<u16>(params + ctrl::EXPORT_BATCH_INDEX as u64)? as u32;
-            if n > BATCH_OBJECTS {
-                count_undecoded(pid, undecoded::TABLE_FULL);
-            }
-            for i in 0..BATCH_OBJECTS {
-                if i >= n {
-                    break;
-                }
-                let handle = user_u32(params, ctrl::EXPORT_BATCH_OBJECTS + 4 * i)?;
-                export_one(p, handle, index + i as u32)?;
-            }
-        }
         ctrl::IMPORT_OBJECT_FROM_FD => {
             p.parent = user_u32(params, ctrl::IMPORT_H_PARENT)?;
             p.handle = user_u32(params, ctrl::IMPORT_H_OBJECT)?;
             import_one(p, 0)?;
         }
-        ctrl::IMPORT_OBJECTS_FROM_FD => {
-            p.parent = user_u32(params, ctrl::IMPORT_BATCH_H_PARENT)?;
-            let n = user::<u16>(params + ctrl::IMPORT_BATCH_NUM as u64)? as usize;
-            let index = user::<u16>(params + ctrl::IMPORT_BATCH_INDEX as u64)? as u32;
-            if n > BATCH_OBJECTS {
-                count_undecoded(pid, undecoded::TABLE_FULL);
-            }
-            for i in 0..BATCH_OBJECTS {
-                if i >= n {
-                    break;
-                }
-                p.handle = user_u32(params, ctrl::IMPORT_BATCH_OBJECTS + 4 * i)?;
-                import_one(p, index + i as u32)?;
-            }
-        }
         _ => return Ok(Some(Report::status(status))),
     }
     Ok(None)
+}
+
+/// One object of a batch export or import (the next one, `p.aux2`), then the
+/// rest by tail call. `Ok(true)`: more to do.
+#[inline(never)]
+fn batch_step(p: &mut PendingIoctl) -> Result<bool, u32> {
+    let params = p.sub_params;
+    let export = p.sub == ctrl::EXPORT_OBJECTS_TO_FD;
+    let (num_off, index_off) = if export {
+        (ctrl::EXPORT_BATCH_NUM, ctrl::EXPORT_BATCH_INDEX)
+    } else {
+        (ctrl::IMPORT_BATCH_NUM, ctrl::IMPORT_BATCH_INDEX)
+    };
+    let n = user::<u16>(params + num_off as u64)? as u32;
+    let index = user::<u16>(params + index_off as u64)? as u32;
+    let i = p.aux2;
+    if i == 0 && n as usize > BATCH_OBJECTS {
+        count_undecoded(p.pid, undecoded::TABLE_FULL);
+    }
+    if i >= n || i as usize >= BATCH_OBJECTS {
+        return Ok(false);
+    }
+    let at = (i as usize & (BATCH_OBJECTS - 1)) * 4;
+    if export {
+        let handle = user_u32(params, ctrl::EXPORT_BATCH_OBJECTS + at)?;
+        export_one(p, handle, index + i)?;
+    } else {
+        p.parent = user_u32(params, ctrl::IMPORT_BATCH_H_PARENT)?;
+        p.handle = user_u32(params, ctrl::IMPORT_BATCH_OBJECTS + at)?;
+        import_one(p, index + i)?;
+    }
+    p.aux2 = i + 1;
+    Ok(p.aux2 < n && (p.aux2 as usize) < BATCH_OBJECTS)
 }
 
 /// The client named by a call, checked against the open file the call came
@@ -1018,6 +1060,8 @@ fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> 
         if !add_handle(mem_id, &h) {
             return Err(undecoded::TABLE_FULL);
         }
+        // A memory only export files held takes its new handle as the charged one.
+        claim_charge(pid, p.tid, mem_id);
         info.mem_id = mem_id;
     }
     let key = ObjectKey {
