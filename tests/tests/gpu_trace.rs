@@ -495,26 +495,74 @@ fn attach_adopts_fds_opened_before_keling() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The totals live in kernel maps, not in the event stream: with a ring buffer far
-/// too small for a 10 000-ioctl flood, events are lost (and counted) but the
-/// per-process figures still equal the ground truth.
+/// The totals live in kernel maps, not in the event stream: with a small ring buffer
+/// that nobody drains during a 10 000-ioctl flood (the tracer is stopped with
+/// SIGSTOP meanwhile), events are lost (and counted) but the per-process figures
+/// still equal the ground truth.
 #[test]
 fn totals_stay_exact_when_the_ring_buffer_drops_events() {
     if !ready("totals_stay_exact_when_the_ring_buffer_drops_events") {
         return;
     }
     let sim = Nvsim::mount(&["--gpus", "1"]);
-    let t = trace(
-        &["--dev-dir", sim.dev_dir(), "--ringbuf-kib", "4"],
-        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "hostile"],
+    let dir = tempdir();
+    let (out_path, go, done) = (dir.join("trace.jsonl"), dir.join("go"), dir.join("done"));
+    let script = format!(
+        "while [ ! -e {go} ]; do sleep 0.01; done; {wl} --dev-dir {dev} --scenario hostile; touch {done}",
+        go = go.display(),
+        done = done.display(),
+        wl = gwl(),
+        dev = sim.dev_dir(),
     );
-    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
-    let s = t.summary();
+    let mut keling = ChildGuard(
+        Command::new(keling_tests::keling_bin())
+            .args(["trace", "--dev-dir", sim.dev_dir(), "--ringbuf-kib", "4"])
+            .args(["--format", "jsonl", "--output"])
+            .arg(&out_path)
+            .args(["--", "sh", "-c", &script])
+            .spawn()
+            .unwrap(),
+    );
+    let keling_pid = keling.0.id() as i32;
+    // The trace is running once the shell's exec is written out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&out_path).is_ok_and(|t| t.contains("\"exec\"")) {
+        assert!(Instant::now() < deadline, "the trace did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Nobody drains the ring buffer while the flood runs.
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(keling_pid, libc::SIGSTOP) };
+    std::fs::write(&go, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done.exists() {
+        if Instant::now() > deadline {
+            // SAFETY: as above.
+            unsafe { libc::kill(keling_pid, libc::SIGCONT) };
+            panic!("the flood did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(keling_pid, libc::SIGCONT) };
+    assert!(keling.0.wait().unwrap().success());
+    let lines: Vec<Value> = std::fs::read_to_string(&out_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let s = lines.last().unwrap();
+    assert_eq!(s["type"], "summary");
     assert!(
         s["drops"].as_u64().unwrap() > 0,
-        "the tiny ring buffer overflowed: {}",
+        "the undrained ring buffer overflowed: {}",
         s["drops"]
     );
-    assert!(t.of_type("drops").any(|d| d["total"].as_u64().unwrap() > 0));
+    assert!(
+        lines
+            .iter()
+            .any(|d| d["type"] == "drops" && d["total"].as_u64().unwrap() > 0)
+    );
     converge(&sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -224,7 +224,7 @@ pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
     FILES.get_ptr_mut(file_id)
 }
 
-/// Records a new client created through the open file `file_id`.
+/// Records a new client created through the open file `file_id` (0: not known yet).
 pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
     let Some(zero) = ZERO_CLIENT.get_ptr(0) else {
         return;
@@ -243,11 +243,19 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
             (*c).gen_ = next_id(0) as u32;
         }
     }
+    if file_id != 0 {
+        attach_client(handle, file_id, device, pid);
+    }
+}
+
+/// Lists client `handle` on the open file `file_id`: its release frees it.
+#[inline(never)]
+pub fn attach_client(handle: u32, file_id: u64, device: u32, pid: u32) {
     let Some(f) = file_info(file_id, device, pid) else {
         return;
     };
     for i in 0..FILE_CLIENTS {
-        // SAFETY: as above; i is in bounds.
+        // SAFETY: a map value pointer; i is in bounds.
         let slot = unsafe { &mut (*f).clients[i] };
         if *slot == 0 || *slot == handle {
             *slot = handle;

@@ -834,16 +834,30 @@ fn batch_step(p: &mut PendingIoctl) -> Result<bool, u32> {
 fn client_on(p: &PendingIoctl) -> Result<*mut ClientInfo, u32> {
     let pid = p.pid;
     if CLIENTS.get_ptr(p.client).is_none() {
-        // SAFETY: copied out at once.
-        let file = unsafe { REGISTERED.get(p.file_id) }
-            .copied()
-            .unwrap_or(p.file_id);
+        // Its file: this one if it is an nvidiactl file, else the nvidiactl file
+        // this nvidiaN file was registered with, else not known yet (0).
+        let file = if p.device == device_file::CTL {
+            p.file_id
+        } else {
+            // SAFETY: copied out at once.
+            unsafe { REGISTERED.get(p.file_id) }.copied().unwrap_or(0)
+        };
         new_client(pid, p.client, file, p.device);
     }
     let c = CLIENTS.get_ptr_mut(p.client).ok_or(undecoded::TABLE_FULL)?;
     // SAFETY: a map value pointer.
     let file = unsafe { (*c).file_id };
     if file == p.file_id {
+        return Ok(c);
+    }
+    if file == 0 {
+        // A client from before Keling, first met through an nvidiaN file: the
+        // first nvidiactl file it is used through is its own.
+        if p.device == device_file::CTL {
+            // SAFETY: as above.
+            unsafe { (*c).file_id = p.file_id };
+            super::accounting::attach_client(p.client, p.file_id, p.device, pid);
+        }
         return Ok(c);
     }
     // SAFETY: copied out at once.
