@@ -188,6 +188,7 @@ impl Probes {
                     .map(|&(slot, name)| (IOCTL_PROG_MAP, slot, name)),
             );
         for (map, slot, name) in tail_called {
+            let _timing = Timing(name, std::time::Instant::now());
             let prog: &mut TracePoint = ebpf
                 .program_mut(name)
                 .with_context(|| format!("program {name} missing"))?
@@ -296,7 +297,17 @@ impl Probes {
     }
 }
 
+/// Logs (debug) how long loading and attaching a program took.
+struct Timing<'a>(&'a str, std::time::Instant);
+
+impl Drop for Timing<'_> {
+    fn drop(&mut self) {
+        log::debug!("program {} loaded in {:?}", self.0, self.1.elapsed());
+    }
+}
+
 fn attach(ebpf: &mut Ebpf, name: &str, attach: Attach) -> anyhow::Result<()> {
+    let _timing = Timing(name, std::time::Instant::now());
     let prog = ebpf
         .program_mut(name)
         .with_context(|| format!("program {name} missing"))?;

@@ -109,7 +109,8 @@ pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
     (2, "keling_ioctl_free"),
     (3, "keling_ioctl_control"),
     (4, "keling_ioctl_dup"),
-    (5, "keling_ioctl_batch"),
+    (5, "keling_ioctl_batch_export"),
+    (6, "keling_ioctl_batch_import"),
 ];
 /// Their program array.
 pub const IOCTL_PROG_MAP: &str = "IOCTL_PROG";

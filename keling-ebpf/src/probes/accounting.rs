@@ -935,13 +935,21 @@ fn move_out(client: *mut ClientInfo, h: &MemHandle, m: *mut MemInfo) {
 /// Frees what a client's contributors in `w`'s scope hold, as the driver does, and
 /// reports each; the client itself goes when the whole of it does.
 #[inline(never)]
-fn teardown_contributors(pid: u32, tid: u32, w: &Work) {
+fn teardown_contributors(pid: u32, tid: u32, w: &Work) -> bool {
     let Some(client) = CLIENTS.get_ptr_mut(w.client) else {
-        return;
+        return false;
     };
     // SAFETY: a map value pointer.
     let creator = unsafe { (*client).creator_pid };
-    for i in 0..CLIENT_CONTRIBUTORS {
+    let first = w.index as usize;
+    for k in 0..CONTRIBUTORS_PER_RUN {
+        if first + k >= CLIENT_CONTRIBUTORS {
+            break;
+        }
+        // Masked as well, out of the compiler's sight: the verifier does not follow
+        // the bound through the sum (nor through the pointer stepping the compiler
+        // would turn it into).
+        let i = core::hint::black_box(first + k) & (CLIENT_CONTRIBUTORS - 1);
         // SAFETY: as above; i is in bounds.
         let c = unsafe { &mut (*client).contributors[i] };
         if c.pid == 0 || !in_scope(c.device, c.sub, w.device, w.sub) {
@@ -957,25 +965,38 @@ fn teardown_contributors(pid: u32, tid: u32, w: &Work) {
         };
         sub_totals(c.pid, c.gpu, &d);
         driver_figure(creator, c.gpu, mem_kind::VIDEO, -(c.bytes as i64));
-        emit(GpuTeardownEvent {
-            header: header(EventKind::GpuTeardown, pid, tid),
-            client: w.client,
-            reason: w.reason,
-            owner_pid: c.pid,
-            gpu: c.gpu,
-            device: c.device,
-            sub: c.sub,
-            objects: c.objects,
-            _reserved: 0,
-            bytes: c.bytes,
-            host_bytes: c.host_bytes,
-            egm_bytes: c.egm_bytes,
-        });
+        emit_teardown(pid, tid, w, c);
         *c = Contributor::default();
+    }
+    if first + CONTRIBUTORS_PER_RUN < CLIENT_CONTRIBUTORS {
+        return true;
     }
     if w.device == 0 && w.sub == 0 {
         let _ = CLIENTS.remove(w.client);
     }
+    false
+}
+
+/// Contributor slots one run of [`teardown_contributors`] handles (all 16 are too
+/// much for the verifier in one program).
+const CONTRIBUTORS_PER_RUN: usize = 4;
+
+#[inline(never)]
+fn emit_teardown(pid: u32, tid: u32, w: &Work, c: &Contributor) {
+    emit(GpuTeardownEvent {
+        header: header(EventKind::GpuTeardown, pid, tid),
+        client: w.client,
+        reason: w.reason,
+        owner_pid: c.pid,
+        gpu: c.gpu,
+        device: c.device,
+        sub: c.sub,
+        objects: c.objects,
+        _reserved: 0,
+        bytes: c.bytes,
+        host_bytes: c.host_bytes,
+        egm_bytes: c.egm_bytes,
+    });
 }
 
 /// What a teardown covers: all of a client, a device or a subdevice.
@@ -999,7 +1020,8 @@ pub struct Work {
     client: u32,
     device: u32,
     sub: u32,
-    /// TEARDOWN_SHARED: 0 before the first step, then 1; CLOSE_RANGE: next slot.
+    /// TEARDOWN_SHARED: 0 before the first step, then 1; TEARDOWN_CONTRIBUTORS:
+    /// the next contributor slot; CLOSE_RANGE: the next fd slot.
     index: u32,
     /// TEARDOWN_SHARED: the next handle on the client's shared list.
     cursor: u32,
@@ -1199,7 +1221,10 @@ pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
                 w.index = 1;
                 w.cursor = cursor;
             }
-            _ => w.kind = WORK_TEARDOWN_CONTRIBUTORS,
+            _ => {
+                w.kind = WORK_TEARDOWN_CONTRIBUTORS;
+                w.index = 0;
+            }
         }
     }
     run_work(&ctx);
@@ -1222,8 +1247,12 @@ pub fn keling_close_range(ctx: TracePointContext) -> i32 {
 /// [`WORK_TEARDOWN_CONTRIBUTORS`].
 #[tracepoint(category = "keling", name = "keling_teardown_contributors")]
 pub fn keling_teardown_contributors(ctx: TracePointContext) -> i32 {
-    if let Some((pid, tid, w)) = pop_work() {
-        teardown_contributors(pid, tid, &w);
+    if let Some((pid, tid, w)) = front_work() {
+        if teardown_contributors(pid, tid, w) {
+            w.index += CONTRIBUTORS_PER_RUN as u32;
+        } else {
+            let _ = pop_work();
+        }
     }
     run_work(&ctx);
     0

@@ -374,7 +374,8 @@ pub const IOCTL_ALLOC: u32 = 1;
 pub const IOCTL_FREE: u32 = 2;
 pub const IOCTL_CONTROL: u32 = 3;
 pub const IOCTL_DUP: u32 = 4;
-pub const IOCTL_BATCH: u32 = 5;
+pub const IOCTL_BATCH_EXPORT: u32 = 5;
+pub const IOCTL_BATCH_IMPORT: u32 = 6;
 
 /// The handler programs, by the numbers above; set by the agent at load time.
 #[map]
@@ -392,12 +393,11 @@ fn handler(p: &PendingIoctl) -> u32 {
         escape::VID_HEAP_CONTROL if p.sub == nvos32::FUNCTION_FREE => IOCTL_FREE,
         escape::VID_HEAP_CONTROL => IOCTL_ALLOC,
         escape::FREE => IOCTL_FREE,
-        escape::CONTROL
-            if p.sub_params != 0
-                && (p.sub == ctrl::EXPORT_OBJECTS_TO_FD
-                    || p.sub == ctrl::IMPORT_OBJECTS_FROM_FD) =>
-        {
-            IOCTL_BATCH
+        escape::CONTROL if p.sub_params != 0 && p.sub == ctrl::EXPORT_OBJECTS_TO_FD => {
+            IOCTL_BATCH_EXPORT
+        }
+        escape::CONTROL if p.sub_params != 0 && p.sub == ctrl::IMPORT_OBJECTS_FROM_FD => {
+            IOCTL_BATCH_IMPORT
         }
         escape::CONTROL if p.sub_params != 0 => IOCTL_CONTROL,
         escape::DUP_OBJECT => IOCTL_DUP,
@@ -510,35 +510,46 @@ pub fn keling_ioctl_control(ctx: TracePointContext) -> i32 {
     0
 }
 
-/// Batch exports and imports: one object per run, then itself again.
-#[tracepoint(category = "keling", name = "keling_ioctl_batch")]
-pub fn keling_ioctl_batch(ctx: TracePointContext) -> i32 {
+/// Batch exports: one object per run, then itself again.
+#[tracepoint(category = "keling", name = "keling_ioctl_batch_export")]
+pub fn keling_ioctl_batch_export(ctx: TracePointContext) -> i32 {
+    batch(&ctx, IOCTL_BATCH_EXPORT);
+    0
+}
+
+/// Batch imports: one object per run, then itself again.
+#[tracepoint(category = "keling", name = "keling_ioctl_batch_import")]
+pub fn keling_ioctl_batch_import(ctx: TracePointContext) -> i32 {
+    batch(&ctx, IOCTL_BATCH_IMPORT);
+    0
+}
+
+#[inline(always)]
+fn batch(ctx: &TracePointContext, me: u32) {
     let Some(p) = pending() else {
-        return 0;
+        return;
     };
-    let r = if p.aux2 == 0 {
+    if p.aux2 == 0 {
         match user_u32(p.params, nvos54::STATUS) {
-            Ok(0) => Ok(None),
-            Ok(status) => Ok(Some(Report::status(status))),
-            Err(e) => Err(e),
+            Ok(0) => {}
+            Ok(status) => return finish(ctx, p, Ok(Some(Report::status(status)))),
+            Err(e) => return finish(ctx, p, Err(e)),
         }
-    } else {
-        Ok(None)
-    };
-    if !matches!(r, Ok(None)) {
-        finish(&ctx, p, r);
-        return 0;
     }
-    match batch_step(p) {
+    let step = if me == IOCTL_BATCH_EXPORT {
+        batch_export_step(p)
+    } else {
+        batch_import_step(p)
+    };
+    match step {
         Ok(true) => {
             // SAFETY: a tail call to a program of the same type.
-            unsafe { IOCTL_PROG.tail_call(&ctx, IOCTL_BATCH) };
-            finish(&ctx, p, Err(undecoded::TABLE_FULL));
+            unsafe { IOCTL_PROG.tail_call(ctx, me) };
+            finish(ctx, p, Err(undecoded::TABLE_FULL));
         }
-        Ok(false) => finish(&ctx, p, Ok(None)),
-        Err(e) => finish(&ctx, p, Err(e)),
+        Ok(false) => finish(ctx, p, Ok(None)),
+        Err(e) => finish(ctx, p, Err(e)),
     }
-    0
 }
 
 #[tracepoint(category = "keling", name = "keling_ioctl_dup")]
@@ -794,37 +805,51 @@ fn exit_control(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     Ok(None)
 }
 
-/// One object of a batch export or import (the next one, `p.aux2`), then the
-/// rest by tail call. `Ok(true)`: more to do.
-#[inline(never)]
-fn batch_step(p: &mut PendingIoctl) -> Result<bool, u32> {
-    let params = p.sub_params;
-    let export = p.sub == ctrl::EXPORT_OBJECTS_TO_FD;
-    let (num_off, index_off) = if export {
-        (ctrl::EXPORT_BATCH_NUM, ctrl::EXPORT_BATCH_INDEX)
-    } else {
-        (ctrl::IMPORT_BATCH_NUM, ctrl::IMPORT_BATCH_INDEX)
-    };
-    let n = user::<u16>(params + num_off as u64)? as u32;
-    let index = user::<u16>(params + index_off as u64)? as u32;
+/// Where a batch control is: (its size, index, and the next object, `p.aux2`);
+/// `None` when it is done. Counts objects beyond what Keling decodes.
+#[inline(always)]
+fn batch_next(
+    p: &PendingIoctl,
+    num_off: usize,
+    index_off: usize,
+) -> Result<Option<(u32, u32)>, u32> {
+    let n = user::<u16>(p.sub_params + num_off as u64)? as u32;
+    let index = user::<u16>(p.sub_params + index_off as u64)? as u32;
     let i = p.aux2;
     if i == 0 && n as usize > BATCH_OBJECTS {
         count_undecoded(p.pid, undecoded::TABLE_FULL);
     }
     if i >= n || i as usize >= BATCH_OBJECTS {
+        return Ok(None);
+    }
+    Ok(Some((index, i)))
+}
+
+/// One object of a batch export. `Ok(true)`: more to do.
+#[inline(never)]
+fn batch_export_step(p: &mut PendingIoctl) -> Result<bool, u32> {
+    let Some((index, i)) = batch_next(p, ctrl::EXPORT_BATCH_NUM, ctrl::EXPORT_BATCH_INDEX)? else {
         return Ok(false);
-    }
+    };
     let at = (i as usize & (BATCH_OBJECTS - 1)) * 4;
-    if export {
-        let handle = user_u32(params, ctrl::EXPORT_BATCH_OBJECTS + at)?;
-        export_one(p, handle, index + i)?;
-    } else {
-        p.parent = user_u32(params, ctrl::IMPORT_BATCH_H_PARENT)?;
-        p.handle = user_u32(params, ctrl::IMPORT_BATCH_OBJECTS + at)?;
-        import_one(p, index + i)?;
-    }
+    let handle = user_u32(p.sub_params, ctrl::EXPORT_BATCH_OBJECTS + at)?;
+    export_one(p, handle, index + i)?;
     p.aux2 = i + 1;
-    Ok(p.aux2 < n && (p.aux2 as usize) < BATCH_OBJECTS)
+    Ok(true)
+}
+
+/// One object of a batch import. `Ok(true)`: more to do.
+#[inline(never)]
+fn batch_import_step(p: &mut PendingIoctl) -> Result<bool, u32> {
+    let Some((index, i)) = batch_next(p, ctrl::IMPORT_BATCH_NUM, ctrl::IMPORT_BATCH_INDEX)? else {
+        return Ok(false);
+    };
+    let at = (i as usize & (BATCH_OBJECTS - 1)) * 4;
+    p.parent = user_u32(p.sub_params, ctrl::IMPORT_BATCH_H_PARENT)?;
+    p.handle = user_u32(p.sub_params, ctrl::IMPORT_BATCH_OBJECTS + at)?;
+    import_one(p, index + i)?;
+    p.aux2 = i + 1;
+    Ok(true)
 }
 
 /// The client named by a call, checked against the open file the call came
