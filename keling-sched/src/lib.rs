@@ -179,6 +179,22 @@
 //! 300 s (kept in 1 s buckets), 1.0 with no data. Ties go to the lowest index. With no
 //! GPUs configured, tasks go to GPU 0.
 //!
+//! ## Policies
+//!
+//! Everything above is [`Policy::Hybrid`], the agent's policy and what
+//! [`Scheduler::new`] gives. [`Scheduler::with_policy`] gives two textbook policies
+//! for `keling replay` to compare it with; they change only how the slot holders
+//! are chosen, not placement, feedback, quotas or duration limits:
+//!
+//! | policy | priority a task is scheduled with | slot holders, in rank order | preemption |
+//! |---|---|---|---|
+//! | `hybrid` | its own | wanting the GPU, priority, round-robin position, id | higher priority at once; equal priorities by quantum; idle tasks yield; memory pressure evicts lower priorities |
+//! | `fifo` | [`EQUAL_PRIORITY`] for all | arrival order, id (wanting the GPU or not) | none: a holder keeps its slot until it exits; nobody is evicted for memory |
+//! | `rr` | [`EQUAL_PRIORITY`] for all | wanting the GPU, round-robin position, id | equal turns of 100 ms ([`quantum_ms`] of [`EQUAL_PRIORITY`]); idle tasks yield; nobody is evicted for memory |
+//!
+//! Transitions and views show the priority each task asked for under every
+//! policy.
+//!
 //! ## Small decisions
 //!
 //! Priorities above 15 are treated as 15; `slots_per_gpu` 0 is treated as 1.
@@ -195,6 +211,7 @@
 //! | [`config`] | [`SchedConfig`], [`GpuInfo`] |
 //! | [`placement`] | the placement weight, the allocation success-rate window, [`load_balance_error`] |
 //! | [`victims`] | which tasks memory pressure evicts: [`choose_victims`] |
+//! | [`policy`] | the agent's [`Policy`] and the two `keling replay` compares it with |
 //! | [`scheduler`] | the state machine: [`Scheduler`], [`Output`] |
 //!
 //! Everything the agent needs is re-exported here. The crate has no dependency that
@@ -208,6 +225,7 @@ pub mod action;
 pub mod config;
 pub mod input;
 pub mod placement;
+pub mod policy;
 pub mod reason;
 pub mod scheduler;
 pub mod state;
@@ -224,6 +242,7 @@ pub use placement::{
     ALLOC_SUCCESS_WINDOW_S, PLACEMENT_ALLOC_SUCCESS_WEIGHT, PLACEMENT_FREE_MEMORY_WEIGHT,
     PLACEMENT_QUEUE_WEIGHT, load_balance_error,
 };
+pub use policy::{EQUAL_PRIORITY, Policy};
 pub use reason::Reason;
 pub use scheduler::{Output, Scheduler};
 pub use state::{

@@ -13,6 +13,7 @@ use crate::action::{Action, ActionKind, EnforcementRecord};
 use crate::config::SchedConfig;
 use crate::input::{Input, TaskSpec};
 use crate::placement::{AllocHistory, best_gpu, placement_weight};
+use crate::policy::Policy;
 use crate::reason::Reason;
 use crate::state::{LOWEST_PRIORITY, TaskState, TaskView, Transition, is_legal, quantum_ms};
 use crate::task::{Actuation, Direction, Ending, Rank, Task};
@@ -42,11 +43,19 @@ pub struct Scheduler {
     archived: BTreeMap<TaskId, Task>,
     /// Per configured GPU, the last `ALLOC_SUCCESS_WINDOW_S` seconds.
     alloc_history: AllocHistory,
+    policy: Policy,
 }
 
 impl Scheduler {
-    /// A scheduler with no tasks, its clock at 0.
+    /// A scheduler with no tasks, its clock at 0, under the agent's policy
+    /// ([`Policy::Hybrid`]).
     pub fn new(config: SchedConfig) -> Self {
+        Self::with_policy(config, Policy::Hybrid)
+    }
+
+    /// A scheduler with no tasks, its clock at 0, under `policy` (see "Policies"
+    /// in the crate doc).
+    pub fn with_policy(config: SchedConfig, policy: Policy) -> Self {
         let capacity_bytes = config
             .gpus
             .iter()
@@ -61,7 +70,13 @@ impl Scheduler {
             tasks: BTreeMap::new(),
             archived: BTreeMap::new(),
             alloc_history: AllocHistory::default(),
+            policy,
         }
+    }
+
+    /// The policy it schedules by.
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
     /// The configuration it was made with.
@@ -197,7 +212,8 @@ impl Scheduler {
             .gpu
             .unwrap_or_else(|| best_gpu(self.placement_weights_iter(self.now_ns)));
         let id = spec.id;
-        let task = Task::arrived(spec, gpu, self.now_ns, self.next_queue_seq);
+        let mut task = Task::arrived(spec, gpu, self.now_ns, self.next_queue_seq);
+        task.sched_priority = self.policy.scheduled_priority(task.spec.priority);
         self.next_queue_seq += 1;
         self.tasks.insert(id, task);
         out.actions.push(Action::Place { id, gpu });
@@ -466,13 +482,18 @@ impl Scheduler {
     fn reconcile_gpu(&mut self, gpu: u32, out: &mut Output) {
         let now = self.now_ns;
         let slots = self.config.slots();
-        let rotated = self.rotate_expired_quanta(gpu);
+        let policy = self.policy;
+        let rotated = if policy.preemptive() {
+            self.rotate_expired_quanta(gpu)
+        } else {
+            BTreeSet::new()
+        };
 
         let mut ranked: Vec<(Rank, TaskId)> = self
             .tasks
             .iter()
             .filter(|(_, t)| t.is_live() && t.gpu == gpu)
-            .map(|(&id, t)| (t.rank(), id))
+            .map(|(&id, t)| (t.rank_under(policy), id))
             .collect();
         ranked.sort_unstable();
         let ranked: Vec<TaskId> = ranked.into_iter().map(|(_, id)| id).collect();
@@ -645,7 +666,7 @@ fn record_transition(
         name: task.spec.name.clone(),
         pid: task.spec.pid,
         gpu: Some(task.gpu),
-        priority: task.priority(),
+        priority: task.spec.priority,
         from,
         to,
         reason,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::action::ActionKind;
 use crate::input::TaskSpec;
+use crate::policy::Policy;
 use crate::reason::Reason;
 use crate::state::{TaskState, TaskView, class_of, quantum_ms};
 use crate::{NS_PER_MS, TaskId};
@@ -58,15 +59,19 @@ pub(crate) struct Task {
     pub(crate) warned: bool,
     pub(crate) duration_enforced: bool,
     pub(crate) ending: Option<Ending>,
+    /// What the policy schedules it as: `spec.priority` under the hybrid policy.
+    pub(crate) sched_priority: u8,
 }
 
 /// Lower ranks first for a slot: wanting the GPU, priority, queue position, id.
 pub(crate) type Rank = (bool, u8, u64, TaskId);
 
 impl Task {
-    /// A task that has just arrived: `Pending`, wanting the GPU.
+    /// A task that has just arrived: `Pending`, wanting the GPU, scheduled with
+    /// its own priority (the scheduler sets another for other policies).
     pub(crate) fn arrived(spec: TaskSpec, gpu: u32, now_ns: u64, queue_seq: u64) -> Self {
         Task {
+            sched_priority: spec.priority,
             spec,
             state: TaskState::Pending,
             gpu,
@@ -91,8 +96,10 @@ impl Task {
         self.state.is_live()
     }
 
+    /// The priority the policy schedules it with (its own under the hybrid
+    /// policy).
     pub(crate) fn priority(&self) -> u8 {
-        self.spec.priority
+        self.sched_priority
     }
 
     /// Running, or about to (a thaw is in flight).
@@ -110,6 +117,15 @@ impl Task {
             self.queue_seq,
             self.spec.id,
         )
+    }
+
+    /// [`Task::rank`] under `policy`: FIFO ranks by arrival alone (idle holders
+    /// keep their slot, and its queue positions never rotate).
+    pub(crate) fn rank_under(&self, policy: Policy) -> Rank {
+        match policy {
+            Policy::Fifo => (false, self.priority(), self.queue_seq, self.spec.id),
+            Policy::Hybrid | Policy::RoundRobin => self.rank(),
+        }
     }
 
     pub(crate) fn mem_on(&self, gpu: u32) -> u64 {
@@ -147,8 +163,8 @@ impl Task {
             on_gpu_ns: self.on_gpu_ns,
             on_gpu_ms: self.on_gpu_ns / NS_PER_MS,
             wants_gpu: self.wants_gpu,
-            class: class_of(self.priority()),
-            quantum_ms: quantum_ms(self.priority()),
+            class: class_of(self.spec.priority),
+            quantum_ms: quantum_ms(self.spec.priority),
             in_flight: self.actuation.map(|a| match (a.direction, a.escalated) {
                 (Direction::Freeze, false) => ActionKind::Freeze,
                 (Direction::Freeze, true) => ActionKind::Stop,

@@ -7,6 +7,7 @@
 mod duration;
 mod memory;
 mod placement;
+mod policies;
 mod properties;
 mod robustness;
 mod slots;
