@@ -173,7 +173,7 @@ impl Nvsim {
         use std::io::BufRead;
         let dir = tempdir().join("dev");
         std::fs::create_dir_all(&dir).unwrap();
-        let mut child = Command::new(sibling_bin("keling-nvsim"))
+        let mut child = Command::new(nvsim_bin())
             .arg("mount")
             .arg(&dir)
             .args(args)
@@ -244,6 +244,11 @@ impl Drop for Nvsim {
 /// The GPU workload generator (a binary of the keling-nvsim crate).
 pub fn gpu_workload_bin() -> PathBuf {
     sibling_bin("keling-gpu-workload")
+}
+
+/// The simulated driver's FUSE server.
+pub fn nvsim_bin() -> PathBuf {
+    sibling_bin("keling-nvsim")
 }
 
 /// (pid, gpu) -> [bytes, peak_bytes, host_bytes, egm_bytes, driver figure, allocs,

@@ -566,3 +566,91 @@ fn totals_stay_exact_when_the_ring_buffer_drops_events() {
     converge(&sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A process in a private mount namespace mounts its own (fake) driver over the
+/// very path Keling watches (the real mount is lazily unmounted in that namespace
+/// only) and makes GPU calls on it, while a real process uses the
+/// real files at the same path. Keling knows NVIDIA files by the identity of their
+/// inode, not by their name: the fake calls are invisible (no events, no figures,
+/// nothing undecoded) and the real process's figures equal the real driver's truth.
+#[test]
+fn a_device_forged_in_a_private_mount_namespace_is_not_counted() {
+    if !ready("a_device_forged_in_a_private_mount_namespace_is_not_counted") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let dir = tempdir();
+    let (forger_sh, log, fake_state, fake_pid) = (
+        dir.join("forger.sh"),
+        dir.join("fake.log"),
+        dir.join("fake-state.json"),
+        dir.join("fake.pid"),
+    );
+    let forger = format!(
+        "{nvsim} mount {dev} --gpus 1 --foreground --force 2>{log} & sim=$!; \
+         until grep -q 'nvsim: mounted' {log}; do kill -0 $sim || exit 9; sleep 0.05; done; \
+         sh -c 'echo $$ > {pidf}; exec {wl} --dev-dir {dev} --scenario basic'; rc=$?; \
+         cp {dev}/nvsim-state.json {fake_state}; kill $sim; wait $sim; exit $rc",
+        nvsim = keling_tests::nvsim_bin().display(),
+        dev = sim.dev_dir(),
+        log = log.display(),
+        pidf = fake_pid.display(),
+        wl = gwl(),
+        fake_state = fake_state.display(),
+    );
+    std::fs::write(&forger_sh, forger).unwrap();
+    let script = format!(
+        "{wl} --dev-dir {dev} --scenario basic & real=$!; \
+         unshare --mount --propagation private sh {forger} || exit 1; wait $real",
+        wl = gwl(),
+        dev = sim.dev_dir(),
+        forger = forger_sh.display(),
+    );
+    let t = trace(&["--dev-dir", sim.dev_dir()], &["sh", "-c", &script]);
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    // The forged driver really served the forger's calls...
+    let fake: Value = serde_json::from_str(&std::fs::read_to_string(&fake_state).unwrap())
+        .expect("the fake driver's state");
+    let forger_pid: u64 = std::fs::read_to_string(&fake_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let fake_figures = keling_tests::truth_figures(&fake);
+    assert!(
+        fake_figures
+            .iter()
+            .any(|((pid, _), f)| *pid == forger_pid && f[5] == 2),
+        "the forger allocated twice on its fake driver: {fake_figures:?}"
+    );
+    // Both drivers started fresh and hand out handles from the same base, so the
+    // forged replies named the real process's own client and memory handles...
+    assert!(
+        t.of_type("gpu_object")
+            .any(|o| o["kind"] == "client" && o["handle"] == 0xc1d0_0000u32),
+        "the real process's client has the first handle a fresh driver gives"
+    );
+    // ...and Keling saw none of them.
+    let gpu_kinds = [
+        "gpu_open",
+        "gpu_alloc",
+        "gpu_free",
+        "gpu_object",
+        "gpu_teardown",
+        "gpu_ioctl",
+    ];
+    for kind in gpu_kinds {
+        assert!(
+            t.of_type(kind).all(|e| e["pid"] != forger_pid),
+            "{kind} event from the forger"
+        );
+    }
+    let p = t.process(forger_pid);
+    assert_eq!(p["gpu_allocs"], 0, "{p}");
+    assert_eq!(p["gpu_mem_peak_bytes"], 0, "{p}");
+    assert_eq!(p["undecoded"], 0, "{p}");
+    // The real process, at the same path at the same time, is exact.
+    assert!(t.of_type("gpu_alloc").count() >= 2);
+    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
