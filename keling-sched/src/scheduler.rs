@@ -154,6 +154,18 @@ impl Scheduler {
         views
     }
 
+    /// Forgets archived tasks that finished before `finished_before_ns`, so a
+    /// long-running agent's state stays bounded (the agent calls it with its
+    /// retention window). Returns how many it forgot. Archived tasks take no part
+    /// in any decision, so this changes no output of [`Scheduler::step`]; a
+    /// forgotten id is simply unknown again (ids are never reused).
+    pub fn prune_archived(&mut self, finished_before_ns: u64) -> usize {
+        let before = self.archived.len();
+        self.archived
+            .retain(|_, t| t.finished_ns.is_none_or(|f| f >= finished_before_ns));
+        before - self.archived.len()
+    }
+
     /// The placement weight of each configured GPU at `ts_ns` (normally the latest
     /// input's), sorted by index: higher is better. See "Placement" in the crate doc.
     pub fn placement_weights(&self, ts_ns: u64) -> Vec<(u32, f64)> {

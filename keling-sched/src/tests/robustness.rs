@@ -112,3 +112,31 @@ fn priorities_above_15_are_treated_as_15() {
         (15, Class::Background, 200)
     );
 }
+
+#[test]
+fn archived_tasks_are_forgotten_after_the_retention_window() {
+    let mut h = Harness::new(config(1, 2));
+    h.arrive(spec(1, 5));
+    h.arrive(spec(2, 5));
+    h.at_ms(10);
+    h.exit(1, 0);
+    h.at_ms(20);
+    h.exit(2, 0);
+    h.arrive(spec(3, 5));
+    h.at_ms(30);
+    h.tick();
+    assert_eq!(
+        h.sched.prune_archived(15 * MS),
+        1,
+        "task 1 finished at 10 ms"
+    );
+    assert!(h.sched.task(1).is_none());
+    assert_eq!(h.view(2).state, Archived);
+    assert_eq!(h.sched.prune_archived(15 * MS), 0);
+    // Live tasks are never forgotten, whatever the window.
+    assert_eq!(h.sched.prune_archived(u64::MAX), 1);
+    assert_eq!(h.sched.tasks().len(), 1);
+    assert_eq!(h.view(3).state, Running);
+    // Forgetting changes no decision: the next step is as it would have been.
+    assert_eq!(h.tick(), Output::default());
+}
