@@ -25,4 +25,5 @@ pub mod gpu;
 pub mod latency;
 pub mod os;
 pub mod output;
+pub mod replay;
 pub mod sched;

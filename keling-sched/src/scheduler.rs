@@ -480,33 +480,42 @@ impl Scheduler {
 
     /// Brings every GPU's slot holders in line with the ranking (crate doc).
     fn reconcile(&mut self, out: &mut Output) {
-        let gpus: BTreeSet<u32> = self
+        // The live tasks of each GPU, gathered once: reconciling one GPU changes
+        // no task's GPU and ends no task, so the lists stay right throughout.
+        let mut live: Vec<(u32, TaskId)> = self
             .tasks
-            .values()
-            .filter(|t| t.is_live())
-            .map(|t| t.gpu)
+            .iter()
+            .filter(|(_, t)| t.is_live())
+            .map(|(&id, t)| (t.gpu, id))
             .collect();
-        for gpu in gpus {
-            self.reconcile_gpu(gpu, out);
+        live.sort_unstable();
+        for on_gpu in live.chunk_by(|a, b| a.0 == b.0) {
+            self.reconcile_gpu(on_gpu[0].0, on_gpu, out);
         }
     }
 
-    fn reconcile_gpu(&mut self, gpu: u32, out: &mut Output) {
+    /// `on_gpu`: `(gpu, id)` of the live tasks placed on `gpu`.
+    fn reconcile_gpu(&mut self, gpu: u32, on_gpu: &[(u32, TaskId)], out: &mut Output) {
         let now = self.now_ns;
         let slots = self.config.slots();
         let policy = self.policy;
         let rotated = if policy.preemptive() {
-            self.rotate_expired_quanta(gpu)
+            self.rotate_expired_quanta(on_gpu)
         } else {
             BTreeSet::new()
         };
 
-        let mut ranked: Vec<(Rank, TaskId)> = self
-            .tasks
+        let mut ranked: Vec<(Rank, TaskId)> = on_gpu
             .iter()
-            .filter(|(_, t)| t.is_live() && t.gpu == gpu)
-            .map(|(&id, t)| (t.rank_under(policy), id))
+            .filter_map(|&(_, id)| self.tasks.get(&id).map(|t| (t.rank_under(policy), id)))
             .collect();
+        debug_assert!(on_gpu.iter().all(|&(g, id)| {
+            g == gpu
+                && self
+                    .tasks
+                    .get(&id)
+                    .is_some_and(|t| t.is_live() && t.gpu == gpu)
+        }));
         ranked.sort_unstable();
         let ranked: Vec<TaskId> = ranked.into_iter().map(|(_, id)| id).collect();
         let (should_hold, should_wait) = ranked.split_at(slots.min(ranked.len()));
@@ -579,19 +588,9 @@ impl Scheduler {
     /// Round robin: a running task whose quantum is used up goes to the back of its
     /// priority's queue if an active task of that priority waits on the GPU;
     /// otherwise it starts a fresh quantum. Returns the tasks sent to the back.
-    fn rotate_expired_quanta(&mut self, gpu: u32) -> BTreeSet<TaskId> {
-        let on_gpu = |t: &&Task| t.is_live() && t.gpu == gpu;
-        let waiting_priorities: BTreeSet<u8> = self
-            .tasks
-            .values()
-            .filter(on_gpu)
-            .filter(|t| t.wants_gpu && !t.holds_slot())
-            .map(Task::priority)
-            .collect();
-        let mut expired: Vec<(Rank, TaskId)> = self
-            .tasks
-            .values()
-            .filter(on_gpu)
+    fn rotate_expired_quanta(&mut self, on_gpu: &[(u32, TaskId)]) -> BTreeSet<TaskId> {
+        let on_gpu = || on_gpu.iter().filter_map(|(_, id)| self.tasks.get(id));
+        let mut expired: Vec<(Rank, TaskId)> = on_gpu()
             .filter(|t| {
                 t.state == TaskState::Running
                     && t.actuation.is_none()
@@ -599,8 +598,15 @@ impl Scheduler {
             })
             .map(|t| (t.rank(), t.spec.id))
             .collect();
-        expired.sort_unstable();
         let mut rotated = BTreeSet::new();
+        if expired.is_empty() {
+            return rotated;
+        }
+        let waiting_priorities: BTreeSet<u8> = on_gpu()
+            .filter(|t| t.wants_gpu && !t.holds_slot())
+            .map(Task::priority)
+            .collect();
+        expired.sort_unstable();
         for (_, id) in expired {
             let seq = self.next_queue_seq;
             let Some(task) = self.tasks.get_mut(&id) else {

@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod launch;
+pub mod replay;
 pub mod run;
 pub mod status;
 pub mod thaw;
@@ -53,6 +54,9 @@ enum Command {
     /// Thaw every task Keling froze and continue every process it stopped (what
     /// the fail-safe does when the agent dies; for when you must do it by hand).
     Thaw(thaw::ThawArgs),
+    /// Re-run a recorded input log through the scheduler core (exactly, or under
+    /// another policy or config), or compare policies on a synthetic workload.
+    Replay(replay::ReplayArgs),
 }
 
 /// Parses the command line, runs the subcommand, and returns the exit code.
@@ -70,6 +74,7 @@ pub fn main() -> i32 {
         Command::Launch(args) => launch::launch(args),
         Command::Status(args) => status::status(args),
         Command::Thaw(args) => thaw::thaw(args),
+        Command::Replay(args) => replay::replay(args),
     };
     match result {
         Ok(code) => code,

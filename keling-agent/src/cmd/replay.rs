@@ -1,0 +1,592 @@
+//! `keling replay`: re-run recorded scheduler inputs, compare policies, or run a
+//! synthetic workload. The work is in the `replay` module; this measures its
+//! own speed (the library reads no clock).
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::{Context, bail};
+use keling_sched::{GpuInfo, Policy, SchedConfig};
+use serde::Serialize;
+
+use crate::{
+    defaults,
+    replay::{
+        Summary,
+        exact::{self, Reproduction},
+        log::{InputLogReader, read_sched_log},
+        synthetic::{self, Placement, RunLogs, SyntheticOptions, SyntheticRun},
+        what_if::{self, WhatIf, WhatIfOptions},
+    },
+    sched::config::Config,
+};
+
+/// The design articles' figures for their weighting on their mix.
+const ARTICLES_LOAD_BALANCE_ERROR: f64 = 0.0228;
+const ARTICLES_MEAN_QUEUEING_DELAY_MS: f64 = 42.3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// The agent's: priorities, preemption, round robin among equals.
+    Hybrid,
+    /// First come, first served per GPU; no preemption.
+    Fifo,
+    /// Round robin, equal priorities for everyone (100 ms turns).
+    Rr,
+}
+
+impl From<PolicyArg> for Policy {
+    fn from(p: PolicyArg) -> Policy {
+        match p {
+            PolicyArg::Hybrid => Policy::Hybrid,
+            PolicyArg::Fifo => Policy::Fifo,
+            PolicyArg::Rr => Policy::RoundRobin,
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// The input log `keling run --input-log` wrote (or a synthetic run's). A log
+    /// the agent rotated is replayed as its pieces in order, oldest first
+    /// (`in.jsonl.1 in.jsonl`); an exact replay needs it from the agent's start.
+    #[arg(value_name = "INPUT_LOG", required_unless_present = "synthetic")]
+    pub input_logs: Vec<PathBuf>,
+    /// The scheduling log of the same run (repeat for rotated pieces, oldest
+    /// first): report how many of its decisions the replay reproduces (anything
+    /// under 100% is a bug).
+    #[arg(long, value_name = "FILE")]
+    pub sched_log: Vec<PathBuf>,
+    /// Policy to replay under (default: the recording's, which is hybrid unless
+    /// the log's header says otherwise). Another policy is a what-if.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub policy: Option<PolicyArg>,
+    /// The agent's config file (TOML, as `keling run --config`): its `[[gpu]]`
+    /// capacities.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The core's whole config as JSON (what an input log header holds).
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    pub sched_config: Option<PathBuf>,
+    /// As `keling run --gpu-capacity` (repeat for each GPU).
+    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = parse_capacity)]
+    pub gpu_capacity: Vec<GpuInfo>,
+    /// As `keling run --slots` [default: 1].
+    #[arg(long)]
+    pub slots: Option<u32>,
+    /// As `keling run --idle-timeout-ms` [default: 300].
+    #[arg(long)]
+    pub idle_timeout_ms: Option<u64>,
+    /// As `keling run --max-duration-ms` [default: 3600000].
+    #[arg(long)]
+    pub max_duration_ms: Option<u64>,
+    /// As `keling run --grace-period-ms` [default: 30000].
+    #[arg(long)]
+    pub grace_period_ms: Option<u64>,
+    /// As `keling run --hard-kill` [default: true].
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub hard_kill: Option<bool>,
+    /// Replay as a what-if even with the recording's policy and config: drop the
+    /// recorded confirmations and confirm every actuation after
+    /// --actuation-ms instead.
+    #[arg(long)]
+    pub what_if: bool,
+    /// What-if and synthetic runs: delay from a decision to its confirmation.
+    #[arg(long, default_value_t = 1, value_name = "MS")]
+    pub actuation_ms: u64,
+    /// What-if: let the core place every task (ignore the GPUs recorded specs name).
+    #[arg(long)]
+    pub unpin: bool,
+    /// Run a generated workload (12 job classes) instead of a recording, and
+    /// compare policies and placements on it.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Synthetic: the workload's seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Synthetic: GPUs.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: u32,
+    /// Synthetic: hours of arrivals to simulate.
+    #[arg(long, default_value_t = 72.0)]
+    pub hours: f64,
+    /// Synthetic: offered GPU work over GPU capacity.
+    #[arg(long, default_value_t = 0.7)]
+    pub load: f64,
+    /// Synthetic: memory of each GPU, GiB.
+    #[arg(long, default_value_t = 80)]
+    pub gpu_memory_gib: u64,
+    /// Synthetic: placements to compare (repeat; default: all four with the
+    /// hybrid policy, weighted placement with every policy).
+    #[arg(long, value_enum)]
+    pub placement: Vec<Placement>,
+    /// Synthetic: the core's tick, ms (the agent's is 10).
+    #[arg(long, default_value_t = defaults::RUN_TICK_MS)]
+    pub tick_ms: u64,
+    /// Synthetic: how often a running job shows activity, ms.
+    #[arg(long, default_value_t = 100)]
+    pub active_ms: u64,
+    /// Synthetic: runs at once (threads).
+    #[arg(long, default_value_t = 2)]
+    pub jobs: usize,
+    /// Synthetic, one run only: write its inputs here (with a header), to replay.
+    #[arg(long, value_name = "FILE")]
+    pub write_input_log: Option<PathBuf>,
+    /// Synthetic, one run only: write its scheduling log here (for `keling report`
+    /// or `--sched-log`).
+    #[arg(long, value_name = "FILE")]
+    pub write_sched_log: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Print how fast the replay ran (inputs per second, one thread).
+    #[arg(long)]
+    pub stats: bool,
+}
+
+fn parse_capacity(s: &str) -> Result<GpuInfo, String> {
+    let (index, bytes) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected INDEX=BYTES, e.g. 0=85899345920"))?;
+    Ok(GpuInfo {
+        index: index
+            .trim()
+            .parse()
+            .map_err(|e| format!("GPU index {index:?}: {e}"))?,
+        capacity_bytes: bytes
+            .trim()
+            .parse()
+            .map_err(|e| format!("capacity {bytes:?}: {e}"))?,
+    })
+}
+
+impl ReplayArgs {
+    /// The config: `base` (a header's, or the agent's defaults) with the flags.
+    fn sched_config(&self, base: Option<&SchedConfig>) -> anyhow::Result<SchedConfig> {
+        if let Some(path) = &self.sched_config {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read {}", path.display()))?;
+            return serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a scheduler config (JSON)", path.display()));
+        }
+        let mut c = base.cloned().unwrap_or_else(|| SchedConfig {
+            slots_per_gpu: defaults::SLOTS_PER_GPU,
+            idle_timeout_ms: defaults::IDLE_TIMEOUT_MS,
+            default_max_duration_ms: defaults::MAX_DURATION_MS,
+            default_grace_ms: defaults::GRACE_PERIOD_MS,
+            default_hard_kill: true,
+            ..SchedConfig::default()
+        });
+        if !self.gpu_capacity.is_empty() {
+            c.gpus = self.gpu_capacity.clone();
+        } else if let Some(path) = &self.config {
+            let file = Config::load(path)?;
+            if !file.gpus.is_empty() {
+                c.gpus = file.gpus;
+            }
+        }
+        c.slots_per_gpu = self.slots.map_or(c.slots_per_gpu, |s| s.max(1));
+        c.idle_timeout_ms = self.idle_timeout_ms.unwrap_or(c.idle_timeout_ms);
+        c.default_max_duration_ms = self.max_duration_ms.unwrap_or(c.default_max_duration_ms);
+        c.default_grace_ms = self.grace_period_ms.unwrap_or(c.default_grace_ms);
+        c.default_hard_kill = self.hard_kill.unwrap_or(c.default_hard_kill);
+        Ok(c)
+    }
+}
+
+pub fn replay(args: ReplayArgs) -> anyhow::Result<i32> {
+    if args.synthetic {
+        return synthetic_runs(&args);
+    }
+    let Some(path) = args.input_logs.first() else {
+        bail!("an INPUT_LOG is needed");
+    };
+    let mut readers = Vec::new();
+    for p in &args.input_logs {
+        readers.push(InputLogReader::open(p)?);
+    }
+    let header = readers[0].header.clone();
+    if let Some(later) = readers[1..]
+        .iter()
+        .find(|r| r.header.is_some() && r.header != header)
+    {
+        eprintln!(
+            "keling: a later input log has another header than the first ({:?}): using the first's",
+            later.header
+        );
+    }
+    let reader = readers.into_iter().flatten();
+    let recorded_policy = header.as_ref().map_or(Policy::Hybrid, |h| h.policy);
+    let policy = args.policy.map_or(recorded_policy, Policy::from);
+    let config = args.sched_config(header.as_ref().map(|h| &h.config))?;
+    // Without a header the flags describe the recording; with one, a flag that
+    // changes its config asks what would have happened.
+    let other_config = header.as_ref().is_some_and(|h| h.config != config);
+    let what_if = args.what_if || policy != recorded_policy || other_config;
+    if header.is_none() && !what_if {
+        eprintln!(
+            "keling: {} has no header: replaying with the config from the flags \
+             (they must be the ones `keling run` had: --slots, --idle-timeout-ms, \
+             --max-duration-ms, --grace-period-ms, --hard-kill, GPU capacities)",
+            path.display()
+        );
+    }
+    let started = Instant::now();
+    if what_if {
+        if !args.sched_log.is_empty() {
+            eprintln!(
+                "keling: --sched-log is compared only in an exact replay (the recording's policy and config)"
+            );
+        }
+        let options = WhatIfOptions {
+            actuation_ns: args.actuation_ms.saturating_mul(1_000_000),
+            unpin: args.unpin,
+        };
+        let result = what_if::replay(reader, config, policy, options)?;
+        let secs = started.elapsed().as_secs_f64();
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&result)?);
+        } else {
+            print_what_if(&result);
+        }
+        if args.stats {
+            print_stats(result.recorded_inputs + result.feedback_inputs, secs);
+        }
+        return Ok(0);
+    }
+    let recorded = if args.sched_log.is_empty() {
+        None
+    } else {
+        let mut lines = Vec::new();
+        for p in &args.sched_log {
+            lines.extend(read_sched_log(p)?);
+        }
+        Some(exact::recorded_decisions(&lines))
+    };
+    let result = exact::replay(reader, config, policy, recorded.as_deref())?;
+    let secs = started.elapsed().as_secs_f64();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print_exact(&result, path);
+    }
+    if args.stats {
+        print_stats(result.inputs, secs);
+    }
+    let reproduced = result
+        .comparison
+        .as_ref()
+        .is_none_or(|c| c.match_rate == 1.0);
+    Ok(if reproduced { 0 } else { 2 })
+}
+
+fn print_stats(inputs: u64, secs: f64) {
+    println!(
+        "stats: {inputs} inputs in {secs:.3} s: {:.2} M inputs/s (one thread, reading and parsing included)",
+        inputs as f64 / secs.max(1e-9) / 1e6
+    );
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", x * 100.0)
+}
+
+fn print_summary(s: &Summary) {
+    let q = &s.queueing_delay_ms;
+    let w = &s.wait_to_start_ms;
+    println!(
+        "tasks: {} over {:.1} s; queueing delay per task: mean {:.1} ms, p99 {:.1} ms, max {:.1} ms; \
+         arrival to first run: mean {:.1} ms, p99 {:.1} ms",
+        s.tasks, s.span_s, q.mean, q.p99, q.max, w.mean, w.p99
+    );
+    let reasons: Vec<String> = s
+        .preemptions_by_reason
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect();
+    println!(
+        "preemptions: {} ({}); evictions: {}",
+        s.preemptions,
+        if reasons.is_empty() {
+            "none".to_owned()
+        } else {
+            reasons.join(", ")
+        },
+        s.evictions
+    );
+    let busy: Vec<String> = s
+        .gpus
+        .iter()
+        .map(|g| format!("{} {}", g.gpu, pct(g.busy_share)))
+        .collect();
+    println!(
+        "GPU busy share: {}; load-balance error (max-min)/mean: {} of busy time, {} of memory held",
+        if busy.is_empty() {
+            "no GPUs".to_owned()
+        } else {
+            busy.join(", ")
+        },
+        pct(s.load_balance_error),
+        pct(s.memory_load_balance_error)
+    );
+}
+
+fn print_exact(r: &Reproduction, path: &Path) {
+    println!(
+        "replay of {}: {} inputs through the {} policy with the recorded feedback",
+        path.display(),
+        r.inputs,
+        r.policy
+    );
+    match &r.comparison {
+        Some(c) => {
+            println!(
+                "decisions: {} recorded, {} replayed, {} matched: match rate {:.4}%",
+                c.recorded,
+                c.replayed,
+                c.matched,
+                c.match_rate * 100.0
+            );
+            if let Some(d) = &c.first_difference {
+                println!(
+                    "NOT REPRODUCED (a bug: please report it with both logs): first difference at decision {}:\n  recorded: {}\n  replayed: {}",
+                    d.index,
+                    d.recorded.as_deref().unwrap_or("(none)"),
+                    d.replayed.as_deref().unwrap_or("(none)")
+                );
+            }
+        }
+        None => println!("decisions: not compared (give --sched-log FILE)"),
+    }
+    print_summary(&r.summary);
+}
+
+fn print_what_if(w: &WhatIf) {
+    println!(
+        "what-if: {} recorded inputs (their feedback dropped) through the {} policy, \
+         a perfect actuator confirming after {:.1} ms ({} inputs){}",
+        w.recorded_inputs,
+        w.policy,
+        w.options.actuation_ns as f64 / 1e6,
+        w.feedback_inputs,
+        if w.options.unpin {
+            ", tasks unpinned"
+        } else {
+            ""
+        }
+    );
+    print_summary(&w.summary);
+}
+
+/// One synthetic run with how long it took.
+#[derive(Serialize)]
+struct Timed {
+    #[serde(flatten)]
+    run: SyntheticRun,
+    wall_s: f64,
+    inputs_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct SyntheticReport<'a> {
+    options: &'a SyntheticOptions,
+    jobs: usize,
+    articles: Articles,
+    runs: Vec<Timed>,
+}
+
+#[derive(Serialize)]
+struct Articles {
+    load_balance_error: f64,
+    mean_queueing_delay_ms: f64,
+}
+
+fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
+    if !args.input_logs.is_empty() {
+        bail!("give either INPUT_LOG or --synthetic");
+    }
+    let opts = SyntheticOptions {
+        seed: args.seed,
+        gpus: args.gpus.max(1),
+        hours: args.hours,
+        load: args.load,
+        gpu_capacity_bytes: args.gpu_memory_gib << 30,
+        slots_per_gpu: args.slots.unwrap_or(defaults::SLOTS_PER_GPU).max(1),
+        idle_timeout_ms: args.idle_timeout_ms.unwrap_or(defaults::IDLE_TIMEOUT_MS),
+        tick_ms: args.tick_ms.max(1),
+        active_ms: args.active_ms.max(1),
+        actuation_ms: args.actuation_ms,
+    };
+    let policies: Vec<Policy> = match args.policy {
+        Some(p) => vec![p.into()],
+        None => Policy::ALL.to_vec(),
+    };
+    let mut plan: Vec<(Policy, Placement)> = Vec::new();
+    match (args.policy, args.placement.is_empty()) {
+        (None, true) => {
+            plan.extend(policies.iter().map(|&p| (p, Placement::Weighted)));
+            plan.extend(Placement::ALL[1..].iter().map(|&pl| (Policy::Hybrid, pl)));
+        }
+        (_, true) => {
+            for &p in &policies {
+                plan.extend(Placement::ALL.iter().map(|&pl| (p, pl)));
+            }
+        }
+        (_, false) => {
+            for &p in &policies {
+                plan.extend(args.placement.iter().map(|&pl| (p, pl)));
+            }
+        }
+    }
+    let logs = RunLogs {
+        input_log: args.write_input_log.clone(),
+        sched_log: args.write_sched_log.clone(),
+    };
+    if (logs.input_log.is_some() || logs.sched_log.is_some()) && plan.len() != 1 {
+        bail!(
+            "--write-input-log and --write-sched-log need one run: give --policy and --placement"
+        );
+    }
+    let jobs = synthetic::workload(&opts);
+    let threads = args.jobs.clamp(1, plan.len().max(1));
+    let mut results: Vec<Option<anyhow::Result<Timed>>> = (0..plan.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let chunks: Vec<Vec<usize>> = (0..threads)
+            .map(|t| (t..plan.len()).step_by(threads).collect())
+            .collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|indices| {
+                let (plan, jobs, opts, logs) = (&plan, &jobs, &opts, &logs);
+                scope.spawn(move || {
+                    indices
+                        .into_iter()
+                        .map(|i| {
+                            let (policy, placement) = plan[i];
+                            let started = Instant::now();
+                            let run = synthetic::run(opts, jobs, policy, placement, logs);
+                            let wall_s = started.elapsed().as_secs_f64();
+                            (
+                                i,
+                                run.map(|run| Timed {
+                                    inputs_per_s: run.summary.inputs as f64 / wall_s.max(1e-9),
+                                    run,
+                                    wall_s,
+                                }),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, r) in h.join().expect("a synthetic run panicked") {
+                results[i] = Some(r);
+            }
+        }
+    });
+    let runs = results
+        .into_iter()
+        .map(|r| r.expect("every run ran"))
+        .collect::<anyhow::Result<Vec<Timed>>>()?;
+    let report = SyntheticReport {
+        options: &opts,
+        jobs: jobs.len(),
+        articles: Articles {
+            load_balance_error: ARTICLES_LOAD_BALANCE_ERROR,
+            mean_queueing_delay_ms: ARTICLES_MEAN_QUEUEING_DELAY_MS,
+        },
+        runs,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_synthetic(&report);
+    }
+    if args.stats {
+        for t in &report.runs {
+            println!(
+                "stats: {} {}: {} inputs in {:.2} s: {:.2} M inputs/s (one thread, simulation included)",
+                t.run.policy,
+                t.run.placement.as_str(),
+                t.run.summary.inputs,
+                t.wall_s,
+                t.inputs_per_s / 1e6
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn print_synthetic(r: &SyntheticReport) {
+    let o = r.options;
+    println!(
+        "synthetic mix: seed {}, {} GPUs x {} GiB, {} slot(s) each, {} h of arrivals at load {:.2}: \
+         {} jobs of 12 classes; tick {} ms, activity every {} ms, actuation {} ms",
+        o.seed,
+        o.gpus,
+        o.gpu_capacity_bytes >> 30,
+        o.slots_per_gpu,
+        o.hours,
+        o.load,
+        r.jobs,
+        o.tick_ms,
+        o.active_ms,
+        o.actuation_ms
+    );
+    println!(
+        "{:<7} {:<13} {:>11} {:>11} {:>12} {:>9} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9}",
+        "policy",
+        "placement",
+        "queue mean",
+        "queue p99",
+        "start mean",
+        "busy avg",
+        "LBE busy",
+        "LBE mem",
+        "preempt",
+        "evict",
+        "completed",
+        "work done"
+    );
+    for t in &r.runs {
+        let s = &t.run.summary;
+        let busy = s.gpus.iter().map(|g| g.busy_share).sum::<f64>() / s.gpus.len().max(1) as f64;
+        println!(
+            "{:<7} {:<13} {:>8.1} ms {:>8.0} ms {:>9.1} ms {:>9} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9}",
+            t.run.policy.as_str(),
+            t.run.placement.as_str(),
+            s.queueing_delay_ms.mean,
+            s.queueing_delay_ms.p99,
+            s.wait_to_start_ms.mean,
+            pct(busy),
+            pct(s.load_balance_error),
+            pct(s.memory_load_balance_error),
+            s.preemptions,
+            s.evictions,
+            t.run.completed,
+            pct(t.run.work_done_share)
+        );
+    }
+    if let Some(first) = r.runs.first() {
+        println!(
+            "per class ({} policy, {} placement): mean / p99 queueing delay",
+            first.run.policy,
+            first.run.placement.as_str()
+        );
+        let mut classes = first.run.summary.by_name.clone();
+        classes.sort_by_key(|c| c.priority);
+        for c in classes {
+            println!(
+                "  {:<18} priority {:>2}: {:>5} jobs, {:>10.1} ms / {:>10.1} ms",
+                c.name, c.priority, c.tasks, c.queueing_delay_ms.mean, c.queueing_delay_ms.p99
+            );
+        }
+    }
+    println!(
+        "design articles (their weighting on their mix): load-balance error {}, mean queueing delay {} ms",
+        pct(r.articles.load_balance_error),
+        r.articles.mean_queueing_delay_ms
+    );
+}

@@ -1,0 +1,682 @@
+//! What a replay reports: per-task queueing delay, GPU busy share, preemptions,
+//! evictions and the load-balance error, measured from the core's own inputs and
+//! outputs on the virtual clock (the inputs' timestamps).
+//!
+//! **Queueing delay** of a task: the time it wanted the GPU without holding it.
+//! A wait starts at arrival, at a preemption for any reason but `idle`, or at
+//! the first `Active` after an idle preemption (the task wants the GPU again);
+//! it ends when the task runs (`→ RUNNING`), ends (`→ COMPLETED | FAILED`), or an
+//! `Idle` input says it no longer wants the GPU. A task placed straight into a
+//! slot waits 0. Waits still open at the end of the log are closed there.
+//!
+//! **GPU busy share**: the fraction of the replayed span (first to last input)
+//! during which at least one task on the GPU was `RUNNING`. The **load-balance
+//! error** is [`keling_sched::load_balance_error`] of the GPUs' busy times:
+//! (max - min) / mean across the GPUs the config names (or, with none
+//! configured, those tasks were placed on). The **memory load-balance error** is
+//! the same over each GPU's time-averaged memory held (from `MemAlloc`, `MemFree`
+//! and exits), the figure `keling status` shows at one instant.
+use std::collections::{BTreeMap, HashMap};
+
+use keling_sched::{Action, Input, Output, Reason, TaskId, TaskState};
+use serde::Serialize;
+
+use super::log::TransitionLine;
+
+/// A wait that ended: the task, its GPU, when it started and how long it lasted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wait {
+    pub task: TaskId,
+    pub gpu: Option<u32>,
+    pub start_ns: u64,
+    pub ns: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct TaskStat {
+    name: String,
+    priority: u8,
+    gpu: Option<u32>,
+    state: Option<TaskState>,
+    waiting_since: Option<u64>,
+    /// Preempted for idleness and not yet active again.
+    idle_preempted: bool,
+    waited_ns: u64,
+    first_wait_ns: Option<u64>,
+    /// Memory held, per GPU.
+    mem: Vec<(u32, u64)>,
+    arrived_ns: u64,
+    ended: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct GpuStat {
+    running: u32,
+    busy_since: u64,
+    busy_ns: u64,
+    mem_bytes: u64,
+    mem_since: u64,
+    /// Bytes held times ns.
+    mem_byte_ns: f64,
+}
+
+impl GpuStat {
+    fn mem_change(&mut self, now: u64, add: u64, sub: u64) {
+        self.mem_byte_ns += self.mem_bytes as f64 * now.saturating_sub(self.mem_since) as f64;
+        self.mem_since = now;
+        self.mem_bytes = self.mem_bytes.saturating_add(add).saturating_sub(sub);
+    }
+}
+
+/// Accumulates what a replay reports, one step at a time.
+#[derive(Debug)]
+pub struct Metrics {
+    tasks: HashMap<TaskId, TaskStat>,
+    gpus: BTreeMap<u32, GpuStat>,
+    first_ns: Option<u64>,
+    now_ns: u64,
+    inputs: u64,
+    preemptions: BTreeMap<&'static str, u64>,
+    evictions: u64,
+    endings: BTreeMap<&'static str, u64>,
+    /// Every finished wait, when asked to keep them (reports draw them).
+    waits: Option<Vec<Wait>>,
+}
+
+impl Metrics {
+    /// Metrics over `gpus` (the configured ones: a GPU nobody used counts as idle).
+    pub fn new(gpus: impl IntoIterator<Item = u32>) -> Self {
+        Metrics {
+            tasks: HashMap::new(),
+            gpus: gpus.into_iter().map(|g| (g, GpuStat::default())).collect(),
+            first_ns: None,
+            now_ns: 0,
+            inputs: 0,
+            preemptions: BTreeMap::new(),
+            evictions: 0,
+            endings: BTreeMap::new(),
+            waits: None,
+        }
+    }
+
+    /// Keep every wait (for [`Metrics::waits`]).
+    pub fn keep_waits(mut self) -> Self {
+        self.waits = Some(Vec::new());
+        self
+    }
+
+    /// One step of the core: the input and what it returned.
+    pub fn observe(&mut self, input: &Input, out: &Output) {
+        self.inputs += 1;
+        let ts = input.ts_ns().max(self.now_ns);
+        self.first_ns.get_or_insert(ts);
+        self.now_ns = ts;
+        match input {
+            Input::Arrive { spec, .. } => {
+                self.tasks.entry(spec.id).or_insert_with(|| TaskStat {
+                    name: spec.name.clone(),
+                    priority: spec.priority.min(keling_sched::LOWEST_PRIORITY),
+                    gpu: spec.gpu,
+                    waiting_since: Some(ts),
+                    arrived_ns: ts,
+                    ..TaskStat::default()
+                });
+            }
+            Input::Active { id, .. } => {
+                if let Some(t) = self.tasks.get_mut(id)
+                    && t.idle_preempted
+                    && t.waiting_since.is_none()
+                    && !t.ended
+                {
+                    t.idle_preempted = false;
+                    t.waiting_since = Some(ts);
+                }
+            }
+            Input::Idle { id, .. } => self.end_wait(*id, ts),
+            Input::MemAlloc { id, gpu, bytes, .. } => self.memory(*id, *gpu, *bytes, 0, ts),
+            Input::MemFree { id, gpu, bytes, .. } => self.memory(*id, *gpu, 0, *bytes, ts),
+            _ => {}
+        }
+        for a in &out.actions {
+            if let Action::Place { id, gpu } = a
+                && let Some(t) = self.tasks.get_mut(id)
+            {
+                t.gpu = Some(*gpu);
+                self.gpus.entry(*gpu).or_default();
+            }
+        }
+        for tr in &out.transitions {
+            self.transition(tr.task, tr.from, tr.to, tr.reason, tr.timestamp_ns);
+        }
+    }
+
+    /// A transition line of a scheduling log, without the inputs behind it
+    /// (for reports): a task's first line stands for its arrival. Lines whose
+    /// states have no name are skipped.
+    pub fn observe_line(&mut self, line: &TransitionLine) {
+        let Some((from, to)) = line.states() else {
+            return;
+        };
+        let ts = line.timestamp_ns.max(self.now_ns);
+        self.first_ns.get_or_insert(ts);
+        self.now_ns = ts;
+        if let Some(g) = line.gpu {
+            self.gpus.entry(g).or_default();
+        }
+        self.tasks.entry(line.task).or_insert_with(|| TaskStat {
+            name: line.name.clone(),
+            priority: line.priority,
+            gpu: line.gpu,
+            waiting_since: (from == TaskState::Pending).then_some(ts),
+            arrived_ns: ts,
+            ..TaskStat::default()
+        });
+        self.transition(line.task, from, to, line.reason, ts);
+    }
+
+    fn transition(&mut self, id: TaskId, from: TaskState, to: TaskState, reason: Reason, ts: u64) {
+        let Some(t) = self.tasks.get(&id) else {
+            return;
+        };
+        let gpu = t.gpu;
+        if to == TaskState::Running {
+            self.end_wait(id, ts);
+            if let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g)) {
+                if g.running == 0 {
+                    g.busy_since = ts;
+                }
+                g.running += 1;
+            }
+        } else if from == TaskState::Running
+            && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
+        {
+            g.running = g.running.saturating_sub(1);
+            if g.running == 0 {
+                g.busy_ns += ts.saturating_sub(g.busy_since);
+            }
+        }
+        match to {
+            TaskState::Preempted if from == TaskState::Running => {
+                *self.preemptions.entry(reason.as_str()).or_default() += 1;
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    if reason == Reason::Idle {
+                        t.idle_preempted = true;
+                    } else {
+                        t.waiting_since.get_or_insert(ts);
+                    }
+                }
+            }
+            TaskState::Completed | TaskState::Failed => {
+                self.end_wait(id, ts);
+                if reason == Reason::EvictedForMemory {
+                    self.evictions += 1;
+                }
+                *self.endings.entry(reason.as_str()).or_default() += 1;
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.ended = true;
+                    // The driver frees a dead process's memory.
+                    for (gpu, bytes) in std::mem::take(&mut t.mem) {
+                        self.gpus.entry(gpu).or_default().mem_change(ts, 0, bytes);
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.state = Some(to);
+        }
+    }
+
+    /// A live task's memory on `gpu` grows by `add` or shrinks by `sub`.
+    fn memory(&mut self, id: TaskId, gpu: u32, add: u64, sub: u64, ts: u64) {
+        let Some(t) = self.tasks.get_mut(&id).filter(|t| !t.ended) else {
+            return;
+        };
+        let held = match t.mem.iter_mut().find(|(g, _)| *g == gpu) {
+            Some((_, held)) => held,
+            None => {
+                t.mem.push((gpu, 0));
+                &mut t.mem.last_mut().expect("pushed").1
+            }
+        };
+        let sub = sub.min(*held);
+        *held = held.saturating_add(add) - sub;
+        self.gpus.entry(gpu).or_default().mem_change(ts, add, sub);
+    }
+
+    fn end_wait(&mut self, id: TaskId, ts: u64) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let Some(since) = t.waiting_since.take() else {
+            return;
+        };
+        let ns = ts.saturating_sub(since);
+        t.waited_ns += ns;
+        t.first_wait_ns.get_or_insert(ns);
+        if let Some(waits) = &mut self.waits {
+            waits.push(Wait {
+                task: id,
+                gpu: t.gpu,
+                start_ns: since,
+                ns,
+            });
+        }
+    }
+
+    /// How many inputs were observed.
+    pub fn inputs(&self) -> u64 {
+        self.inputs
+    }
+
+    /// Closes what is still open at the last input and sums everything up.
+    pub fn finish(mut self) -> (Summary, Vec<Wait>) {
+        let end = self.now_ns;
+        let open: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.waiting_since.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in open {
+            self.end_wait(id, end);
+        }
+        for g in self.gpus.values_mut() {
+            g.mem_change(end, 0, 0);
+            if g.running > 0 {
+                g.busy_ns += end.saturating_sub(g.busy_since);
+                g.running = 0;
+            }
+        }
+        let span_ns = end.saturating_sub(self.first_ns.unwrap_or(end));
+        let mut tasks: Vec<(TaskId, TaskStat)> = self.tasks.into_iter().collect();
+        tasks.sort_by_key(|(id, _)| *id);
+        let per_task: Vec<TaskDelay> = tasks
+            .iter()
+            .map(|(id, t)| TaskDelay {
+                task: *id,
+                name: t.name.clone(),
+                priority: t.priority,
+                gpu: t.gpu,
+                arrived_ns: t.arrived_ns,
+                queueing_delay_ms: ms(t.waited_ns),
+                wait_to_start_ms: ms(t.first_wait_ns.unwrap_or(0)),
+            })
+            .collect();
+        let mut by_name: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for d in &per_task {
+            by_name
+                .entry(&d.name)
+                .or_default()
+                .push(d.queueing_delay_ms);
+        }
+        let by_name = by_name
+            .into_iter()
+            .map(|(name, delays)| {
+                let priority = per_task
+                    .iter()
+                    .find(|d| d.name == name)
+                    .map_or(0, |d| d.priority);
+                NameDelay {
+                    name: name.to_owned(),
+                    priority,
+                    tasks: delays.len(),
+                    queueing_delay_ms: Stats::of(delays),
+                }
+            })
+            .collect();
+        let busy: Vec<f64> = self.gpus.values().map(|g| g.busy_ns as f64).collect();
+        let mem: Vec<f64> = self.gpus.values().map(|g| g.mem_byte_ns).collect();
+        let gpus = self
+            .gpus
+            .iter()
+            .map(|(&gpu, g)| GpuBusy {
+                gpu,
+                busy_share: if span_ns == 0 {
+                    0.0
+                } else {
+                    g.busy_ns as f64 / span_ns as f64
+                },
+                tasks: per_task.iter().filter(|d| d.gpu == Some(gpu)).count(),
+                mean_mem_bytes: if span_ns == 0 {
+                    0.0
+                } else {
+                    g.mem_byte_ns / span_ns as f64
+                },
+            })
+            .collect();
+        let summary = Summary {
+            inputs: self.inputs,
+            span_s: span_ns as f64 / 1e9,
+            tasks: per_task.len(),
+            queueing_delay_ms: Stats::of(per_task.iter().map(|d| d.queueing_delay_ms).collect()),
+            wait_to_start_ms: Stats::of(per_task.iter().map(|d| d.wait_to_start_ms).collect()),
+            preemptions: self.preemptions.values().sum(),
+            preemptions_by_reason: self
+                .preemptions
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            evictions: self.evictions,
+            endings: self
+                .endings
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+            gpus,
+            load_balance_error: keling_sched::load_balance_error(&busy),
+            memory_load_balance_error: keling_sched::load_balance_error(&mem),
+            by_name,
+            per_task,
+        };
+        (summary, self.waits.unwrap_or_default())
+    }
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// Mean and percentiles of a set of values (nearest rank).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Stats {
+    pub count: usize,
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    pub fn of(mut values: Vec<f64>) -> Stats {
+        if values.is_empty() {
+            return Stats::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let rank = |q: f64| {
+            let r = (q * values.len() as f64).ceil() as usize;
+            values[r.clamp(1, values.len()) - 1]
+        };
+        Stats {
+            count: values.len(),
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            p50: rank(0.5),
+            p99: rank(0.99),
+            max: values[values.len() - 1],
+        }
+    }
+}
+
+/// One task's figures.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TaskDelay {
+    pub task: TaskId,
+    pub name: String,
+    pub priority: u8,
+    pub gpu: Option<u32>,
+    pub arrived_ns: u64,
+    /// Every wait added up.
+    pub queueing_delay_ms: f64,
+    /// The first wait: from arrival to first running.
+    pub wait_to_start_ms: f64,
+}
+
+/// The queueing delay of the tasks of one name (the job class, in synthetic runs).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NameDelay {
+    pub name: String,
+    pub priority: u8,
+    pub tasks: usize,
+    pub queueing_delay_ms: Stats,
+}
+
+/// One GPU's busy share.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuBusy {
+    pub gpu: u32,
+    pub busy_share: f64,
+    pub tasks: usize,
+    /// Memory held, averaged over the span.
+    pub mean_mem_bytes: f64,
+}
+
+/// Everything a replay reports about what happened.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub inputs: u64,
+    pub span_s: f64,
+    pub tasks: usize,
+    /// Over tasks: each task's queueing delay (all its waits added up).
+    pub queueing_delay_ms: Stats,
+    /// Over tasks: arrival to first running.
+    pub wait_to_start_ms: Stats,
+    pub preemptions: u64,
+    pub preemptions_by_reason: BTreeMap<String, u64>,
+    pub evictions: u64,
+    /// How tasks ended, by reason.
+    pub endings: BTreeMap<String, u64>,
+    pub gpus: Vec<GpuBusy>,
+    /// (max - min) / mean of the GPUs' busy time.
+    pub load_balance_error: f64,
+    /// (max - min) / mean of the GPUs' time-averaged memory held.
+    pub memory_load_balance_error: f64,
+    pub by_name: Vec<NameDelay>,
+    pub per_task: Vec<TaskDelay>,
+}
+
+#[cfg(test)]
+mod tests {
+    use keling_sched::{ActionKind, GpuInfo, SchedConfig, Scheduler, TaskSpec};
+
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn spec(id: TaskId, priority: u8, gpu: u32) -> TaskSpec {
+        TaskSpec {
+            id,
+            pid: id as u32,
+            name: format!("p{priority}"),
+            priority,
+            gpu: Some(gpu),
+            mem_quota_bytes: None,
+            max_duration_ms: None,
+            grace_ms: None,
+            hard_kill: None,
+            expected_runtime_ms: None,
+        }
+    }
+
+    #[test]
+    fn stats_use_nearest_rank() {
+        let s = Stats::of((1..=100).map(f64::from).collect());
+        assert_eq!(
+            (s.count, s.mean, s.p50, s.p99, s.max),
+            (100, 50.5, 50.0, 99.0, 100.0)
+        );
+        assert_eq!(Stats::of(vec![]), Stats::default());
+        assert_eq!(Stats::of(vec![7.0]).p99, 7.0);
+    }
+
+    /// A hand-worked run on two GPUs: who waited how long, busy shares, one
+    /// preemption, and an idle preemption that is not a wait until the task is
+    /// active again.
+    #[test]
+    fn waits_busy_time_and_preemptions_of_a_known_run() {
+        let config = SchedConfig {
+            gpus: (0..2)
+                .map(|index| GpuInfo {
+                    index,
+                    capacity_bytes: 1 << 34,
+                })
+                .collect(),
+            idle_timeout_ms: 1_000_000,
+            ..SchedConfig::default()
+        };
+        let mut sched = Scheduler::new(config);
+        let mut m = Metrics::new([0, 1]).keep_waits();
+        let mut step = |m: &mut Metrics, input: Input| {
+            let out = sched.step(&input);
+            m.observe(&input, &out);
+            out
+        };
+        // 0 ms: task 1 (priority 9) runs on GPU 0.
+        step(
+            &mut m,
+            Input::Arrive {
+                spec: spec(1, 9, 0),
+                ts_ns: 0,
+            },
+        );
+        step(
+            &mut m,
+            Input::MemAlloc {
+                id: 1,
+                gpu: 0,
+                bytes: 1000,
+                ts_ns: 0,
+            },
+        );
+        // 10 ms: task 2 (priority 1) preempts it; the freeze lands at 12 ms.
+        step(
+            &mut m,
+            Input::Arrive {
+                spec: spec(2, 1, 0),
+                ts_ns: 10 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Confirmed {
+                id: 1,
+                action: ActionKind::Freeze,
+                ts_ns: 12 * MS,
+            },
+        );
+        // 50 ms: task 2 ends; 1 is thawed, confirmed at 51 ms.
+        step(
+            &mut m,
+            Input::Exit {
+                id: 2,
+                exit_code: 0,
+                ts_ns: 50 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Confirmed {
+                id: 1,
+                action: ActionKind::Thaw,
+                ts_ns: 51 * MS,
+            },
+        );
+        // 60 ms: task 3 on GPU 1 goes idle, 4 arrives there and takes the slot.
+        step(
+            &mut m,
+            Input::Arrive {
+                spec: spec(3, 5, 1),
+                ts_ns: 60 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::MemAlloc {
+                id: 3,
+                gpu: 1,
+                bytes: 1000,
+                ts_ns: 60 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::MemFree {
+                id: 3,
+                gpu: 1,
+                bytes: 600,
+                ts_ns: 80 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Idle {
+                id: 3,
+                ts_ns: 61 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Arrive {
+                spec: spec(4, 5, 1),
+                ts_ns: 62 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Confirmed {
+                id: 3,
+                action: ActionKind::Freeze,
+                ts_ns: 63 * MS,
+            },
+        );
+        // 3 wants the GPU again at 80 ms; 4 leaves at 90 ms, 3 runs at 91 ms.
+        step(
+            &mut m,
+            Input::Active {
+                id: 3,
+                ts_ns: 80 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Exit {
+                id: 4,
+                exit_code: 0,
+                ts_ns: 90 * MS,
+            },
+        );
+        step(
+            &mut m,
+            Input::Confirmed {
+                id: 3,
+                action: ActionKind::Thaw,
+                ts_ns: 91 * MS,
+            },
+        );
+        step(&mut m, Input::Tick { ts_ns: 100 * MS });
+        let (s, waits) = m.finish();
+        let delay: BTreeMap<TaskId, f64> = s
+            .per_task
+            .iter()
+            .map(|d| (d.task, d.queueing_delay_ms))
+            .collect();
+        assert_eq!(delay, [(1, 39.0), (2, 0.0), (3, 11.0), (4, 0.0)].into());
+        assert_eq!(
+            s.preemptions_by_reason,
+            [
+                ("idle".to_owned(), 1),
+                ("preempted_by_higher_priority".to_owned(), 1)
+            ]
+            .into()
+        );
+        assert_eq!(s.preemptions, 2);
+        assert_eq!(s.evictions, 0);
+        // GPU 0 busy 0-100 ms except 50-51; GPU 1 busy 60-100 ms except 90-91.
+        assert_eq!(s.gpus[0].busy_share, 0.99);
+        assert_eq!(s.gpus[1].busy_share, 0.39);
+        assert!(
+            (s.load_balance_error - 0.6 / 0.69).abs() < 1e-9,
+            "{}",
+            s.load_balance_error
+        );
+        assert_eq!(s.queueing_delay_ms.mean, 12.5);
+        assert_eq!(waits.iter().filter(|w| w.ns > 0).count(), 2);
+        assert_eq!(s.endings, [("exited".to_owned(), 2)].into());
+        // GPU 0: 1000 bytes all along; GPU 1: 1000 from 60 to 80 ms, 400 after.
+        assert_eq!(s.gpus[0].mean_mem_bytes, 1000.0);
+        assert_eq!(
+            s.gpus[1].mean_mem_bytes,
+            (1000.0 * 20.0 + 400.0 * 20.0) / 100.0
+        );
+        assert!((s.memory_load_balance_error - (1000.0 - 280.0) / 640.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,854 @@
+//! A reproducible mixed GPU workload, run in closed loop against the scheduler
+//! core: `keling replay --synthetic`.
+//!
+//! **The mix.** Twelve job classes ([`CLASSES`]) from real-time inference to
+//! multi-hour training, with their priorities, GPU memory and mean GPU work.
+//! Jobs arrive as one Poisson process; each arrival's class is drawn by the
+//! classes' shares, its work from a log-normal distribution (sigma 0.6) around the
+//! class mean. The arrival rate is set so the offered work is `load` times the
+//! GPUs' capacity (`--load`, default 0.7). The job list depends only on the seed,
+//! the GPU count, the hours and the load, so every policy and placement is run
+//! on the same jobs.
+//!
+//! **The closed loop.** A job is a process that needs `work` of GPU time. It
+//! progresses only while it is not frozen and holds its memory; processes
+//! running at once on one GPU share it equally (processor sharing). It allocates
+//! its memory the first time it runs (at arrival, unless the core queues it at
+//! once): when the GPU's memory is short the allocation fails (`AllocFailed`,
+//! memory pressure) and is retried every second, up to 30 times, then the job
+//! gives up (exit code 2). Running processes show activity (`Active`) every
+//! `active_ms`. The agent's actuator is perfect: freezes, thaws and stops are
+//! confirmed `actuation_ms` after the decision; `Kill` ends the process then,
+//! `Terminate` 100 ms later. The core is ticked every `tick_ms` (the agent's
+//! 10 ms by default).
+//!
+//! **Placement.** `weighted` lets the core place by its weight W; `round-robin`
+//! pins the n-th job to GPU n mod G; `random` pins each job to a uniformly drawn
+//! GPU (seeded); `least-loaded` pins it to the GPU with the fewest unfinished
+//! jobs, as a cluster scheduler counting pods would.
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+    path::PathBuf,
+};
+
+use keling_sched::{
+    Action, ActionKind, GpuInfo, Input, Output, Policy, SchedConfig, Scheduler, TaskId, TaskSpec,
+};
+use serde::Serialize;
+
+use super::{
+    Metrics, Summary,
+    log::{INPUT_LOG_VERSION, InputLogHeader, InputLogWriter},
+};
+use crate::sched::log::{Logs, Record};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000_000_000;
+const GIB: u64 = 1 << 30;
+/// Retry period of a failed allocation.
+const ALLOC_RETRY_NS: u64 = S;
+/// A job gives up after this many failed allocations.
+const ALLOC_MAX_FAILURES: u32 = 30;
+/// A terminated process exits this long after SIGTERM.
+const TERMINATE_EXIT_NS: u64 = 100 * MS;
+/// Exit code of a job that gave up for lack of memory.
+const OOM_EXIT_CODE: i32 = 2;
+
+/// One kind of job in the mix.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct JobClass {
+    pub name: &'static str,
+    pub priority: u8,
+    pub mem_gib: u64,
+    /// Mean GPU work, s.
+    pub mean_work_s: f64,
+    /// Share of arrivals.
+    pub share: f64,
+    /// Session limit its jobs ask for (None: the agent's default, 1 h).
+    pub max_duration_ms: Option<u64>,
+}
+
+const fn class(
+    name: &'static str,
+    priority: u8,
+    mem_gib: u64,
+    mean_work_s: f64,
+    share: f64,
+    max_duration_ms: Option<u64>,
+) -> JobClass {
+    JobClass {
+        name,
+        priority,
+        mem_gib,
+        mean_work_s,
+        share,
+        max_duration_ms,
+    }
+}
+
+/// The twelve job classes: real-time (0-2), interactive (3-6) and background
+/// (7-15) priorities; shares add up to 1. Most jobs are short, most GPU time
+/// goes to the few long ones (training and fine-tuning are 4% of the jobs and
+/// about 80% of the work), as on shared GPU hosts.
+pub const CLASSES: [JobClass; 12] = [
+    class("rt-inference", 0, 4, 2.0, 0.20, None),
+    class("rt-speech", 1, 2, 1.0, 0.15, None),
+    class("rt-video-preview", 2, 6, 5.0, 0.10, None),
+    class("notebook", 3, 8, 30.0, 0.08, None),
+    class("llm-inference", 4, 16, 10.0, 0.12, None),
+    class("image-generation", 5, 10, 20.0, 0.10, None),
+    class("live-transcode", 6, 3, 60.0, 0.06, None),
+    class("batch-transcode", 8, 3, 300.0, 0.07, None),
+    class("video-generation", 9, 24, 600.0, 0.04, Some(6 * 3_600_000)),
+    class("embedding", 10, 12, 180.0, 0.04, None),
+    class("fine-tuning", 12, 40, 2_700.0, 0.02, Some(12 * 3_600_000)),
+    class("training", 14, 60, 10_800.0, 0.02, Some(86_400_000)),
+];
+
+/// Where jobs go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// The core's placement weight W.
+    Weighted,
+    /// Job n to GPU n mod G.
+    RoundRobin,
+    /// A uniformly drawn GPU (seeded).
+    Random,
+    /// The GPU with the fewest unfinished jobs.
+    LeastLoaded,
+}
+
+impl Placement {
+    pub const ALL: [Placement; 4] = [
+        Placement::Weighted,
+        Placement::RoundRobin,
+        Placement::Random,
+        Placement::LeastLoaded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::Weighted => "weighted",
+            Placement::RoundRobin => "round-robin",
+            Placement::Random => "random",
+            Placement::LeastLoaded => "least-loaded",
+        }
+    }
+}
+
+/// What to generate and how to run it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SyntheticOptions {
+    pub seed: u64,
+    pub gpus: u32,
+    pub hours: f64,
+    /// Offered GPU work over GPU capacity.
+    pub load: f64,
+    pub gpu_capacity_bytes: u64,
+    pub slots_per_gpu: u32,
+    pub idle_timeout_ms: u64,
+    pub tick_ms: u64,
+    pub active_ms: u64,
+    pub actuation_ms: u64,
+}
+
+impl Default for SyntheticOptions {
+    fn default() -> Self {
+        SyntheticOptions {
+            seed: 1,
+            gpus: 8,
+            hours: 72.0,
+            load: 0.7,
+            gpu_capacity_bytes: 80 * GIB,
+            slots_per_gpu: crate::defaults::SLOTS_PER_GPU,
+            idle_timeout_ms: crate::defaults::IDLE_TIMEOUT_MS,
+            tick_ms: crate::defaults::RUN_TICK_MS,
+            active_ms: 100,
+            actuation_ms: 1,
+        }
+    }
+}
+
+impl SyntheticOptions {
+    /// The core's config for these options (the agent's defaults otherwise).
+    pub fn sched_config(&self) -> SchedConfig {
+        SchedConfig {
+            gpus: (0..self.gpus)
+                .map(|index| GpuInfo {
+                    index,
+                    capacity_bytes: self.gpu_capacity_bytes,
+                })
+                .collect(),
+            slots_per_gpu: self.slots_per_gpu,
+            idle_timeout_ms: self.idle_timeout_ms,
+            default_max_duration_ms: crate::defaults::MAX_DURATION_MS,
+            default_grace_ms: crate::defaults::GRACE_PERIOD_MS,
+            ..SchedConfig::default()
+        }
+    }
+}
+
+/// SplitMix64: small, fast, and the same everywhere (no dependency).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    pub fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn exponential(&mut self, mean: f64) -> f64 {
+        -mean * self.unit().ln()
+    }
+
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit(), self.unit());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+
+    fn below(&mut self, n: u32) -> u32 {
+        (self.next_u64() % u64::from(n.max(1))) as u32
+    }
+}
+
+/// One generated job.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Job {
+    pub id: TaskId,
+    pub class: usize,
+    pub arrive_ns: u64,
+    pub work_ns: u64,
+    pub mem_bytes: u64,
+}
+
+/// The offered work per second of wall time the mix has per job arrival, s.
+pub fn mean_work_s() -> f64 {
+    CLASSES.iter().map(|c| c.share * c.mean_work_s).sum()
+}
+
+/// The jobs of a run: depends on the seed, GPUs, hours and load only.
+pub fn workload(opts: &SyntheticOptions) -> Vec<Job> {
+    let mut rng = Rng::new(opts.seed);
+    let horizon_ns = (opts.hours * 3600.0 * S as f64) as u64;
+    let rate_per_s = opts.load * f64::from(opts.gpus) / mean_work_s();
+    let sigma = 0.6;
+    let mut jobs = Vec::new();
+    let mut t_s = 0.0;
+    loop {
+        t_s += rng.exponential(1.0 / rate_per_s);
+        let arrive_ns = (t_s * S as f64) as u64;
+        if arrive_ns >= horizon_ns {
+            break;
+        }
+        let mut pick = rng.unit();
+        let class = CLASSES
+            .iter()
+            .position(|c| {
+                pick -= c.share;
+                pick <= 0.0
+            })
+            .unwrap_or(CLASSES.len() - 1);
+        let c = &CLASSES[class];
+        // Log-normal with the class mean: exp(mu + sigma z), mu = ln(mean) - sigma²/2.
+        let work_s = (c.mean_work_s.ln() - sigma * sigma / 2.0 + sigma * rng.normal()).exp();
+        jobs.push(Job {
+            id: jobs.len() as TaskId + 1,
+            class,
+            arrive_ns,
+            work_ns: ((work_s * S as f64) as u64).max(MS),
+            mem_bytes: c.mem_gib * GIB,
+        });
+    }
+    jobs
+}
+
+/// Sim events, in time order (ties: the order they were scheduled in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Arrive(usize),
+    /// An actuation lands; then the core hears of it.
+    Lands(TaskId, ActionKind),
+    /// The process ends with this code.
+    Exits(TaskId, i32),
+    /// Its work is done, if its progress generation is still this one.
+    Done(TaskId, u64),
+    /// It retries its allocation.
+    Retry(TaskId),
+    /// It shows activity, if its activity generation is still this one.
+    Active(TaskId, u64),
+}
+
+/// The sim's side of one job: the process.
+#[derive(Clone, Debug)]
+struct Proc {
+    job: usize,
+    gpu: u32,
+    frozen: bool,
+    allocated: bool,
+    started: bool,
+    exited: bool,
+    failures: u32,
+    /// Work left, ns of a whole GPU.
+    remaining_ns: f64,
+    progress_gen: u64,
+    active_gen: u64,
+    /// Retry owed once thawed.
+    retry_when_thawed: bool,
+}
+
+impl Proc {
+    fn progressing(&self) -> bool {
+        !self.frozen && self.allocated && !self.exited
+    }
+}
+
+/// What a synthetic run found.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SyntheticRun {
+    pub policy: Policy,
+    pub placement: Placement,
+    pub jobs: usize,
+    pub completed: u64,
+    pub gave_up_for_memory: u64,
+    /// Share of the offered GPU work that was done by the end.
+    pub work_done_share: f64,
+    pub summary: Summary,
+}
+
+/// Where a run writes its logs (both optional).
+#[derive(Clone, Debug, Default)]
+pub struct RunLogs {
+    /// The input log, with a header carrying the policy and config.
+    pub input_log: Option<PathBuf>,
+    /// The scheduling log, as the agent writes it.
+    pub sched_log: Option<PathBuf>,
+}
+
+struct Sim<'a> {
+    opts: &'a SyntheticOptions,
+    jobs: &'a [Job],
+    placement: Placement,
+    sched: Scheduler,
+    metrics: Metrics,
+    queue: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    procs: HashMap<TaskId, Proc>,
+    /// Per GPU: bytes held, unfinished jobs, processes progressing.
+    used_bytes: Vec<u64>,
+    unfinished: Vec<u32>,
+    progressing: Vec<Vec<TaskId>>,
+    last_progress_ns: Vec<u64>,
+    pin_rng: Rng,
+    input_log: Option<InputLogWriter>,
+    sched_log: Option<Logs>,
+    completed: u64,
+    gave_up: u64,
+    work_done_ns: f64,
+}
+
+impl Sim<'_> {
+    fn at(&mut self, ts_ns: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse((ts_ns, self.seq, ev)));
+    }
+
+    /// One input to the core, and what the agent would do with the output.
+    fn step(&mut self, input: Input) -> anyhow::Result<Output> {
+        let now = input.ts_ns();
+        if let Some(w) = &mut self.input_log {
+            w.input(&input)?;
+        }
+        let out = self.sched.step(&input);
+        self.metrics.observe(&input, &out);
+        if let Some(logs) = &mut self.sched_log {
+            for t in &out.transitions {
+                logs.transition(t);
+            }
+        }
+        for a in &out.actions {
+            let land = now + self.opts.actuation_ms * MS;
+            match *a {
+                Action::Place { id, gpu } => {
+                    if let Some(p) = self.procs.get_mut(&id) {
+                        p.gpu = gpu;
+                    }
+                    if let Some(logs) = &mut self.sched_log {
+                        let pid = id as u32;
+                        logs.record(&Record::Placement {
+                            task: id,
+                            pid,
+                            gpu,
+                            timestamp_ns: now,
+                        });
+                    }
+                }
+                Action::Freeze { id } => self.at(land, Ev::Lands(id, ActionKind::Freeze)),
+                Action::Thaw { id } => self.at(land, Ev::Lands(id, ActionKind::Thaw)),
+                Action::Stop { id } => self.at(land, Ev::Lands(id, ActionKind::Stop)),
+                Action::Kill { id } => self.at(land, Ev::Exits(id, 137)),
+                Action::Terminate { id } => {
+                    self.at(land + TERMINATE_EXIT_NS, Ev::Exits(id, 143));
+                }
+                Action::Warn { id, remaining_ms } => {
+                    if let Some(logs) = &mut self.sched_log {
+                        logs.record(&Record::Warning {
+                            task: id,
+                            pid: id as u32,
+                            remaining_ms,
+                            timestamp_ns: now,
+                        });
+                    }
+                }
+                Action::Enforce { id, ref record } => {
+                    if let Some(logs) = &mut self.sched_log {
+                        logs.record(&Record::Enforcement {
+                            task: id,
+                            pid: id as u32,
+                            timestamp_ns: now,
+                            record,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Brings the progress of GPU `gpu`'s processes up to `now`, applies `change`,
+    /// and reschedules their completions at the new sharing.
+    fn reshare(&mut self, gpu: u32, now: u64, change: impl FnOnce(&mut Self)) {
+        let g = gpu as usize;
+        let elapsed = now.saturating_sub(self.last_progress_ns[g]) as f64;
+        let k = self.progressing[g].len();
+        if k > 0 {
+            let each = elapsed / k as f64;
+            for id in &self.progressing[g] {
+                if let Some(p) = self.procs.get_mut(id) {
+                    let done = each.min(p.remaining_ns);
+                    p.remaining_ns -= done;
+                    self.work_done_ns += done;
+                }
+            }
+        }
+        self.last_progress_ns[g] = now;
+        change(self);
+        let ids: Vec<TaskId> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.gpu == gpu && p.progressing())
+            .map(|(&id, _)| id)
+            .collect();
+        let mut ids = ids;
+        ids.sort_unstable();
+        let k = ids.len() as f64;
+        for &id in &ids {
+            let (gen_, at) = {
+                let p = self.procs.get_mut(&id).expect("listed");
+                p.progress_gen += 1;
+                (p.progress_gen, now + (p.remaining_ns * k).ceil() as u64)
+            };
+            self.at(at, Ev::Done(id, gen_));
+        }
+        self.progressing[g] = ids;
+    }
+
+    /// The process tries to allocate its memory.
+    fn allocate(&mut self, id: TaskId, now: u64) -> anyhow::Result<()> {
+        let Some(p) = self.procs.get(&id) else {
+            return Ok(());
+        };
+        if p.exited || p.allocated {
+            return Ok(());
+        }
+        if p.frozen {
+            self.procs.get_mut(&id).expect("exists").retry_when_thawed = true;
+            return Ok(());
+        }
+        let (gpu, bytes) = (p.gpu, self.jobs[p.job].mem_bytes);
+        let g = gpu as usize;
+        if self.used_bytes[g] + bytes <= self.opts.gpu_capacity_bytes {
+            self.used_bytes[g] += bytes;
+            self.reshare(gpu, now, |sim| {
+                sim.procs.get_mut(&id).expect("exists").allocated = true;
+            });
+            self.step(Input::MemAlloc {
+                id,
+                gpu,
+                bytes,
+                ts_ns: now,
+            })?;
+        } else {
+            let p = self.procs.get_mut(&id).expect("exists");
+            p.failures += 1;
+            let give_up = p.failures >= ALLOC_MAX_FAILURES;
+            self.step(Input::AllocFailed {
+                id,
+                gpu,
+                bytes,
+                ts_ns: now,
+            })?;
+            if give_up {
+                self.at(now, Ev::Exits(id, OOM_EXIT_CODE));
+            } else {
+                self.at(now + ALLOC_RETRY_NS, Ev::Retry(id));
+            }
+        }
+        Ok(())
+    }
+
+    fn pin(&mut self, n: usize) -> Option<u32> {
+        let gpus = self.opts.gpus.max(1);
+        match self.placement {
+            Placement::Weighted => None,
+            Placement::RoundRobin => Some((n as u64 % u64::from(gpus)) as u32),
+            Placement::Random => Some(self.pin_rng.below(gpus)),
+            Placement::LeastLoaded => (0..gpus).min_by_key(|&g| (self.unfinished[g as usize], g)),
+        }
+    }
+
+    fn on(&mut self, now: u64, ev: Ev) -> anyhow::Result<()> {
+        match ev {
+            Ev::Arrive(n) => {
+                let job = &self.jobs[n];
+                let c = &CLASSES[job.class];
+                let id = job.id;
+                let pin = self.pin(n);
+                self.procs.insert(
+                    id,
+                    Proc {
+                        job: n,
+                        gpu: pin.unwrap_or(0),
+                        frozen: false,
+                        allocated: false,
+                        started: false,
+                        exited: false,
+                        failures: 0,
+                        remaining_ns: job.work_ns as f64,
+                        progress_gen: 0,
+                        active_gen: 0,
+                        retry_when_thawed: false,
+                    },
+                );
+                let spec = TaskSpec {
+                    id,
+                    pid: id as u32,
+                    name: c.name.to_owned(),
+                    priority: c.priority,
+                    gpu: pin,
+                    mem_quota_bytes: None,
+                    max_duration_ms: c.max_duration_ms,
+                    grace_ms: None,
+                    hard_kill: None,
+                    expected_runtime_ms: Some((c.mean_work_s * 1000.0) as u64),
+                };
+                let out = self.step(Input::Arrive { spec, ts_ns: now })?;
+                let gpu = self.procs[&id].gpu;
+                self.unfinished[gpu as usize] += 1;
+                let queued = out
+                    .actions
+                    .iter()
+                    .any(|a| matches!(a, Action::Freeze { id: f } if *f == id));
+                if !queued {
+                    self.started(id, now)?;
+                }
+            }
+            Ev::Lands(id, kind) => {
+                let Some(p) = self.procs.get(&id) else {
+                    return Ok(());
+                };
+                if p.exited {
+                    return Ok(());
+                }
+                let gpu = p.gpu;
+                let frozen = matches!(kind, ActionKind::Freeze | ActionKind::Stop);
+                self.reshare(gpu, now, |sim| {
+                    let p = sim.procs.get_mut(&id).expect("exists");
+                    p.frozen = frozen;
+                    p.active_gen += 1;
+                });
+                self.step(Input::Confirmed {
+                    id,
+                    action: kind,
+                    ts_ns: now,
+                })?;
+                if !frozen {
+                    self.started(id, now)?;
+                }
+            }
+            Ev::Exits(id, code) => self.exit(id, now, code)?,
+            Ev::Done(id, gen_) => {
+                if self
+                    .procs
+                    .get(&id)
+                    .is_some_and(|p| p.progress_gen == gen_ && p.progressing())
+                {
+                    self.exit(id, now, 0)?;
+                }
+            }
+            Ev::Retry(id) => self.allocate(id, now)?,
+            Ev::Active(id, gen_) => {
+                if self
+                    .procs
+                    .get(&id)
+                    .is_some_and(|p| p.active_gen == gen_ && !p.frozen && !p.exited)
+                {
+                    self.step(Input::Active { id, ts_ns: now })?;
+                    self.at(now + self.opts.active_ms * MS, Ev::Active(id, gen_));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The process runs (from arrival, or thawed): it shows activity and
+    /// allocates what it has not yet.
+    fn started(&mut self, id: TaskId, now: u64) -> anyhow::Result<()> {
+        let Some(p) = self.procs.get_mut(&id) else {
+            return Ok(());
+        };
+        let gen_ = p.active_gen;
+        let first = !p.started;
+        p.started = true;
+        let retry = std::mem::take(&mut p.retry_when_thawed);
+        self.at(now + self.opts.active_ms * MS, Ev::Active(id, gen_));
+        if first || retry {
+            self.allocate(id, now)?;
+        }
+        Ok(())
+    }
+
+    fn exit(&mut self, id: TaskId, now: u64, code: i32) -> anyhow::Result<()> {
+        let Some(p) = self.procs.get(&id) else {
+            return Ok(());
+        };
+        if p.exited {
+            return Ok(());
+        }
+        let (gpu, allocated, bytes) = (p.gpu, p.allocated, self.jobs[p.job].mem_bytes);
+        self.reshare(gpu, now, |sim| {
+            sim.procs.get_mut(&id).expect("exists").exited = true;
+        });
+        if allocated {
+            self.used_bytes[gpu as usize] -= bytes;
+        }
+        self.unfinished[gpu as usize] = self.unfinished[gpu as usize].saturating_sub(1);
+        match code {
+            0 => self.completed += 1,
+            OOM_EXIT_CODE => self.gave_up += 1,
+            _ => {}
+        }
+        self.step(Input::Exit {
+            id,
+            exit_code: code,
+            ts_ns: now,
+        })?;
+        self.procs.remove(&id);
+        Ok(())
+    }
+}
+
+/// Runs `jobs` under `policy` and `placement` until every job has ended or the
+/// horizon (the options' hours) is reached.
+pub fn run(
+    opts: &SyntheticOptions,
+    jobs: &[Job],
+    policy: Policy,
+    placement: Placement,
+    logs: &RunLogs,
+) -> anyhow::Result<SyntheticRun> {
+    let config = opts.sched_config();
+    let gpus = opts.gpus.max(1) as usize;
+    let input_log = match &logs.input_log {
+        Some(path) => Some(InputLogWriter::create(
+            path,
+            &InputLogHeader {
+                keling_input_log: INPUT_LOG_VERSION,
+                policy,
+                config: config.clone(),
+            },
+        )?),
+        None => None,
+    };
+    let sched_log = match &logs.sched_log {
+        Some(path) => Some(Logs::open(Some(path), None)?),
+        None => None,
+    };
+    let mut sim = Sim {
+        opts,
+        jobs,
+        placement,
+        metrics: Metrics::new(config.gpus.iter().map(|g| g.index)),
+        sched: Scheduler::with_policy(config, policy),
+        queue: BinaryHeap::new(),
+        seq: 0,
+        procs: HashMap::new(),
+        used_bytes: vec![0; gpus],
+        unfinished: vec![0; gpus],
+        progressing: vec![Vec::new(); gpus],
+        last_progress_ns: vec![0; gpus],
+        pin_rng: Rng::new(opts.seed ^ 0x005E_ED0F_91AC_E000),
+        input_log,
+        sched_log,
+        completed: 0,
+        gave_up: 0,
+        work_done_ns: 0.0,
+    };
+    for (n, job) in jobs.iter().enumerate() {
+        sim.at(job.arrive_ns, Ev::Arrive(n));
+    }
+    let horizon_ns = (opts.hours * 3600.0 * S as f64) as u64;
+    let tick_ns = opts.tick_ms.max(1) * MS;
+    let mut next_tick = tick_ns;
+    loop {
+        let next_event = sim.queue.peek().map(|Reverse((ts, _, _))| *ts);
+        match next_event {
+            Some(ts) if ts <= next_tick && ts <= horizon_ns => {
+                let Reverse((ts, _, ev)) = sim.queue.pop().expect("peeked");
+                sim.on(ts, ev)?;
+            }
+            _ if next_tick <= horizon_ns => {
+                sim.step(Input::Tick { ts_ns: next_tick })?;
+                next_tick += tick_ns;
+            }
+            _ => break,
+        }
+    }
+    // Work done by the processes still progressing at the horizon.
+    for g in 0..gpus as u32 {
+        sim.reshare(g, horizon_ns, |_| {});
+    }
+    if let Some(w) = sim.input_log.take() {
+        w.finish()?;
+    }
+    if let Some(logs) = &mut sim.sched_log {
+        logs.flush();
+    }
+    let offered: f64 = jobs.iter().map(|j| j.work_ns as f64).sum();
+    Ok(SyntheticRun {
+        policy,
+        placement,
+        jobs: jobs.len(),
+        completed: sim.completed,
+        gave_up_for_memory: sim.gave_up,
+        work_done_share: if offered > 0.0 {
+            sim.work_done_ns / offered
+        } else {
+            0.0
+        },
+        summary: sim.metrics.finish().0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> SyntheticOptions {
+        SyntheticOptions {
+            gpus: 2,
+            hours: 0.5,
+            load: 0.8,
+            ..SyntheticOptions::default()
+        }
+    }
+
+    #[test]
+    fn the_classes_shares_add_up_and_span_all_three_priority_classes() {
+        let total: f64 = CLASSES.iter().map(|c| c.share).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+        let mut priorities: Vec<u8> = CLASSES.iter().map(|c| c.priority).collect();
+        priorities.dedup();
+        assert_eq!(priorities.len(), 12, "one priority per class");
+        for class in [
+            keling_sched::Class::RealTime,
+            keling_sched::Class::Interactive,
+            keling_sched::Class::Background,
+        ] {
+            assert!(
+                CLASSES
+                    .iter()
+                    .any(|c| keling_sched::class_of(c.priority) == class)
+            );
+        }
+    }
+
+    #[test]
+    fn the_workload_depends_on_the_seed_only_and_offers_the_load() {
+        let opts = SyntheticOptions {
+            hours: 200.0,
+            ..small()
+        };
+        let a = workload(&opts);
+        assert_eq!(a, workload(&opts));
+        let b = workload(&SyntheticOptions {
+            seed: 2,
+            ..opts.clone()
+        });
+        assert_ne!(a, b);
+        let offered_s: f64 = a.iter().map(|j| j.work_ns as f64 / 1e9).sum();
+        let capacity_s = 200.0 * 3600.0 * 2.0;
+        let load = offered_s / capacity_s;
+        assert!((0.5..1.1).contains(&load), "offered load {load}");
+        assert!(a.windows(2).all(|w| w[0].arrive_ns <= w[1].arrive_ns));
+    }
+
+    #[test]
+    fn runs_are_reproducible_and_policies_differ() {
+        // One GPU, so a job cannot be placed away from a busy one.
+        let opts = SyntheticOptions {
+            gpus: 1,
+            hours: 8.0,
+            tick_ms: 100,
+            active_ms: 200,
+            ..small()
+        };
+        let jobs = workload(&opts);
+        let run = |policy| {
+            run(
+                &opts,
+                &jobs,
+                policy,
+                Placement::Weighted,
+                &RunLogs::default(),
+            )
+            .unwrap()
+        };
+        let hybrid = run(Policy::Hybrid);
+        assert_eq!(hybrid, run(Policy::Hybrid));
+        assert!(hybrid.completed > 0);
+        assert_eq!(hybrid.summary.tasks, jobs.len(), "every job arrived");
+        let fifo = run(Policy::Fifo);
+        assert_eq!(fifo.summary.preemptions, 0, "FIFO never preempts");
+        // Real-time jobs wait less under the hybrid policy than under FIFO.
+        let rt = |r: &SyntheticRun| -> f64 {
+            r.summary
+                .per_task
+                .iter()
+                .filter(|d| d.priority <= 2)
+                .map(|d| d.queueing_delay_ms)
+                .sum()
+        };
+        assert!(rt(&fifo) > 0.0, "FIFO makes real-time jobs wait");
+        assert!(
+            rt(&hybrid) < rt(&fifo) / 10.0,
+            "{} vs {}",
+            rt(&hybrid),
+            rt(&fifo)
+        );
+    }
+}
