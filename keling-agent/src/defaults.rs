@@ -22,3 +22,19 @@ pub const GRACE_PERIOD_MS: u64 = 30_000;
 pub const IDLE_TIMEOUT_MS: u64 = 300;
 /// Tasks that may run at once on one GPU.
 pub const SLOTS_PER_GPU: u32 = 1;
+/// The group whose members (besides root) may use the control socket.
+pub const SOCKET_GROUP: &str = "keling";
+/// The highest priority (lowest number) a user other than root may ask for unless
+/// the config grants more: the real-time class 0-2 is root's.
+pub const USER_MIN_PRIORITY: u8 = 3;
+/// The one-agent lock.
+pub const LOCK_FILE: &str = "/run/keling/keling.lock";
+/// The fail-safe thaws everything after this long without a heartbeat, ms.
+pub const WATCHDOG_MS: u64 = 1000;
+/// SCHED_FIFO priority of the actuation thread and the fail-safe (0: ordinary class).
+pub const ACTUATOR_RT_PRIORITY: u8 = 50;
+/// Finished (archived) tasks stay in `keling status` this long, s.
+pub const ARCHIVE_RETENTION_S: u64 = 600;
+/// The scheduling log and the input log each rotate at this size (one old file
+/// kept as `FILE.1`), MiB; 0: never.
+pub const LOG_MAX_MIB: u64 = 64;

@@ -68,6 +68,11 @@ pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark loads eBPF programs: run it as root");
     }
+    // KELING_BENCH_ONLY=decision: only the decision-latency measurement (the
+    // freeze/thaw figures), for when that is what is being worked on.
+    if std::env::var("KELING_BENCH_ONLY").as_deref() == Ok("decision") {
+        return decision_latency(dir, rounds.max(10) * 2);
+    }
     let keling = dir.join("keling");
     const CALLS: &str = "2000000";
     // A stand-in device directory: DIR/nvidiactl is a plain file, so an RM ioctl on

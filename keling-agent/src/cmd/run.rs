@@ -2,7 +2,8 @@
 //! tracks every process that opens an NVIDIA device, and runs the scheduler over
 //! the tasks launched through its control socket (`keling launch`).
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -18,18 +19,18 @@ use crate::{
     bpf::{LoadOptions, Probes, programs::Feature},
     control::{self, server},
     defaults,
-    event::{
-        EventStream,
-        decode::{Event, ExitStatus},
-    },
+    event::{EventStream, decode::Event},
     gpu::{env::GpuArgs, stats::GpuAccounting},
     latency::{LatencyRecorder, ModelKind},
+    os::lock::{InstanceLock, LockError},
     sched::{
+        access::AccessPolicy,
         cgroup,
         config::Config,
-        daemon::{Confirmation, Daemon, DaemonSettings},
+        daemon::{Daemon, DaemonSettings, Wake},
         log::Logs,
-        supervisor,
+        supervisor::{self, Notice},
+        worker::Confirmation,
     },
 };
 
@@ -54,7 +55,8 @@ pub struct RunArgs {
     /// pressure needs it; default: NVML's, or the config file's `[[gpu]]` tables.
     #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = parse_capacity)]
     pub gpu_capacity: Vec<GpuInfo>,
-    /// The control socket `keling launch` and `keling status` use (root only).
+    /// The control socket `keling launch` and `keling status` use (root and the
+    /// members of the config's `[access] group`, default `keling`).
     #[arg(long, default_value = control::DEFAULT_SOCKET, value_name = "PATH")]
     pub socket: PathBuf,
     /// Write one JSON line per task state transition here.
@@ -89,6 +91,28 @@ pub struct RunArgs {
     /// the agent refuses to start on an invalid file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// The fail-safe thaws and continues everything when the agent sends no
+    /// heartbeat for this long (stopped, hung, starved), as it does when it dies, ms.
+    #[arg(long, default_value_t = defaults::WATCHDOG_MS, value_name = "MS")]
+    pub watchdog_ms: u64,
+    /// SCHED_FIFO priority of the actuation thread and the fail-safe, 1-99 (0: the
+    /// ordinary class; thaws of busy tasks are then much slower).
+    #[arg(long, default_value_t = defaults::ACTUATOR_RT_PRIORITY, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub actuator_priority: u8,
+    /// Only one agent runs at a time: it holds this lock (a second one exits at once
+    /// and touches nothing).
+    #[arg(long, default_value = defaults::LOCK_FILE, value_name = "PATH")]
+    pub lock: PathBuf,
+    /// Finished tasks stay in `keling status` this long, s.
+    #[arg(long, default_value_t = defaults::ARCHIVE_RETENTION_S, value_name = "SECS")]
+    pub archive_retention_s: u64,
+    /// The scheduling log and the input log each rotate at this size (one old file
+    /// kept, `FILE.1`), MiB; 0: never.
+    #[arg(long, default_value_t = defaults::LOG_MAX_MIB, value_name = "MIB")]
+    pub log_max_mib: u64,
+    /// Run as the fail-safe (the agent starts it so; fds 3 and 4 are its pipes).
+    #[arg(long, hide = true)]
+    pub fail_safe: bool,
 }
 
 fn parse_capacity(s: &str) -> Result<GpuInfo, String> {
@@ -187,40 +211,97 @@ fn gpu_infos(args: &RunArgs, config: &Config) -> Vec<GpuInfo> {
     crate::gpu::nvml::capacities()
 }
 
-/// Binds the control socket in a directory only root can enter.
-fn bind_socket(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+/// Binds the control socket. Any file at its path is stale (this agent holds the
+/// instance lock). The socket, and a directory the agent creates for it (or the
+/// default one), let in root and the access group only.
+fn bind_socket(path: &Path, access: &AccessPolicy) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            anyhow::bail!(
-                "another keling agent is already listening on {}",
-                path.display()
-            );
+    let gid = access.group.as_ref().map(|(_, gid)| *gid);
+    let chown = |p: &Path| -> anyhow::Result<()> {
+        std::os::unix::fs::chown(p, Some(0), Some(gid.unwrap_or(0)))
+            .with_context(|| format!("chown {}", p.display()))
+    };
+    let (dir_mode, sock_mode) = if gid.is_some() {
+        (0o750, 0o660)
+    } else {
+        (0o700, 0o600)
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let ours = !dir.exists() || dir == Path::new(control::DEFAULT_SOCKET).parent().unwrap();
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        if ours {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))?;
+            chown(dir)?;
         }
-        std::fs::remove_file(path)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("remove the stale socket {}", path.display()));
+        }
+        _ => {}
     }
     let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode))?;
+    chown(path)?;
     Ok(listener)
 }
 
+/// Who may connect, as the server asks it.
+fn admit(access: &AccessPolicy) -> server::Admit {
+    let access = access.clone();
+    Arc::new(move |c| {
+        if access.may_connect(c) {
+            return Ok(());
+        }
+        Err(match &access.group {
+            Some((name, _)) => format!(
+                "uid {} may not use the Keling agent: only root and the members of group {name} may",
+                c.uid
+            ),
+            None => format!(
+                "uid {} may not use the Keling agent: only root may (there is no `keling` group, \
+                 and the config names no [access] group)",
+                c.uid
+            ),
+        })
+    })
+}
+
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let failsafe_settings = supervisor::Settings {
+        watchdog: Duration::from_millis(args.watchdog_ms.max(1)),
+        rt_priority: args.actuator_priority,
+    };
+    if args.fail_safe {
+        supervisor::supervise(failsafe_settings);
+    }
     let file_config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config::default(),
+        None => Config::parse("").map_err(|(_, what)| anyhow::anyhow!("{what}"))?,
     };
     crate::os::check_privileges()?;
-    // Whatever a previous agent left frozen or stopped runs again first.
-    let thawed = cgroup::thaw_all();
-    if thawed > 0 {
-        log::warn!("thawed {thawed} task(s) a previous keling run left frozen or stopped");
+    // One agent at a time: taken before anything that touches the host.
+    let _lock = match InstanceLock::acquire(&args.lock) {
+        Ok(lock) => lock,
+        Err(e @ LockError::Held { .. }) => anyhow::bail!(
+            "{e}: one agent runs at a time. This one stopped before touching anything \
+             (stop the other first, or use `keling status` to talk to it)"
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    let nofile = crate::os::raise_nofile();
+    log::debug!("open files limit {nofile}");
+    // Whatever earlier runs left frozen, stopped or behind runs again or goes.
+    let left = cgroup::clean_leftovers();
+    if left != cgroup::Leftovers::default() {
+        log::warn!(
+            "an earlier keling run left {} empty task cgroup(s) (removed), {} with processes still \
+             running (thawed, left alone) and {} stopped process(es) (continued)",
+            left.removed,
+            left.still_running,
+            left.continued
+        );
     }
-    // The fail-safe, forked before any thread or probe exists.
-    let guard = supervisor::spawn()?;
     let mut probes = Probes::load(&LoadOptions::new(
         &args.gpu,
         true,
@@ -235,6 +316,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
              memory pressure is not scheduled"
         );
     }
+    match &file_config.access_policy.group {
+        Some((name, gid)) => log::info!("control socket: root and group {name} ({gid})"),
+        None => log::info!("control socket: root only (no `keling` group and no [access] group)"),
+    }
     let config = SchedConfig {
         gpus,
         slots_per_gpu: args.slots.max(1),
@@ -247,36 +332,55 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let result = runtime.block_on(async move {
+    runtime.block_on(async move {
+        // The fail-safe, before anything can be frozen.
+        let mut failsafe = supervisor::spawn(failsafe_settings)?;
         let (confirm_tx, mut confirm_rx) = mpsc::unbounded_channel::<Confirmation>();
+        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<Wake>();
+        let access = file_config.access_policy.clone();
         let mut daemon = Daemon::new(
             Scheduler::new(config),
             LatencyRecorder::new(args.timeout_model),
-            Logs::open(args.sched_log.as_deref(), args.input_log.as_deref())?,
-            confirm_tx,
+            Logs::open_bounded(
+                args.sched_log.as_deref(),
+                args.input_log.as_deref(),
+                args.log_max_mib.saturating_mul(1 << 20),
+            )?,
             file_config,
             DaemonSettings {
                 default_priority: args.default_priority,
+                actuator_rt_priority: args.actuator_priority,
+                archive_retention_ns: args.archive_retention_s.saturating_mul(1_000_000_000),
             },
+            confirm_tx,
+            wake_tx,
         )?;
+        daemon.exclude(failsafe.pid());
         let (request_tx, mut requests) = mpsc::channel(64);
-        server::spawn(bind_socket(&args.socket)?, request_tx);
+        server::spawn(bind_socket(&args.socket, &access)?, request_tx, admit(&access));
         let mut events = EventStream::new(probes.take_events()?)?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
-        let mut sigchld = signal(SignalKind::child())?;
+        let mut sighup = signal(SignalKind::hangup())?;
         let period = Duration::from_secs(args.status_interval.max(1));
         let mut status = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        // Scheduler clock, and the drain of detail events (they do not wake us).
+        // Scheduler clock, heartbeats, and the drain of detail events (they do not
+        // wake us).
         let mut tick = tokio::time::interval(Duration::from_millis(defaults::RUN_TICK_MS));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let started = Instant::now();
         let mut c = Counters::default();
+        let mut drops_seen = 0u64;
+        let mut last_check = Instant::now();
+        let mut last_reconcile = Instant::now();
         eprintln!(
             "keling: ready: probes attached, watching every process; control socket {} (Ctrl-C to stop)",
             args.socket.display()
         );
-        loop {
+        // Nothing in here ends the agent but a signal to stop, or a fail-safe that
+        // cannot be restarted: every other error is reported and survived.
+        let result = loop {
+            failsafe.heartbeat();
             tokio::select! {
                 ready = events.ready() => {
                     if let Err(e) = ready {
@@ -287,30 +391,63 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 _ = tick.tick() => {
                     events.drain(|e| { c.count(e); daemon.on_event(e); });
                     daemon.tick();
+                    if last_check.elapsed() >= Duration::from_millis(100) {
+                        last_check = Instant::now();
+                        // Lost events may have been exits or forks: check who is whose.
+                        let drops: u64 = probes.drops_per_cpu().map(|d| d.iter().sum()).unwrap_or(0);
+                        if drops > drops_seen || last_reconcile.elapsed() >= Duration::from_secs(1) {
+                            if drops > drops_seen {
+                                log::debug!("{} events lost: checking task membership", drops - drops_seen);
+                            }
+                            drops_seen = drops;
+                            last_reconcile = Instant::now();
+                            daemon.reconcile_members();
+                        }
+                    }
                 }
                 Some(conf) = confirm_rx.recv() => daemon.confirmed(conf),
-                _ = sigchld.recv() => {
-                    while let Some((pid, status)) = crate::os::reap_any() {
-                        daemon.exited(pid, ExitStatus::from_wait_status(status));
+                Some(wake) = wake_rx.recv() => {
+                    if matches!(wake, Wake::Exited(_)) {
+                        // The trace's exit event (with the code) is handled first.
+                        events.drain(|e| { c.count(e); daemon.on_event(e); });
                     }
+                    daemon.woken(wake);
                 }
                 Some(incoming) = requests.recv() => {
                     daemon.handle(incoming, &mut |pid| probes.track(pid, pid));
                 }
+                notice = failsafe.notice() => match notice {
+                    Notice::Tripped => daemon.refreeze_after_failsafe(),
+                    Notice::Gone => {
+                        log::warn!("the fail-safe (pid {}) died: starting another", failsafe.pid());
+                        match supervisor::spawn(failsafe_settings) {
+                            Ok(f) => {
+                                daemon.exclude(f.pid());
+                                log::info!("fail-safe restarted as pid {}", f.pid());
+                                failsafe = f;
+                            }
+                            Err(e) => break Err(anyhow::anyhow!(
+                                "the fail-safe died and cannot be restarted ({e:#}): \
+                                 stopping rather than freezing tasks without one"
+                            )),
+                        }
+                    }
+                },
                 _ = status.tick(), if args.status_interval > 0 => {
                     eprintln!("{}", status_report(&probes, started, &c, events.decode_errors));
                 }
-                _ = sigint.recv() => break,
-                _ = sigterm.recv() => break,
+                _ = sigint.recv() => break Ok(0),
+                _ = sigterm.recv() => break Ok(0),
+                _ = sighup.recv() => break Ok(0),
             }
-        }
+        };
         daemon.shutdown();
         let _ = std::fs::remove_file(&args.socket);
         eprintln!("{} (stopped)", status_report(&probes, started, &c, events.decode_errors));
-        anyhow::Ok(0)
-    });
-    drop(guard);
-    result
+        drop(daemon);
+        drop(failsafe);
+        result
+    })
 }
 
 /// The periodic status line; a failure to read the maps is shown, not fatal.

@@ -38,6 +38,12 @@ impl Connection {
         })
     }
 
+    /// A second handle on the connection, to send follow-ups (a launch's
+    /// forwarded signals) from another thread while this one reads replies.
+    pub fn sender(&self) -> std::io::Result<UnixStream> {
+        self.reader.get_ref().try_clone()
+    }
+
     /// The next reply; `None` when the agent closed the connection.
     pub fn next_reply(&mut self) -> anyhow::Result<Option<Reply>> {
         let mut text = String::new();

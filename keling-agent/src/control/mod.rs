@@ -2,14 +2,25 @@
 //! (`keling launch`, `keling status`): typed requests and replies, shared by the
 //! [`server`] and the [`client`].
 //!
-//! A unix stream socket (default [`DEFAULT_SOCKET`]). One JSON request line per
-//! connection, at most [`MAX_REQUEST_BYTES`], sent within [`REQUEST_DEADLINE`]:
+//! A unix stream socket (default [`DEFAULT_SOCKET`]), for root and the members of
+//! one group (see `sched::access`; the peer is identified with SO_PEERCRED and
+//! SO_PEERGROUPS). One JSON request line per connection, at most
+//! [`MAX_REQUEST_BYTES`], sent within [`REQUEST_DEADLINE`]:
 //! - `{"launch": LaunchRequest}`, sent with the client's stdin/stdout/stderr as
 //!   SCM_RIGHTS: the agent starts the command as a managed task on those fds (the
-//!   client relays nothing), answers `{"accepted": {...}}` and, when the task ends,
-//!   `{"exit_code": N}`.
+//!   client relays nothing), as the caller (uid, gid, groups), in the caller's
+//!   directory, with the environment the request carries. It answers
+//!   `{"accepted": {...}}` once the command is executing (or an error naming the
+//!   step that failed) and, when the task ends, `{"exit_code": N}`. Until then the
+//!   client may send `{"forward": SIGNAL}` lines (SIGINT, SIGTERM, SIGHUP or
+//!   SIGQUIT): the signal goes to every process of the task, as a terminal's would
+//!   to its foreground process group. (`keling launch` forwards its own Ctrl-C,
+//!   SIGTERM and SIGHUP this way: the task cannot be in the client's foreground
+//!   process group, since it is the agent's child in another session.)
 //! - `{"status": true}`: answered with `{"status": StatusReply}`.
 //! - `{"export": "prometheus"}` (or another [`ExportFormat`]): `{"export": "text"}`.
+//! - `{"signal": {"task": ID, "signal": N}}`: signal a task (its owner or root):
+//!   `{"signalled": COUNT}`.
 //!
 //! Anything else is answered with `{"error": "what is wrong"}` and the connection is
 //! closed.
@@ -28,8 +39,10 @@ pub mod client;
 pub mod server;
 
 pub const DEFAULT_SOCKET: &str = "/run/keling/keling.sock";
-/// The most bytes a request may have.
-pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// The most bytes a request may have (a launch carries the caller's environment).
+pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
+/// The signals a launch's client may forward to its task.
+pub const FORWARDED_SIGNALS: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 /// How long a client has to send its request once connected.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -47,6 +60,18 @@ pub struct LaunchRequest {
     pub mem_quota_bytes: Option<u64>,
     pub hard_kill: Option<bool>,
     pub expected_runtime_ms: Option<u64>,
+    /// The caller's environment, `KEY=VALUE` each: the task gets exactly this (and
+    /// `CUDA_VISIBLE_DEVICES`). `None`: a minimal one (`PATH` only).
+    #[serde(default)]
+    pub env: Option<Vec<String>>,
+}
+
+/// A signal for a task (its owner or root may send one).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    pub task: u64,
+    pub signal: i32,
 }
 
 /// A latency export format.
@@ -73,6 +98,10 @@ pub enum Request {
     Status(bool),
     /// Latency figures in an export format.
     Export(ExportFormat),
+    /// Signal a task.
+    Signal(SignalRequest),
+    /// After a launch, on its connection: a signal for that task.
+    Forward(i32),
 }
 
 /// Where a launched task went.
@@ -91,6 +120,8 @@ pub enum Reply {
     ExitCode(i32),
     Status(Box<StatusReply>),
     Export(String),
+    /// How many processes a signal reached.
+    Signalled(usize),
     Error(String),
 }
 
@@ -112,8 +143,12 @@ pub struct TaskStatus {
     pub elapsed_ms: u64,
     pub wants_gpu: bool,
     pub in_flight: Option<keling_sched::ActionKind>,
-    /// The task's cgroup (tasks Keling launched).
-    pub cgroup: Option<PathBuf>,
+    /// The task's cgroup (tasks Keling launched); bytes that are not UTF-8 are
+    /// shown as U+FFFD.
+    pub cgroup: Option<String>,
+    /// Whose task it is: the launching user, or the adopted process's real uid.
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 /// Placement: each GPU's weight (higher is better) and how evenly memory is spread.
@@ -168,10 +203,10 @@ pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> std::io::Result
     Ok(())
 }
 
-/// Receives one message of at most [`MAX_REQUEST_BYTES`] with up to 3 fds.
+/// Receives what is waiting, at most `max` bytes, with up to 3 fds.
 /// Returns (bytes, fds); fds beyond 3 are closed by the kernel (MSG_CTRUNC).
-pub fn recv_with_fds(sock: RawFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; MAX_REQUEST_BYTES];
+pub fn recv_with_fds(sock: RawFd, max: usize) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    let mut buf = vec![0u8; max];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -234,6 +269,29 @@ mod tests {
         );
         assert!(
             serde_json::from_str::<Request>(r#"{"launch":{"argv":[],"cwd":"/","x":1}}"#).is_err()
+        );
+        let r: Request = serde_json::from_str(r#"{"forward":2}"#).unwrap();
+        assert_eq!(r, Request::Forward(2));
+        let r: Request = serde_json::from_str(r#"{"signal":{"task":3,"signal":15}}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Signal(SignalRequest {
+                task: 3,
+                signal: 15
+            })
+        );
+        // A launch without `env` (an older client) still reads.
+        let r: Request = serde_json::from_str(
+            r#"{"launch":{"argv":["x"],"cwd":"/","priority":null,"gpu":null,"max_duration_ms":null,"grace_ms":null,"mem_quota_bytes":null,"hard_kill":null,"expected_runtime_ms":null}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            r,
+            Request::Launch(LaunchRequest { env: None, .. })
+        ));
+        assert_eq!(
+            serde_json::to_string(&Reply::Signalled(2)).unwrap(),
+            r#"{"signalled":2}"#
         );
     }
 }

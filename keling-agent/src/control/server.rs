@@ -1,31 +1,44 @@
 //! The server side of the control protocol. Every client is served on its own task,
 //! with a deadline and a size limit on its request, so no client (silent, slow,
-//! sending garbage or a flood) can delay the agent's event loop: the loop only ever
-//! sees a fully read, well-formed [`Incoming`] request, and sends replies through a
-//! channel that never blocks it.
+//! sending garbage or a flood, or hundreds of them) can delay the agent's event
+//! loop: the loop only ever sees a fully read, well-formed [`Incoming`] request
+//! from a peer the access rule admits, and sends replies through a channel that
+//! never blocks it. Accept errors (EMFILE, ENFILE, ENOMEM) are logged and retried
+//! after a pause; clients still reading their request beyond [`MAX_READING`] are
+//! turned away at once.
 use std::{
     os::fd::{AsRawFd, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
 use tokio::{
-    io::AsyncWriteExt,
-    net::{UnixListener, UnixStream},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest},
+    net::{UnixListener, UnixStream, unix::OwnedReadHalf},
     sync::mpsc,
 };
 
 use super::{MAX_REQUEST_BYTES, REQUEST_DEADLINE, Reply, Request, recv_with_fds};
+use crate::os::users::{Credentials, peer_groups};
 
 /// How long the agent waits for a client to take a reply before dropping it.
 const WRITE_DEADLINE: Duration = Duration::from_secs(5);
 /// How long accepting pauses after an error such as EMFILE.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Clients that may be reading their first request at once.
+pub const MAX_READING: usize = 512;
+/// The longest follow-up line (`{"forward":N}`) on a launch's connection.
+const MAX_FOLLOW_UP_BYTES: usize = 1024;
+/// How much one read takes from the socket.
+const CHUNK_BYTES: usize = 64 * 1024;
 
-/// Who is on the other end (SO_PEERCRED).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who is on the other end (SO_PEERCRED, SO_PEERGROUPS).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
-    pub uid: u32,
-    pub gid: u32,
+    pub creds: Credentials,
     pub pid: Option<i32>,
 }
 
@@ -38,6 +51,11 @@ impl Replier {
     pub fn send(&self, reply: Reply) {
         let _ = self.0.send(reply);
     }
+
+    /// A replier whose replies go nowhere (for tests).
+    pub fn detached() -> Self {
+        Self(mpsc::unbounded_channel().0)
+    }
 }
 
 /// A request read in full from a client.
@@ -47,20 +65,42 @@ pub struct Incoming {
     pub fds: Vec<OwnedFd>,
     pub peer: Peer,
     pub reply: Replier,
+    /// The connection it came on (a launch's follow-ups share its launch's).
+    pub conn: u64,
 }
 
+/// Says whether a peer may use the socket; `Err` says why not (sent to it).
+pub type Admit = Arc<dyn Fn(&Credentials) -> Result<(), String> + Send + Sync>;
+
 /// Accepts clients on `listener` for as long as the agent runs, handing each
-/// well-formed request to `requests`.
-pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>) {
+/// well-formed request from an admitted peer to `requests`.
+pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>, admit: Admit) {
     tokio::spawn(async move {
+        let reading = Arc::new(AtomicUsize::new(0));
+        let next_conn = AtomicU64::new(1);
+        let mut failing = false;
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    tokio::spawn(serve(stream, requests.clone()));
+                    if failing {
+                        failing = false;
+                        log::info!("control socket: accepting again");
+                    }
+                    let conn = next_conn.fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(serve(
+                        stream,
+                        conn,
+                        requests.clone(),
+                        admit.clone(),
+                        reading.clone(),
+                    ));
                 }
                 Err(e) => {
-                    // EMFILE, ENFILE, ENOMEM...: say so and try again shortly.
-                    log::warn!("control socket: accept failed: {e}; retrying");
+                    // EMFILE, ENFILE, ENOMEM...: say so (once per spell) and retry.
+                    if !failing {
+                        log::warn!("control socket: accept failed: {e}; retrying every 100 ms");
+                        failing = true;
+                    }
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             }
@@ -68,63 +108,169 @@ pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>) {
     });
 }
 
-async fn serve(stream: UnixStream, requests: mpsc::Sender<Incoming>) {
-    let peer = match stream.peer_cred() {
-        Ok(c) => Peer {
-            uid: c.uid(),
-            gid: c.gid(),
-            pid: c.pid(),
-        },
-        Err(e) => {
-            log::warn!("control socket: no peer credentials: {e}");
-            return;
-        }
-    };
+/// Counts a client as reading its request for as long as it lives.
+struct ReadingSlot(Arc<AtomicUsize>);
+
+impl Drop for ReadingSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve(
+    stream: UnixStream,
+    conn: u64,
+    requests: mpsc::Sender<Incoming>,
+    admit: Admit,
+    reading: Arc<AtomicUsize>,
+) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let replier = Replier(tx);
-    match tokio::time::timeout(REQUEST_DEADLINE, read_request(&stream)).await {
-        Ok(Ok((request, fds))) => {
+    let first = read_first(&stream, &admit, &reading).await;
+    let mut follow_ups = None;
+    match first {
+        Ok((request, fds, peer)) => {
+            let is_launch = matches!(request, Request::Launch(_));
             let incoming = Incoming {
                 request,
                 fds,
-                peer,
-                reply: replier,
+                peer: peer.clone(),
+                reply: replier.clone(),
+                conn,
             };
             if requests.send(incoming).await.is_err() {
                 return; // the agent is stopping
             }
+            if is_launch {
+                follow_ups = Some((peer, requests));
+            }
         }
-        Ok(Err(what)) => replier.send(Reply::Error(what)),
-        Err(_) => replier.send(Reply::Error(format!(
-            "no complete request within {} s; send one JSON line (see `keling --help`)",
-            REQUEST_DEADLINE.as_secs()
-        ))),
+        Err(what) => replier.send(Reply::Error(what)),
     }
-    let mut stream = stream;
-    while let Some(reply) = rx.recv().await {
-        let mut line = serde_json::to_vec(&reply).expect("replies serialise");
+    drop(replier);
+    let (read_half, mut write_half) = stream.into_split();
+    // A launch's connection also carries the client's forwarded signals.
+    let mut lines = follow_ups.map(|(peer, requests)| FollowUps {
+        reader: BufReader::new(read_half),
+        peer,
+        requests,
+        conn,
+    });
+    loop {
+        let reply = match &mut lines {
+            Some(f) => {
+                tokio::select! {
+                    reply = rx.recv() => reply,
+                    more = f.next() => {
+                        if !more {
+                            lines = None; // the client stopped sending: replies only
+                        }
+                        continue;
+                    }
+                }
+            }
+            None => rx.recv().await,
+        };
+        let Some(reply) = reply else {
+            return; // every reply sent
+        };
+        let mut line = match serde_json::to_vec(&reply) {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn!("control socket: a reply did not serialise: {e}");
+                serde_json::to_vec(&Reply::Error(format!("internal error: {e}")))
+                    .unwrap_or_default()
+            }
+        };
         line.push(b'\n');
-        match tokio::time::timeout(WRITE_DEADLINE, stream.write_all(&line)).await {
+        match tokio::time::timeout(WRITE_DEADLINE, write_half.write_all(&line)).await {
             Ok(Ok(())) => {}
             _ => return, // gone or not reading: drop it
         }
     }
 }
 
-/// Reads one request line (with any fds), within the size limit.
+/// Reads the first request (within the deadline, the size limit and the cap on
+/// clients reading at once) from an admitted peer.
+async fn read_first(
+    stream: &UnixStream,
+    admit: &Admit,
+    reading: &Arc<AtomicUsize>,
+) -> Result<(Request, Vec<OwnedFd>, Peer), String> {
+    let slot = ReadingSlot(reading.clone());
+    if reading.fetch_add(1, Ordering::Relaxed) >= MAX_READING {
+        return Err(format!(
+            "the agent is busy: {MAX_READING} clients are sending requests; try again"
+        ));
+    }
+    let peer = match stream.peer_cred() {
+        Ok(c) => Peer {
+            creds: Credentials {
+                uid: c.uid(),
+                gid: c.gid(),
+                groups: peer_groups(stream.as_raw_fd()).unwrap_or_default(),
+            },
+            pid: c.pid(),
+        },
+        Err(e) => return Err(format!("no peer credentials: {e}")),
+    };
+    admit(&peer.creds)?;
+    let read = tokio::time::timeout(REQUEST_DEADLINE, read_request(stream)).await;
+    drop(slot);
+    match read {
+        Ok(Ok((Request::Forward(_), _))) => {
+            Err("`forward` is only valid on a launch's connection, after the launch".into())
+        }
+        Ok(Ok((request, fds))) => Ok((request, fds, peer)),
+        Ok(Err(what)) => Err(what),
+        Err(_) => Err(format!(
+            "no complete request within {} s; send one JSON line such as {{\"status\":true}}",
+            REQUEST_DEADLINE.as_secs()
+        )),
+    }
+}
+
+/// Reads one request line (with any fds), within the size limit. Bytes after the
+/// line stay in the socket: a launch's follow-ups are read after it.
 async fn read_request(stream: &UnixStream) -> Result<(Request, Vec<OwnedFd>), String> {
     let mut bytes = Vec::new();
     let mut fds = Vec::new();
     loop {
         stream.readable().await.map_err(|e| e.to_string())?;
-        let (chunk, more_fds) = match recv_with_fds(stream.as_raw_fd()) {
+        // Peek first, so nothing past the request line is consumed.
+        let mut peek = vec![0u8; CHUNK_BYTES];
+        let peeked = stream.try_io(Interest::READABLE, || {
+            // SAFETY: recv into a valid buffer of its length.
+            let n = unsafe {
+                libc::recv(
+                    stream.as_raw_fd(),
+                    peek.as_mut_ptr().cast(),
+                    peek.len(),
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(n as usize)
+        });
+        let n = match peeked {
+            // tokio's readiness is cleared: wait for more.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("reading the request: {e}")),
+            Ok(0) => return Err("the connection closed before a complete request".into()),
+            Ok(n) => n,
+        };
+        let take = peek[..n]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(n, |end| end + 1);
+        let (chunk, more_fds) = match recv_with_fds(stream.as_raw_fd(), take) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(format!("reading the request: {e}")),
             Ok(r) => r,
         };
-        if chunk.is_empty() {
-            return Err("the connection closed before a complete request".into());
-        }
         fds.extend(more_fds);
         bytes.extend_from_slice(&chunk);
         if bytes.len() > MAX_REQUEST_BYTES {
@@ -132,8 +278,8 @@ async fn read_request(stream: &UnixStream) -> Result<(Request, Vec<OwnedFd>), St
                 "request larger than {MAX_REQUEST_BYTES} bytes: refused"
             ));
         }
-        if let Some(end) = bytes.iter().position(|&b| b == b'\n') {
-            bytes.truncate(end);
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
             break;
         }
     }
@@ -142,4 +288,47 @@ async fn read_request(stream: &UnixStream) -> Result<(Request, Vec<OwnedFd>), St
         format!("bad request ({e}): expected one JSON line such as {{\"status\":true}}")
     })?;
     Ok((request, fds))
+}
+
+/// The follow-up lines of a launch's connection.
+struct FollowUps {
+    reader: BufReader<OwnedReadHalf>,
+    peer: Peer,
+    requests: mpsc::Sender<Incoming>,
+    conn: u64,
+}
+
+impl FollowUps {
+    /// Reads and hands on one line; false once there will be no more.
+    async fn next(&mut self) -> bool {
+        let mut line = Vec::new();
+        let mut limited = (&mut self.reader).take(MAX_FOLLOW_UP_BYTES as u64 + 1);
+        match limited.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return false,
+            Ok(_) => {}
+        }
+        if line.len() > MAX_FOLLOW_UP_BYTES {
+            log::warn!(
+                "control socket: a follow-up line over {MAX_FOLLOW_UP_BYTES} bytes; \
+                 no more are read from this client"
+            );
+            return false;
+        }
+        match serde_json::from_slice::<Request>(&line) {
+            Ok(request @ Request::Forward(_)) => {
+                let incoming = Incoming {
+                    request,
+                    fds: Vec::new(),
+                    peer: self.peer.clone(),
+                    reply: Replier::detached(),
+                    conn: self.conn,
+                };
+                self.requests.send(incoming).await.is_ok()
+            }
+            _ => {
+                log::warn!("control socket: ignored a follow-up that is not `forward`");
+                true
+            }
+        }
+    }
 }

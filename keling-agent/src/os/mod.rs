@@ -12,9 +12,12 @@ use std::{
 use anyhow::{Context, bail};
 use tokio::io::unix::AsyncFd;
 
+pub mod lock;
 pub mod mounts;
+pub mod pidfd;
 pub mod proc;
 pub mod spawn;
+pub mod users;
 
 /// `CLOCK_MONOTONIC` in ns: the clock behind the kernel's `bpf_ktime_get_ns`, so
 /// agent times and event times can be subtracted.
@@ -25,6 +28,18 @@ pub fn monotonic_ns() -> u64 {
     };
     // SAFETY: valid timespec pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `CLOCK_BOOTTIME` in ns: the monotonic clock plus time spent suspended (what
+/// process start times in `/proc` count from).
+pub fn boottime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer; CLOCK_BOOTTIME exists on every kernel we run on.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -67,6 +82,70 @@ pub fn raise_memlock() {
             std::io::Error::last_os_error()
         );
     }
+}
+
+/// Raises the soft limit on open files to the hard limit (a daemon serving many
+/// clients needs more than the usual 1024). Returns the new soft limit.
+pub fn raise_nofile() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid rlimit pointers.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        let wanted = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+            return wanted.rlim_cur;
+        }
+    }
+    limit.rlim_cur
+}
+
+/// Puts the calling thread in the real-time class (SCHED_FIFO at `priority`,
+/// 1-99), with SCHED_RESET_ON_FORK so that nothing it starts inherits it. Fails
+/// without CAP_SYS_NICE, or where the cgroup gives real-time threads no time.
+pub fn set_thread_realtime(priority: u8) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: i32::from(priority.clamp(1, 99)),
+    };
+    // SAFETY: sched_setscheduler(0, ...) acts on the calling thread; `param` is valid.
+    let r = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A pipe, both ends close-on-exec: (read end, write end).
+pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid 2-int array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 returned two fresh fds we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Makes an fd non-blocking.
+pub fn set_nonblocking(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: fcntl on an fd the caller owns.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// A pidfd for `pid`: signals sent through it can never reach a process that

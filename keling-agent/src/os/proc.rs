@@ -12,9 +12,12 @@ pub struct Stat {
     pub comm: String,
     /// The one-letter state (`R`, `S`, `T`, `Z`, ...).
     pub state: char,
+    /// When the process started, in clock ticks since boot: with the pid, an
+    /// identity no later process can have.
+    pub start_ticks: u64,
 }
 
-/// Parses the text of `/proc/PID/stat`: "pid (comm) state ppid ...".
+/// Parses the text of `/proc/PID/stat`: "pid (comm) state ppid ... starttime ...".
 pub fn parse_stat(text: &str) -> Option<Stat> {
     let open = text.find('(')?;
     let close = text.rfind(')')?;
@@ -22,7 +25,44 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
     let mut rest = text.get(close + 1..)?.split_whitespace();
     let state = rest.next()?.chars().next()?;
     let ppid = rest.next()?.parse().ok()?;
-    Some(Stat { ppid, comm, state })
+    // starttime is field 22; state was field 3 and ppid 4.
+    let start_ticks = rest.nth(17)?.parse().ok()?;
+    Some(Stat {
+        ppid,
+        comm,
+        state,
+        start_ticks,
+    })
+}
+
+/// The start time of a process in clock ticks since boot (None when it is gone).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(parse_stat(&text)?.start_ticks)
+}
+
+/// Nanoseconds per clock tick of `/proc/PID/stat` times.
+pub fn tick_ns() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1_000_000_000 / u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100)
+}
+
+/// When a process started, as CLOCK_MONOTONIC ns (the clock of kernel event
+/// timestamps), to a clock tick. Start times count from boot (CLOCK_BOOTTIME),
+/// which runs ahead of the monotonic clock by the time spent suspended.
+pub fn start_monotonic_ns(pid: u32) -> Option<u64> {
+    let boot_ns = start_ticks(pid)?.saturating_mul(tick_ns());
+    let ahead = super::boottime_ns().saturating_sub(super::monotonic_ns());
+    Some(boot_ns.saturating_sub(ahead))
+}
+
+/// The real uid of a process (None when it is gone).
+pub fn uid(pid: u32) -> Option<u32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 /// `/proc/PID/stat`, or an error saying there is no such process.
@@ -154,8 +194,15 @@ mod tests {
 
     #[test]
     fn stat_survives_hostile_comm() {
-        let s = parse_stat("42 (a) b (c)) S 7 42 42 0 -1").unwrap();
-        assert_eq!((s.ppid, s.comm.as_str(), s.state), (7, "a) b (c)", 'S'));
+        let s = parse_stat(
+            "42 (a) b (c)) S 7 42 42 0 -1 4194560 10 0 0 0 1 2 0 0 20 0 1 0 12345 1000 10",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.ppid, s.comm.as_str(), s.state, s.start_ticks),
+            (7, "a) b (c)", 'S', 12345)
+        );
+        assert_eq!(parse_stat("42 (a) S 7 42 42 0 -1"), None, "truncated");
         assert_eq!(parse_stat("garbage"), None);
         assert_eq!(parse_stat("1 (x)"), None);
     }
@@ -168,6 +215,11 @@ mod tests {
         assert!(tids(me).unwrap().contains(&me));
         assert!(!stopped_or_gone(me));
         assert!(pids().unwrap().contains(&me));
+        assert_eq!(start_ticks(me), Some(s.start_ticks));
+        let started = start_monotonic_ns(me).unwrap();
+        assert!(started <= super::super::monotonic_ns() + tick_ns());
+        // SAFETY: getuid has no preconditions.
+        assert_eq!(uid(me), Some(unsafe { libc::getuid() }));
     }
 
     #[test]

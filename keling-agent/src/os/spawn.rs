@@ -3,47 +3,133 @@
 //!
 //! `std::process::Command` cannot do this: `spawn` waits for the exec, which would
 //! wait for us. So: fork, block the child on a pipe, exec when released.
+//!
+//! The child, once released, does in this order: its stdio, a session of its own
+//! (when asked), its cgroup (as root), the caller's groups, gid and uid, the
+//! working directory (as the caller, so it can only enter what the caller could),
+//! default signal dispositions and an empty signal mask, then `execve` of the
+//! first match along the `PATH` of the environment it is given (not the agent's).
+//! A failing step is reported back (which step, errno) and the child exits 127
+//! without running anything. Between fork and exec the child only makes system
+//! calls on memory prepared before the fork: the agent has other threads.
 use std::{
-    ffi::{CString, OsString},
+    ffi::{CString, OsStr, OsString},
     io,
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::ffi::OsStrExt,
+        fd::{AsRawFd, OwnedFd},
+        unix::ffi::{OsStrExt, OsStringExt},
     },
     path::PathBuf,
 };
 
 use anyhow::{Context, bail};
 
-/// A forked child waiting to exec. Dropping it without [`HeldChild::release`]
-/// kills and reaps the child (it never ran the command).
+use super::users::Credentials;
+
+/// A forked child waiting to exec. Dropping it without releasing it kills and
+/// reaps the child (it never ran the command).
 pub struct HeldChild {
     pid: u32,
     go: Option<OwnedFd>,
-    exec_error: OwnedFd,
-}
-
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds is a valid 2-int array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 returned two fresh fds we now own.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    report: OwnedFd,
+    context: ExecContext,
 }
 
 /// How to start a held child beyond its argv.
 #[derive(Default)]
 pub struct SpawnOptions {
-    /// Extra environment variables (added to the agent's own).
+    /// Environment variables: added to the agent's own, or the whole environment
+    /// with `clear_env`.
     pub env: Vec<(OsString, OsString)>,
+    /// Start from an empty environment instead of the agent's.
+    pub clear_env: bool,
     /// fds to become the child's stdin, stdout, stderr.
     pub stdio: Option<[i32; 3]>,
     /// A `cgroup.procs` file the child moves itself into before exec.
     pub cgroup_procs: Option<PathBuf>,
-    /// Working directory.
+    /// Working directory (entered with the child's credentials).
     pub cwd: Option<PathBuf>,
+    /// Run as this user instead of the agent's.
+    pub credentials: Option<Credentials>,
+    /// A session (and process group) of its own: signals for the agent's
+    /// terminal do not reach it.
+    pub new_session: bool,
+}
+
+/// The step of the child's start that failed (reported through the pipe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum Step {
+    Session = 1,
+    Cgroup = 2,
+    Credentials = 3,
+    Cwd = 4,
+    Exec = 5,
+}
+
+impl Step {
+    fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => Step::Session,
+            2 => Step::Cgroup,
+            3 => Step::Credentials,
+            4 => Step::Cwd,
+            5 => Step::Exec,
+            _ => return None,
+        })
+    }
+}
+
+/// What an error message about the start needs.
+#[derive(Clone, Debug)]
+struct ExecContext {
+    program: String,
+    cwd: Option<String>,
+    uid: Option<u32>,
+}
+
+impl ExecContext {
+    fn describe(&self, step: Option<Step>, errno: i32) -> String {
+        let e = io::Error::from_raw_os_error(errno);
+        let who = self.uid.map(|u| format!(" as uid {u}")).unwrap_or_default();
+        match step {
+            Some(Step::Exec) | None => format!("cannot execute {}{who}: {e}", self.program),
+            Some(Step::Cwd) => format!(
+                "cannot enter the working directory {}{who}: {e}",
+                self.cwd.as_deref().unwrap_or("?")
+            ),
+            Some(Step::Credentials) => format!("cannot take the caller's identity{who}: {e}"),
+            Some(Step::Cgroup) => format!("cannot join the task's cgroup: {e}"),
+            Some(Step::Session) => format!("cannot start a session: {e}"),
+        }
+    }
+}
+
+/// The places `execve` is tried, in order, for `program` along `path` (as
+/// `execvp` would: a name with a slash is used as it is; an empty PATH entry is
+/// the working directory).
+fn exec_candidates(program: &OsStr, path: Option<&OsStr>) -> Vec<Vec<u8>> {
+    let p = program.as_bytes();
+    if p.contains(&b'/') {
+        return vec![p.to_vec()];
+    }
+    let path = path.map_or(&b"/usr/local/bin:/usr/bin:/bin"[..], |s| s.as_bytes());
+    path.split(|&b| b == b':')
+        .map(|dir| {
+            let mut c = if dir.is_empty() {
+                b".".to_vec()
+            } else {
+                dir.to_vec()
+            };
+            c.push(b'/');
+            c.extend_from_slice(p);
+            c
+        })
+        .collect()
+}
+
+fn cstring(bytes: impl Into<Vec<u8>>, what: &str) -> anyhow::Result<CString> {
+    CString::new(bytes).with_context(|| format!("{what} contains a NUL byte"))
 }
 
 impl HeldChild {
@@ -52,21 +138,26 @@ impl HeldChild {
         Self::spawn_with(argv, &SpawnOptions::default())
     }
 
-    /// As [`HeldChild::spawn`], with environment, stdio, cgroup and directory.
+    /// As [`HeldChild::spawn`], with environment, stdio, cgroup, directory,
+    /// credentials and session.
     pub fn spawn_with(argv: &[OsString], opts: &SpawnOptions) -> anyhow::Result<Self> {
         let Some(program) = argv.first() else {
             bail!("no command given")
         };
         let cargs: Vec<CString> = argv
             .iter()
-            .map(|a| CString::new(a.as_bytes()).context("argument contains a NUL byte"))
+            .map(|a| cstring(a.as_bytes(), "an argument"))
             .collect::<anyhow::Result<_>>()?;
         let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
         ptrs.push(std::ptr::null());
         // The environment, prepared before the fork (setenv is not safe after it).
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(k, _)| !opts.env.iter().any(|(o, _)| o == k))
-            .collect();
+        let mut env: Vec<(OsString, OsString)> = if opts.clear_env {
+            Vec::new()
+        } else {
+            std::env::vars_os()
+                .filter(|(k, _)| !opts.env.iter().any(|(o, _)| o == k))
+                .collect()
+        };
         env.extend(opts.env.iter().cloned());
         let cenv: Vec<CString> = env
             .iter()
@@ -79,74 +170,67 @@ impl HeldChild {
             .collect();
         let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|c| c.as_ptr()).collect();
         envp.push(std::ptr::null());
+        let path = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_os_str());
+        let candidates: Vec<CString> = exec_candidates(program, path)
+            .into_iter()
+            .filter_map(|c| CString::new(c).ok())
+            .collect();
         let cgroup_procs = opts
             .cgroup_procs
             .as_ref()
-            .map(|p| CString::new(p.as_os_str().as_bytes()))
+            .map(|p| cstring(p.as_os_str().as_bytes(), "the cgroup path"))
             .transpose()?;
         let cwd = opts
             .cwd
             .as_ref()
-            .map(|p| CString::new(p.as_os_str().as_bytes()))
+            .map(|p| cstring(p.as_os_str().as_bytes(), "the working directory"))
             .transpose()?;
+        let creds = opts.credentials.clone();
+        let groups: Vec<libc::gid_t> = creds.as_ref().map(|c| c.groups.clone()).unwrap_or_default();
         let stdio = opts.stdio;
-        let (go_read, go_write) = pipe()?;
-        let (err_read, err_write) = pipe()?;
-        // SAFETY: the child only calls async-signal-safe functions (read, execvp,
-        // write, _exit) on memory prepared before the fork.
+        let new_session = opts.new_session;
+        let context = ExecContext {
+            program: program.to_string_lossy().into_owned(),
+            cwd: opts.cwd.as_ref().map(|c| c.to_string_lossy().into_owned()),
+            uid: creds.as_ref().map(|c| c.uid),
+        };
+        let (go_read, go_write) = super::pipe()?;
+        let (report_read, report_write) = super::pipe()?;
+        // SAFETY: the child only makes system calls on memory prepared before the
+        // fork (see the module doc) and ends in execve or _exit.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error()).context("fork");
         }
         if pid == 0 {
-            // Child.
-            let mut byte = 0u8;
-            loop {
-                // SAFETY: reading one byte into a valid buffer.
-                let n = unsafe { libc::read(go_read.as_raw_fd(), (&raw mut byte).cast(), 1) };
-                if n == 1 {
-                    break;
-                }
-                if n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                    // The agent went away without releasing us: run nothing.
-                    // SAFETY: _exit is always safe to call.
-                    unsafe { libc::_exit(127) };
-                }
-            }
-            // SAFETY: async-signal-safe calls on memory prepared before the fork.
+            // SAFETY: in the child; everything used was prepared above.
             unsafe {
-                if let Some(fds) = stdio {
-                    for (target, fd) in fds.iter().enumerate() {
-                        libc::dup2(*fd, target as i32);
-                    }
-                }
-                if let Some(procs) = &cgroup_procs {
-                    // Join the task's cgroup before exec: everything it starts is in it.
-                    let f = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    let me = b"0";
-                    if f < 0 || libc::write(f, me.as_ptr().cast(), 1) != 1 {
-                        libc::_exit(126);
-                    }
-                    libc::close(f);
-                }
-                if let Some(dir) = &cwd {
-                    libc::chdir(dir.as_ptr());
-                }
-                libc::execvpe(ptrs[0], ptrs.as_ptr(), envp.as_ptr());
-            }
-            let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            // SAFETY: writing 4 bytes from a valid buffer, then exiting.
-            unsafe {
-                libc::write(err_write.as_raw_fd(), (&raw const errno).cast(), 4);
-                libc::_exit(127);
+                child(ChildPlan {
+                    go: go_read.as_raw_fd(),
+                    report: report_write.as_raw_fd(),
+                    stdio,
+                    new_session,
+                    cgroup_procs: cgroup_procs.as_ref().map(|c| c.as_ptr()),
+                    creds: creds.as_ref().map(|c| (c.uid, c.gid)),
+                    groups: &groups,
+                    cwd: cwd.as_ref().map(|c| c.as_ptr()),
+                    candidates: &candidates,
+                    argv: ptrs.as_ptr(),
+                    envp: envp.as_ptr(),
+                })
             }
         }
-        drop((go_read, err_write));
-        log::debug!("held child {pid} for {}", program.to_string_lossy());
+        drop((go_read, report_write));
+        log::debug!("held child {pid} for {}", context.program);
         Ok(Self {
             pid: pid as u32,
             go: Some(go_write),
-            exec_error: err_read,
+            report: report_read,
+            context,
         })
     }
 
@@ -154,9 +238,9 @@ impl HeldChild {
         self.pid
     }
 
-    /// Lets the child exec and returns its pid, which the caller must now wait
-    /// for. Fails if the command could not be executed.
-    pub fn release(mut self, program: &OsString) -> anyhow::Result<u32> {
+    /// Lets the child go on to exec without waiting for it: the result comes from
+    /// the returned [`PendingExec`].
+    pub fn release_nowait(mut self) -> anyhow::Result<PendingExec> {
         let go = self.go.take().expect("released once");
         // SAFETY: writing one byte from a valid buffer to our pipe.
         let n = unsafe { libc::write(go.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
@@ -165,24 +249,251 @@ impl HeldChild {
         if n != 1 {
             // The child sees EOF and exits 127 without running anything.
             reap(self.pid);
-            return Err(write_error).context("releasing the traced command");
+            return Err(write_error).context("releasing the command");
         }
-        let mut errno = 0i32;
-        // Blocks until exec succeeds (the CLOEXEC pipe closes: 0 bytes) or fails.
-        // SAFETY: reading 4 bytes into a valid i32.
-        let n = unsafe { libc::read(self.exec_error.as_raw_fd(), (&raw mut errno).cast(), 4) };
-        let pid = self.pid;
-        if n == 4 {
+        // The child is the caller's now (it reaps it).
+        let report = self
+            .report
+            .try_clone()
+            .context("dup the exec report pipe")?;
+        Ok(PendingExec {
+            pid: self.pid,
+            report,
+            context: self.context.clone(),
+        })
+    }
+
+    /// Lets the child exec and returns its pid, which the caller must now wait
+    /// for. Blocks until the exec; fails (having reaped the child) if the command
+    /// could not be started.
+    pub fn release(self, _program: &OsString) -> anyhow::Result<u32> {
+        let pending = self.release_nowait()?;
+        let pid = pending.pid;
+        if let Err(what) = pending.wait() {
             // The child has exited with 127; reap it.
             reap(pid);
-            bail!(
-                "cannot execute {}: {}",
-                program.to_string_lossy(),
-                io::Error::from_raw_os_error(errno)
-            );
+            bail!(what);
         }
         Ok(pid)
     }
+}
+
+/// A released child on its way to exec: [`PendingExec::wait`] (blocking) or
+/// [`PendingExec::outcome`] (async) says whether it got there.
+pub struct PendingExec {
+    pub pid: u32,
+    report: OwnedFd,
+    context: ExecContext,
+}
+
+impl PendingExec {
+    /// Blocks until the exec succeeded (`Ok`) or a step failed (what failed). The
+    /// child is not reaped.
+    pub fn wait(self) -> Result<(), String> {
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        while got < buf.len() {
+            // SAFETY: reading into the rest of a valid buffer.
+            let n = unsafe {
+                libc::read(
+                    self.report.as_raw_fd(),
+                    buf[got..].as_mut_ptr().cast(),
+                    buf.len() - got,
+                )
+            };
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                break;
+            }
+            got += n as usize;
+        }
+        self.verdict(&buf[..got])
+    }
+
+    /// As [`PendingExec::wait`], without blocking the thread (tokio).
+    pub async fn outcome(self) -> Result<(), String> {
+        let fd = self.report.try_clone().map_err(|e| e.to_string())?;
+        super::set_nonblocking(&fd).map_err(|e| e.to_string())?;
+        let fd = super::async_fd(fd).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        loop {
+            let mut guard = fd.readable().await.map_err(|e| e.to_string())?;
+            let r = guard.try_io(|f| {
+                // SAFETY: reading into the rest of a valid buffer.
+                let n = unsafe {
+                    libc::read(
+                        f.get_ref().as_raw_fd(),
+                        buf[got..].as_mut_ptr().cast(),
+                        buf.len() - got,
+                    )
+                };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(n as usize)
+            });
+            match r {
+                Ok(Ok(0)) => break,
+                Ok(Ok(n)) => {
+                    got += n;
+                    if got == buf.len() {
+                        break;
+                    }
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(e)) => return Err(format!("reading the exec report: {e}")),
+                Err(_would_block) => {}
+            }
+        }
+        self.verdict(&buf[..got])
+    }
+
+    fn verdict(&self, report: &[u8]) -> Result<(), String> {
+        // Nothing: the pipe closed on exec (close-on-exec). Anything else: a failure.
+        if report.is_empty() {
+            return Ok(());
+        }
+        if report.len() < 8 {
+            return Err(format!(
+                "cannot start {}: the child ended early",
+                self.context.program
+            ));
+        }
+        let step = u32::from_ne_bytes(report[..4].try_into().expect("4 bytes"));
+        let errno = i32::from_ne_bytes(report[4..8].try_into().expect("4 bytes"));
+        Err(self.context.describe(Step::from_u32(step), errno))
+    }
+}
+
+/// The kernel's `struct sigaction` (x86-64 layout) for `rt_sigaction`.
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// What the child does, prepared by the parent.
+struct ChildPlan<'a> {
+    go: i32,
+    report: i32,
+    stdio: Option<[i32; 3]>,
+    new_session: bool,
+    cgroup_procs: Option<*const libc::c_char>,
+    creds: Option<(u32, u32)>,
+    groups: &'a [libc::gid_t],
+    cwd: Option<*const libc::c_char>,
+    candidates: &'a [CString],
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+}
+
+/// The child's whole life between fork and exec.
+///
+/// # Safety
+/// Call only in the child of a fork, with a plan whose pointers were prepared
+/// before the fork.
+unsafe fn child(plan: ChildPlan) -> ! {
+    let fail = |step: Step| -> ! {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let mut msg = [0u8; 8];
+        msg[..4].copy_from_slice(&(step as u32).to_ne_bytes());
+        msg[4..].copy_from_slice(&errno.to_ne_bytes());
+        // SAFETY: writing 8 bytes from a valid buffer, then exiting.
+        unsafe {
+            libc::write(plan.report, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        }
+    };
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: reading one byte into a valid buffer.
+        let n = unsafe { libc::read(plan.go, (&raw mut byte).cast(), 1) };
+        if n == 1 {
+            break;
+        }
+        if n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            // The agent went away without releasing us: run nothing.
+            // SAFETY: _exit is always safe to call.
+            unsafe { libc::_exit(127) };
+        }
+    }
+    // SAFETY: system calls on memory prepared before the fork.
+    unsafe {
+        if let Some(fds) = plan.stdio {
+            for (target, fd) in fds.iter().enumerate() {
+                libc::dup2(*fd, target as i32);
+            }
+        }
+        if plan.new_session && libc::setsid() < 0 {
+            fail(Step::Session);
+        }
+        if let Some(procs) = plan.cgroup_procs {
+            // Join the task's cgroup before exec (and while still root): everything
+            // it starts is in it.
+            let f = libc::open(procs, libc::O_WRONLY | libc::O_CLOEXEC);
+            if f < 0 || libc::write(f, b"0".as_ptr().cast(), 1) != 1 {
+                fail(Step::Cgroup);
+            }
+            libc::close(f);
+        }
+        if let Some((uid, gid)) = plan.creds {
+            // Raw system calls: they change this thread only, which is the whole
+            // process here (glibc's wrappers would try to reach the agent's threads).
+            if libc::syscall(libc::SYS_setgroups, plan.groups.len(), plan.groups.as_ptr()) != 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+            {
+                fail(Step::Credentials);
+            }
+        }
+        if let Some(dir) = plan.cwd
+            && libc::chdir(dir) != 0
+        {
+            fail(Step::Cwd);
+        }
+        // The agent's signal state must not leak into the task: Rust ignores
+        // SIGPIPE, and an ignored signal stays ignored across exec. The raw call
+        // reaches the signals glibc reserves for itself too.
+        let default = KernelSigaction {
+            handler: libc::SIG_DFL,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    &raw const default,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    8usize,
+                );
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        let mut errno = libc::ENOENT;
+        for c in plan.candidates {
+            libc::execve(c.as_ptr(), plan.argv, plan.envp);
+            match *libc::__errno_location() {
+                libc::ENOENT | libc::ENOTDIR => {}
+                libc::EACCES => errno = libc::EACCES,
+                e => {
+                    errno = e;
+                    break;
+                }
+            }
+        }
+        *libc::__errno_location() = errno;
+    }
+    fail(Step::Exec)
 }
 
 fn reap(pid: u32) {
@@ -196,9 +507,116 @@ impl Drop for HeldChild {
         if self.go.is_none() {
             return; // released: the child is the caller's now
         }
-        // Never released: the command never ran. Kill by pid and reap.
+        // Never released: the command never ran. Kill by pid (our unreaped child:
+        // the pid is still its) and reap.
         // SAFETY: our own child's pid, not yet reaped.
         unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
         reap(self.pid);
+    }
+}
+
+/// `KEY=VALUE` strings (as a client sends its environment) as pairs; entries
+/// without `=` are dropped.
+pub fn parse_env(entries: &[String]) -> Vec<(OsString, OsString)> {
+    entries
+        .iter()
+        .filter_map(|e| {
+            let (k, v) = e.split_once('=')?;
+            (!k.is_empty()).then(|| (OsString::from_vec(k.as_bytes().to_vec()), OsString::from(v)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_follow_the_given_path() {
+        let c = exec_candidates(OsStr::new("ls"), Some(OsStr::new("/a::/b")));
+        assert_eq!(
+            c,
+            vec![b"/a/ls".to_vec(), b"./ls".to_vec(), b"/b/ls".to_vec()]
+        );
+        assert_eq!(
+            exec_candidates(OsStr::new("./x"), Some(OsStr::new("/a"))),
+            vec![b"./x".to_vec()]
+        );
+        assert_eq!(exec_candidates(OsStr::new("ls"), None).len(), 3);
+    }
+
+    #[test]
+    fn env_entries_split_at_the_first_equals() {
+        let env = parse_env(&["A=b=c".into(), "noequals".into(), "=x".into(), "E=".into()]);
+        assert_eq!(
+            env,
+            vec![
+                (OsString::from("A"), OsString::from("b=c")),
+                (OsString::from("E"), OsString::from(""))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_child_gets_exactly_the_given_environment_and_directory() {
+        let dir = std::env::temp_dir().join(format!("keling-spawn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out");
+        let argv: Vec<OsString> = [
+            "sh",
+            "-c",
+            "pwd > out; env | sort >> out; grep -E 'SigIgn|SigBlk' /proc/self/status >> out",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let opts = SpawnOptions {
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("ONLY".into(), "this".into()),
+            ],
+            clear_env: true,
+            cwd: Some(dir.clone()),
+            new_session: true,
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
+        let pid = held.pid();
+        let pending = held.release_nowait().unwrap();
+        pending.wait().unwrap();
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        let text = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(status, 0, "{text}");
+        assert!(text.starts_with(&format!("{}\n", dir.display())), "{text}");
+        assert!(text.contains("ONLY=this"), "{text}");
+        assert!(
+            !text.contains("CARGO"),
+            "the agent's environment leaked: {text}"
+        );
+        // Nothing ignored or blocked leaks from the agent (Rust ignores SIGPIPE).
+        assert!(text.contains("SigIgn:\t0000000000000000"), "{text}");
+        assert!(text.contains("SigBlk:\t0000000000000000"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn each_failing_step_is_named() {
+        let argv = vec![OsString::from("true")];
+        let opts = SpawnOptions {
+            cwd: Some("/no/such/dir".into()),
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
+        let err = held.release(&argv[0]).unwrap_err().to_string();
+        assert!(err.contains("working directory /no/such/dir"), "{err}");
+        let argv = vec![OsString::from("no-such-command-keling")];
+        let held = HeldChild::spawn(&argv).unwrap();
+        let err = held.release(&argv[0]).unwrap_err().to_string();
+        assert!(
+            err.contains("cannot execute no-such-command-keling"),
+            "{err}"
+        );
     }
 }

@@ -1,77 +1,114 @@
 //! Actuators: how a scheduling decision reaches a task's processes, behind one
 //! trait. Tasks Keling launched live in their own cgroup and are frozen through
 //! `cgroup.freeze` ([`CgroupActuator`]); GPU processes it adopted are stopped and
-//! continued with signals ([`SignalActuator`]), listed for the fail-safe first.
+//! continued with signals through the pidfd opened at adoption
+//! ([`SignalActuator`]), listed for the fail-safe first.
 //!
-//! Each call that changes a task returns once the request is made; the `wait_*`
-//! calls block until the effect shows (or the timeout passes) and run on a
-//! blocking thread, never on the event loop.
+//! Each call that changes a task returns once the request is made; whether it took
+//! effect is a [`Watch`], which the actuation thread ([`super::worker`]) polls
+//! without blocking, woken by the fd it offers (POLLPRI on `cgroup.events`) or by
+//! time. Nothing here ever signals a process by a bare pid.
 use std::{
     collections::BTreeSet,
-    sync::{Arc, Mutex},
+    fs,
+    os::fd::{AsRawFd, RawFd},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
-use super::cgroup::{self, TaskCgroup};
-use crate::os::proc;
+use keling_sched::ActionKind;
+
+use super::cgroup::{self, StoppedProcess, TaskCgroup};
+use crate::os::{pidfd::Pidfd, proc};
 
 pub trait Actuator: Send + Sync {
     /// Starts freezing (`true`) or thawing the task. A thaw also undoes a freeze
     /// that was escalated to SIGSTOP.
     fn set_frozen(&self, frozen: bool) -> anyhow::Result<()>;
-    /// Blocks until the task is seen frozen (or thawed), at most `timeout`.
-    fn wait_frozen(&self, frozen: bool, timeout: Duration) -> bool;
     /// SIGSTOP to every process of the task (escalation of a late freeze).
     fn stop(&self) -> anyhow::Result<()>;
-    /// Blocks until every process of the task is stopped (or gone).
-    fn wait_stopped(&self, timeout: Duration) -> bool;
     /// SIGTERM to the task.
     fn terminate(&self);
     /// Kills every process of the task.
     fn kill(&self) -> anyhow::Result<()>;
+    /// Sends `signal` to the task's processes (forwarded from its owner); returns
+    /// how many it reached.
+    fn signal(&self, signal: i32) -> usize;
+    /// Starts watching for `kind` (freeze, thaw or stop) to take effect.
+    fn watch(&self, kind: ActionKind) -> Box<dyn Watch>;
 }
 
-/// Polls `done` until it holds or `timeout` passes.
-fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+/// Whether an actuation has taken effect, asked without blocking.
+pub trait Watch: Send {
+    /// Whether the effect shows now.
+    fn done(&mut self) -> bool;
+    /// An fd that polls POLLPRI when [`Watch::done`] may have changed; `None`:
+    /// ask again after a short while.
+    fn fd(&self) -> Option<RawFd>;
+}
+
+/// Blocks until `watch` is done or `timeout` passes (for callers that may block).
+pub fn wait(mut watch: Box<dyn Watch>, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
-        if done() {
+        if watch.done() {
             return true;
         }
-        if Instant::now() >= deadline {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             return false;
         }
-        std::thread::sleep(Duration::from_micros(200));
+        match watch.fd() {
+            Some(fd) => {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLPRI,
+                    revents: 0,
+                };
+                let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, ms) };
+            }
+            None => std::thread::sleep(left.min(Duration::from_micros(200))),
+        }
     }
 }
 
 /// A task Keling launched, in its own cgroup.
 pub struct CgroupActuator {
     pub cgroup: TaskCgroup,
+    /// Whether a freeze was escalated to SIGSTOP since the last thaw: only then
+    /// does a thaw sweep the cgroup with SIGCONT (it costs a read of `cgroup.procs`
+    /// and a pidfd per process, on the path every thaw takes).
+    escalated: AtomicBool,
+}
+
+impl CgroupActuator {
+    pub fn new(cgroup: TaskCgroup) -> Self {
+        Self {
+            cgroup,
+            escalated: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Actuator for CgroupActuator {
     fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
         let r = self.cgroup.set_frozen(frozen);
-        if !frozen {
-            // A freeze escalated to SIGSTOP is undone too.
+        if !frozen && self.escalated.swap(false, Ordering::Relaxed) {
             self.cgroup.signal(libc::SIGCONT);
         }
         r
     }
 
-    fn wait_frozen(&self, frozen: bool, timeout: Duration) -> bool {
-        self.cgroup.wait_frozen(frozen, timeout).unwrap_or(false)
-    }
-
     fn stop(&self) -> anyhow::Result<()> {
+        // Marked first: a thaw racing this stop must continue what it stops.
+        self.escalated.store(true, Ordering::Relaxed);
         self.cgroup.signal(libc::SIGSTOP);
         Ok(())
-    }
-
-    fn wait_stopped(&self, timeout: Duration) -> bool {
-        let pids = self.cgroup.pids();
-        poll_until(timeout, || pids.iter().all(|&p| proc::stopped_or_gone(p)))
     }
 
     fn terminate(&self) {
@@ -81,45 +118,123 @@ impl Actuator for CgroupActuator {
     fn kill(&self) -> anyhow::Result<()> {
         self.cgroup.kill()
     }
+
+    fn signal(&self, signal: i32) -> usize {
+        self.cgroup.signal(signal)
+    }
+
+    fn watch(&self, kind: ActionKind) -> Box<dyn Watch> {
+        match kind {
+            ActionKind::Freeze | ActionKind::Thaw => Box::new(FreezerWatch {
+                file: fs::File::open(self.cgroup.events_file()).ok(),
+                frozen: kind == ActionKind::Freeze,
+            }),
+            _ => Box::new(CgroupStopWatch {
+                cgroup: self.cgroup.clone(),
+            }),
+        }
+    }
+}
+
+/// `frozen 1` (or `frozen 0`) in `cgroup.events`, read through the fd that is
+/// polled, as kernfs requires to re-arm the notification.
+struct FreezerWatch {
+    file: Option<fs::File>,
+    frozen: bool,
+}
+
+impl Watch for FreezerWatch {
+    fn done(&mut self) -> bool {
+        match &mut self.file {
+            // A cgroup that is gone holds nothing that runs.
+            None => true,
+            Some(f) => cgroup::read_events(f).is_ok_and(|e| e.frozen == self.frozen),
+        }
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        self.file.as_ref().map(|f| f.as_raw_fd())
+    }
+}
+
+/// Every process of the cgroup is stopped (or gone).
+struct CgroupStopWatch {
+    cgroup: TaskCgroup,
+}
+
+impl Watch for CgroupStopWatch {
+    fn done(&mut self) -> bool {
+        self.cgroup.members().iter().all(stopped_or_gone)
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
+}
+
+fn stopped_or_gone(p: &Pidfd) -> bool {
+    p.read_proc(|pid| proc::stat(pid).ok().map(|s| matches!(s.state, 'T' | 't')))
+        .unwrap_or(true)
 }
 
 /// The processes Keling stopped with SIGSTOP, mirrored in a file the fail-safe
 /// reads, so that whoever outlives the agent can continue them.
 #[derive(Clone, Default)]
-pub struct StoppedList(Arc<Mutex<BTreeSet<u32>>>);
+pub struct StoppedList(Arc<Mutex<BTreeSet<StoppedProcess>>>);
 
 impl StoppedList {
-    fn update(&self, f: impl FnOnce(&mut BTreeSet<u32>)) {
+    fn update(&self, f: impl FnOnce(&mut BTreeSet<StoppedProcess>)) {
         let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut set);
-        let pids: Vec<u32> = set.iter().copied().collect();
-        if let Err(e) = cgroup::write_stopped(&pids) {
+        let list: Vec<StoppedProcess> = set.iter().copied().collect();
+        if let Err(e) = cgroup::write_stopped(&list) {
             log::warn!("cannot record stopped processes for the fail-safe: {e:#}");
         }
     }
 
-    /// Continues every process on the list and empties it (the agent is stopping).
-    pub fn continue_all(&self) {
-        self.update(|set| {
-            for &pid in set.iter() {
-                // SAFETY: SIGCONT to a process Keling stopped.
-                unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-            }
-            set.clear();
-        });
+    /// Takes a process that is gone off the list.
+    pub fn forget(&self, pid: u32) {
+        let listed = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|p| p.pid == pid);
+        if listed {
+            self.update(|s| s.retain(|p| p.pid != pid));
+        }
+    }
+
+    /// Empties the list (its processes were continued: at stop, or by the
+    /// fail-safe, which consumed the file).
+    pub fn clear(&self) {
+        self.update(BTreeSet::clear);
     }
 }
 
-/// A GPU process Keling adopted (it did not launch it): SIGSTOP / SIGCONT.
+/// A GPU process Keling adopted (it did not launch it): SIGSTOP / SIGCONT through
+/// the pidfd opened when it was adopted.
 pub struct SignalActuator {
-    pub pid: u32,
+    pub pidfd: Arc<Pidfd>,
+    /// Its start time: its identity on the stopped list.
+    pub start_ticks: u64,
     pub stopped: StoppedList,
 }
 
 impl SignalActuator {
-    fn signal(&self, sig: i32) {
-        // SAFETY: a signal to the task's own process, by pid.
-        unsafe { libc::kill(self.pid as i32, sig) };
+    fn entry(&self) -> StoppedProcess {
+        StoppedProcess {
+            pid: self.pidfd.pid(),
+            start_ticks: self.start_ticks,
+        }
+    }
+
+    fn send(&self, signal: i32) -> anyhow::Result<()> {
+        match self.pidfd.signal(signal) {
+            // Gone: nothing to do; its end reaches the daemon through the pidfd.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            r => Ok(r?),
+        }
     }
 }
 
@@ -127,26 +242,18 @@ impl Actuator for SignalActuator {
     fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
         if frozen {
             // Listed before the stop, so the fail-safe can always undo it.
+            let entry = self.entry();
             self.stopped.update(|s| {
-                s.insert(self.pid);
+                s.insert(entry);
             });
-            self.signal(libc::SIGSTOP);
+            self.send(libc::SIGSTOP)
         } else {
-            self.signal(libc::SIGCONT);
+            let r = self.send(libc::SIGCONT);
+            let entry = self.entry();
             self.stopped.update(|s| {
-                s.remove(&self.pid);
+                s.remove(&entry);
             });
-        }
-        Ok(())
-    }
-
-    fn wait_frozen(&self, frozen: bool, timeout: Duration) -> bool {
-        if frozen {
-            self.wait_stopped(timeout)
-        } else {
-            poll_until(timeout, || {
-                proc::stat(self.pid).map_or(true, |s| !matches!(s.state, 'T' | 't'))
-            })
+            r
         }
     }
 
@@ -154,16 +261,44 @@ impl Actuator for SignalActuator {
         self.set_frozen(true)
     }
 
-    fn wait_stopped(&self, timeout: Duration) -> bool {
-        poll_until(timeout, || proc::stopped_or_gone(self.pid))
-    }
-
     fn terminate(&self) {
-        self.signal(libc::SIGTERM);
+        let _ = self.send(libc::SIGTERM);
     }
 
     fn kill(&self) -> anyhow::Result<()> {
-        self.signal(libc::SIGKILL);
-        Ok(())
+        self.send(libc::SIGKILL)
+    }
+
+    fn signal(&self, signal: i32) -> usize {
+        usize::from(self.pidfd.signal(signal).is_ok())
+    }
+
+    fn watch(&self, kind: ActionKind) -> Box<dyn Watch> {
+        Box::new(ProcessWatch {
+            pidfd: self.pidfd.clone(),
+            stopped: kind != ActionKind::Thaw,
+        })
+    }
+}
+
+/// The process's state in `/proc` (read while its pidfd says it is alive).
+struct ProcessWatch {
+    pidfd: Arc<Pidfd>,
+    stopped: bool,
+}
+
+impl Watch for ProcessWatch {
+    fn done(&mut self) -> bool {
+        match self
+            .pidfd
+            .read_proc(|pid| proc::stat(pid).ok().map(|s| matches!(s.state, 'T' | 't')))
+        {
+            Some(stopped) => stopped == self.stopped,
+            None => true, // gone: it neither runs nor needs continuing
+        }
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        None
     }
 }

@@ -1,27 +1,41 @@
 //! cgroup v2 actuators: one cgroup per launched task under `<cgroup2>/keling`, frozen,
 //! thawed and killed through `cgroup.freeze` / `cgroup.kill`, and confirmed by
-//! `cgroup.events` (`frozen 1`), which the kernel notifies with POLLPRI.
+//! `cgroup.events` (`frozen 1`, `populated 0`), which the kernel notifies with
+//! POLLPRI.
 //!
-//! Also the way back: [`thaw_all`] thaws every cgroup Keling made, which the
-//! supervisor runs when the agent dies and `keling thaw --all` runs by hand.
+//! A cgroup is the task's membership: whatever is in it belongs to the task, however
+//! it got there and whatever the trace saw or lost. Signals to "every process of
+//! the task" go through a pidfd per process, each checked to be in the cgroup after
+//! its pidfd was opened, so a pid reused between reading `cgroup.procs` and the
+//! signal reaches nobody.
+//!
+//! Also the way back: [`thaw_all`] thaws every cgroup Keling made and continues the
+//! processes it stopped, which the fail-safe runs when the agent dies or stalls and
+//! `keling thaw --all` runs by hand; [`clean_leftovers`] removes what earlier runs
+//! left.
 use std::{
+    ffi::OsString,
     fs,
     io::{Read, Seek},
-    os::fd::AsRawFd,
-    path::PathBuf,
+    os::unix::ffi::{OsStrExt, OsStringExt},
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
 
+use crate::os::{pidfd::Pidfd, proc};
+
 /// Keling's subtree of the cgroup v2 hierarchy.
 #[derive(Clone, Debug)]
 pub struct CgroupRoot {
+    /// The cgroup2 mount point.
+    pub mount: PathBuf,
     pub dir: PathBuf,
 }
 
 /// The cgroup v2 mount point, from /proc/self/mountinfo (here /sys/fs/cgroup/unified,
-/// on most hosts /sys/fs/cgroup).
+/// on most hosts /sys/fs/cgroup). Bytes that are not UTF-8 are kept.
 pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
     crate::os::mounts::find("cgroup2")?.context(
         "no cgroup v2 hierarchy is mounted (cgroup2 in /proc/self/mountinfo); Keling freezes tasks through cgroup.freeze",
@@ -31,17 +45,32 @@ pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
 impl CgroupRoot {
     /// `<cgroup2>/keling`, created if needed.
     pub fn open() -> anyhow::Result<Self> {
-        let dir = cgroup2_mount()?.join("keling");
+        let mount = cgroup2_mount()?;
+        let dir = mount.join("keling");
         if !dir.exists() {
             fs::create_dir(&dir).with_context(|| format!("create cgroup {}", dir.display()))?;
         }
-        Ok(Self { dir })
+        Ok(Self { mount, dir })
     }
 
-    /// Only if it exists (for `thaw --all` and the supervisor: never create).
+    /// Only if it exists (for `thaw --all` and the fail-safe: never create).
     pub fn existing() -> Option<Self> {
-        let dir = cgroup2_mount().ok()?.join("keling");
-        dir.is_dir().then_some(Self { dir })
+        let mount = cgroup2_mount().ok()?;
+        let dir = mount.join("keling");
+        dir.is_dir().then_some(Self { mount, dir })
+    }
+
+    fn task_at(&self, dir: PathBuf) -> TaskCgroup {
+        // The path /proc/PID/cgroup shows: from the hierarchy's root.
+        let rel = dir
+            .strip_prefix(&self.mount)
+            .map(|r| {
+                let mut v = b"/".to_vec();
+                v.extend_from_slice(r.as_os_str().as_bytes());
+                OsString::from_vec(v)
+            })
+            .unwrap_or_default();
+        TaskCgroup { dir, rel }
     }
 
     /// A fresh cgroup for one task.
@@ -53,7 +82,7 @@ impl CgroupRoot {
             let _ = fs::remove_dir(&dir);
         }
         fs::create_dir(&dir).with_context(|| format!("create cgroup {}", dir.display()))?;
-        Ok(TaskCgroup { dir })
+        Ok(self.task_at(dir))
     }
 
     /// The task cgroups under the root.
@@ -62,10 +91,7 @@ impl CgroupRoot {
             .map(|d| {
                 d.filter_map(|e| {
                     let e = e.ok()?;
-                    e.file_type()
-                        .ok()?
-                        .is_dir()
-                        .then(|| TaskCgroup { dir: e.path() })
+                    e.file_type().ok()?.is_dir().then(|| self.task_at(e.path()))
                 })
                 .collect()
             })
@@ -77,11 +103,24 @@ impl CgroupRoot {
 #[derive(Clone, Debug)]
 pub struct TaskCgroup {
     pub dir: PathBuf,
+    /// Its path as `/proc/PID/cgroup` shows it (`/keling/task-...`).
+    rel: OsString,
+}
+
+/// What `cgroup.events` says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    pub populated: bool,
+    pub frozen: bool,
 }
 
 impl TaskCgroup {
     pub fn procs_file(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
+    }
+
+    pub fn events_file(&self) -> PathBuf {
+        self.dir.join("cgroup.events")
     }
 
     pub fn pids(&self) -> Vec<u32> {
@@ -103,41 +142,62 @@ impl TaskCgroup {
             .with_context(|| format!("write {}/cgroup.kill", self.dir.display()))
     }
 
-    /// Sends `signal` to every process in the cgroup.
-    pub fn signal(&self, signal: i32) {
-        for pid in self.pids() {
-            // SAFETY: kill(2) by pid on processes in our own cgroup.
-            unsafe { libc::kill(pid as i32, signal) };
-        }
+    /// Whether `pid` is in this cgroup now.
+    fn contains(&self, pid: u32) -> bool {
+        fs::read(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
+            text.split(|&b| b == b'\n')
+                .any(|l| l.strip_prefix(b"0::") == Some(self.rel.as_bytes()))
+        })
     }
 
-    /// Waits until cgroup.events says `frozen` is `want`, or `timeout` passes.
-    /// Returns whether it was confirmed. Blocks: run it on a blocking thread.
-    pub fn wait_frozen(&self, want: bool, timeout: Duration) -> anyhow::Result<bool> {
-        let path = self.dir.join("cgroup.events");
-        let mut file = fs::File::open(&path).with_context(|| format!("open {}", path.display()))?;
+    /// The processes in the cgroup, each by a pidfd opened while it was in it.
+    pub fn members(&self) -> Vec<Pidfd> {
+        self.pids()
+            .into_iter()
+            .filter_map(|pid| {
+                let p = Pidfd::open(pid).ok()?;
+                // Checked after the open: if the pid was reused in between, the
+                // process held is not in our cgroup and is left alone.
+                p.read_proc(|pid| self.contains(pid).then_some(()))?;
+                Some(p)
+            })
+            .collect()
+    }
+
+    /// Sends `signal` to every process in the cgroup (through pidfds); returns
+    /// how many it reached.
+    pub fn signal(&self, signal: i32) -> usize {
+        self.members()
+            .iter()
+            .filter(|p| p.signal(signal).is_ok())
+            .count()
+    }
+
+    /// What `cgroup.events` says now.
+    pub fn events(&self) -> anyhow::Result<Events> {
+        let text = fs::read_to_string(self.events_file())
+            .with_context(|| format!("read {}", self.events_file().display()))?;
+        Ok(parse_events(&text))
+    }
+
+    /// Waits until `done(events)` holds (POLLPRI on `cgroup.events`), or
+    /// `timeout` passes. Returns whether it held. Blocks.
+    pub fn wait_events(&self, timeout: Duration, done: impl Fn(Events) -> bool) -> bool {
+        let Ok(mut file) = fs::File::open(self.events_file()) else {
+            return false; // gone
+        };
         let deadline = Instant::now() + timeout;
-        let mut text = String::new();
         loop {
-            text.clear();
-            file.rewind()?;
-            file.read_to_string(&mut text)?;
-            if parse_events(&text).frozen == want {
-                return Ok(true);
+            match read_events(&mut file) {
+                Ok(e) if done(e) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Ok(false);
+                return false;
             }
-            // kernfs notifies changes of cgroup.events with POLLPRI.
-            let mut pfd = libc::pollfd {
-                fd: file.as_raw_fd(),
-                events: libc::POLLPRI,
-                revents: 0,
-            };
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
+            poll_pri(&file, left);
         }
     }
 
@@ -149,34 +209,136 @@ impl TaskCgroup {
         }
         fs::remove_dir(&self.dir).with_context(|| format!("remove {}", self.dir.display()))
     }
+
+    /// Kills whatever is left in it, waits (at most `timeout`) for it to empty,
+    /// and removes it. Blocks.
+    pub fn kill_and_remove(&self, timeout: Duration) -> anyhow::Result<()> {
+        if !self.dir.exists() {
+            return Ok(());
+        }
+        let _ = self.set_frozen(false);
+        if !self.pids().is_empty() {
+            self.kill()?;
+            self.wait_events(timeout, |e| !e.populated);
+        }
+        // rmdir can race the last exit by a moment.
+        let deadline = Instant::now() + timeout;
+        loop {
+            match fs::remove_dir(&self.dir) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(e).with_context(|| format!("remove {}", self.dir.display()));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
 }
 
-struct Events {
-    frozen: bool,
+/// Reads `cgroup.events` through an open file from its start (which also re-arms
+/// its POLLPRI notification).
+pub fn read_events(file: &mut fs::File) -> std::io::Result<Events> {
+    let mut text = String::new();
+    file.rewind()?;
+    file.read_to_string(&mut text)?;
+    Ok(parse_events(&text))
+}
+
+/// Waits for POLLPRI (kernfs's change notification) on `file`, at most `timeout`.
+pub fn poll_pri(file: &fs::File, timeout: Duration) {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd {
+        fd: file.as_raw_fd(),
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
 }
 
 fn parse_events(text: &str) -> Events {
-    let frozen = text.lines().any(|l| l.trim() == "frozen 1");
-    Events { frozen }
+    let mut e = Events::default();
+    for l in text.lines() {
+        match l.trim() {
+            "frozen 1" => e.frozen = true,
+            "populated 1" => e.populated = true,
+            _ => {}
+        }
+    }
+    e
 }
 
 /// Where the agent lists the processes it has stopped with SIGSTOP (tasks it did
-/// not launch), so that whoever outlives it can continue them.
+/// not launch), so that whoever outlives it can continue them: one `PID START`
+/// line each, START being the process's start time in clock ticks (a pid alone
+/// may have been reused by the time the list is read).
 pub fn stopped_list_path() -> PathBuf {
     PathBuf::from("/run/keling/stopped")
 }
 
+/// A process Keling stopped: its pid and start time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StoppedProcess {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
 /// Replaces the list of processes Keling has stopped.
-pub fn write_stopped(pids: &[u32]) -> anyhow::Result<()> {
-    let path = stopped_list_path();
+pub fn write_stopped(list: &[StoppedProcess]) -> anyhow::Result<()> {
+    write_stopped_at(&stopped_list_path(), list)
+}
+
+fn write_stopped_at(path: &Path, list: &[StoppedProcess]) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
     }
-    let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+    let text: String = list
+        .iter()
+        .map(|p| format!("{} {}\n", p.pid, p.start_ticks))
+        .collect();
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, text)?;
-    fs::rename(&tmp, &path)?;
+    fs::rename(&tmp, path)?;
     Ok(())
+}
+
+fn parse_stopped(text: &str) -> Vec<StoppedProcess> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some(StoppedProcess {
+                pid: w.next()?.parse().ok()?,
+                start_ticks: w.next()?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// SIGCONT to a listed process, only if it is still the one that was listed.
+fn continue_listed(p: StoppedProcess) -> bool {
+    let Ok(pidfd) = Pidfd::open(p.pid) else {
+        return false;
+    };
+    let same = pidfd
+        .read_proc(proc::start_ticks)
+        .is_some_and(|t| t == p.start_ticks);
+    same && pidfd.signal(libc::SIGCONT).is_ok()
+}
+
+/// Continues every process on the stopped list at `path` that is still the one
+/// listed, and removes the list. Returns how many it continued.
+fn continue_stopped_at(path: &Path) -> usize {
+    let Ok(text) = fs::read_to_string(path) else {
+        return 0;
+    };
+    let n = parse_stopped(&text)
+        .into_iter()
+        .filter(|&p| continue_listed(p))
+        .count();
+    let _ = fs::remove_file(path);
+    n
 }
 
 /// Thaws every cgroup under Keling's root, continues every process in them (a
@@ -193,16 +355,41 @@ pub fn thaw_all() -> usize {
             cg.signal(libc::SIGCONT);
         }
     }
-    if let Ok(text) = fs::read_to_string(stopped_list_path()) {
-        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            // SAFETY: SIGCONT to a process Keling stopped; harmless if it is gone.
-            if unsafe { libc::kill(pid, libc::SIGCONT) } == 0 {
-                n += 1;
+    n + continue_stopped_at(&stopped_list_path())
+}
+
+/// What [`clean_leftovers`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Task cgroups thawed and removed (they were empty).
+    pub removed: usize,
+    /// Task cgroups that still hold processes (tasks of an earlier agent, still
+    /// running): thawed and left alone.
+    pub still_running: usize,
+    /// Processes on the stopped list that were continued.
+    pub continued: usize,
+}
+
+/// What earlier runs left: thaws everything, removes the empty task cgroups and the
+/// stopped list. For the agent's start (it holds the instance lock, so no other
+/// agent's tasks are in flight).
+pub fn clean_leftovers() -> Leftovers {
+    let mut out = Leftovers::default();
+    if let Some(root) = CgroupRoot::existing() {
+        for cg in root.tasks() {
+            let _ = cg.set_frozen(false);
+            if cg.pids().is_empty() {
+                if fs::remove_dir(&cg.dir).is_ok() {
+                    out.removed += 1;
+                }
+            } else {
+                cg.signal(libc::SIGCONT);
+                out.still_running += 1;
             }
         }
-        let _ = fs::remove_file(stopped_list_path());
     }
-    n
+    out.continued = continue_stopped_at(&stopped_list_path());
+    out
 }
 
 #[cfg(test)]
@@ -211,8 +398,56 @@ mod tests {
 
     #[test]
     fn parses_cgroup_events() {
-        assert!(parse_events("populated 1\nfrozen 1\n").frozen);
-        assert!(!parse_events("populated 1\nfrozen 0\n").frozen);
-        assert!(!parse_events("").frozen);
+        let e = parse_events("populated 1\nfrozen 1\n");
+        assert!(e.frozen && e.populated);
+        let e = parse_events("populated 0\nfrozen 0\n");
+        assert!(!e.frozen && !e.populated);
+        assert_eq!(parse_events(""), Events::default());
+    }
+
+    #[test]
+    fn the_stopped_list_continues_only_the_processes_listed() {
+        let dir = std::env::temp_dir().join(format!("keling-stopped-{}", std::process::id()));
+        let path = dir.join("stopped");
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // SAFETY: stopping our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        let state = || proc::stat(pid).unwrap().state;
+        while state() != 'T' {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let start = proc::start_ticks(pid).unwrap();
+        // The same pid with another start time is another process: left alone.
+        write_stopped_at(
+            &path,
+            &[StoppedProcess {
+                pid,
+                start_ticks: start + 1,
+            }],
+        )
+        .unwrap();
+        assert_eq!(continue_stopped_at(&path), 0);
+        assert_eq!(state(), 'T');
+        assert!(!path.exists(), "the list is consumed");
+        write_stopped_at(
+            &path,
+            &[StoppedProcess {
+                pid,
+                start_ticks: start,
+            }],
+        )
+        .unwrap();
+        assert_eq!(parse_stopped(&fs::read_to_string(&path).unwrap()).len(), 1);
+        assert_eq!(continue_stopped_at(&path), 1);
+        while state() == 'T' {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

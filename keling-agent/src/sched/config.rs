@@ -13,6 +13,18 @@
 //! index = 0
 //! capacity_bytes = 85899345920
 //!
+//! [access]                 # who may use the control socket, and how
+//! group = "keling"         # besides root, members of this group may launch and read status
+//!                          # (default "keling"; if that group does not exist, root only)
+//! min_priority = 3         # the highest priority (lowest number) a user may ask for:
+//!                          # 3 by default, so the real-time class 0-2 is root's
+//! mem_quota_bytes = 8589934592 # each task of a user holds at most this much GPU memory
+//!
+//! [[grant]]                # users or groups with other limits; the first that matches wins
+//! user = "alice"           # or uid = 1000, or group = "realtime" (one of them)
+//! min_priority = 0
+//! mem_quota_bytes = 17179869184
+//!
 //! [[rule]]
 //! name = "inference"       # every matcher given must match
 //! comm = "python3"         # /proc/PID/comm
@@ -26,7 +38,12 @@
 //! ```
 //!
 //! The agent refuses to start on an invalid file; every error names the file,
-//! the line and what is wrong.
+//! the line and what is wrong. User and group names are resolved when the file is
+//! read (at start): a name that does not exist is an error.
+//!
+//! Root may always use every priority, and its tasks have no quota but their own.
+//! A user's quota applies to each task of theirs (the core enforces quotas per
+//! task); a task asking for a larger one gets the user's.
 use std::{ops::Range, path::Path};
 
 use serde::Deserialize;
@@ -34,7 +51,12 @@ use toml::Spanned;
 
 use keling_sched::GpuInfo;
 
+use super::access::{AccessPolicy, Limits, Who};
 pub use crate::os::proc::ProcessFacts;
+use crate::{
+    defaults,
+    os::users::{gid_of_group, uid_of_user},
+};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +67,33 @@ pub struct Config {
     pub rules: Vec<Spanned<Rule>>,
     #[serde(default, rename = "gpu")]
     pub gpus: Vec<GpuInfo>,
+    #[serde(default)]
+    pub access: AccessSection,
+    #[serde(default, rename = "grant")]
+    pub grants: Vec<Spanned<GrantSection>>,
+    /// `access` and `grants`, resolved (names to ids) and checked.
+    #[serde(skip)]
+    pub access_policy: AccessPolicy,
+}
+
+/// `[access]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessSection {
+    pub group: Option<Spanned<String>>,
+    pub min_priority: Option<Spanned<u8>>,
+    pub mem_quota_bytes: Option<u64>,
+}
+
+/// One `[[grant]]` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantSection {
+    pub user: Option<String>,
+    pub uid: Option<u32>,
+    pub group: Option<String>,
+    pub min_priority: Option<Spanned<u8>>,
+    pub mem_quota_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -101,7 +150,7 @@ impl Config {
 
     /// Parses and checks a config; errors are (line, what is wrong).
     pub fn parse(text: &str) -> Result<Self, (usize, String)> {
-        let config: Config = toml::from_str(text).map_err(|e| {
+        let mut config: Config = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(1, |s| line_of(text, s));
             (line, e.message().to_owned())
         })?;
@@ -143,7 +192,80 @@ impl Config {
                 ));
             }
         }
+        for p in config
+            .grants
+            .iter()
+            .filter_map(|g| g.get_ref().min_priority.as_ref())
+            .chain(config.access.min_priority.as_ref())
+        {
+            check_priority(&Some(p.clone()))?;
+        }
+        config.access_policy = config.resolve_access(text)?;
         Ok(config)
+    }
+
+    /// `[access]` and `[[grant]]` with names resolved to ids.
+    fn resolve_access(&self, text: &str) -> Result<AccessPolicy, (usize, String)> {
+        let a = &self.access;
+        let group = match &a.group {
+            Some(g) => {
+                let name = g.get_ref();
+                let gid = gid_of_group(name).ok_or_else(|| {
+                    (
+                        line_of(text, g.span()),
+                        format!("[access] group {name:?} does not exist"),
+                    )
+                })?;
+                Some((name.clone(), gid))
+            }
+            // The default group is optional: without it, only root may connect.
+            None => gid_of_group(defaults::SOCKET_GROUP)
+                .map(|gid| (defaults::SOCKET_GROUP.to_owned(), gid)),
+        };
+        let limits = Limits {
+            min_priority: a
+                .min_priority
+                .as_ref()
+                .map_or(defaults::USER_MIN_PRIORITY, |p| *p.get_ref()),
+            mem_quota_bytes: a.mem_quota_bytes,
+        };
+        let mut grants = Vec::new();
+        for g in &self.grants {
+            let line = line_of(text, g.span());
+            let r = g.get_ref();
+            let who = match (&r.user, r.uid, &r.group) {
+                (Some(name), None, None) => Who::Uid(
+                    uid_of_user(name)
+                        .ok_or_else(|| (line, format!("grant: user {name:?} does not exist")))?,
+                ),
+                (None, Some(uid), None) => Who::Uid(uid),
+                (None, None, Some(name)) => Who::Gid(
+                    gid_of_group(name)
+                        .ok_or_else(|| (line, format!("grant: group {name:?} does not exist")))?,
+                ),
+                _ => {
+                    return Err((
+                        line,
+                        "a grant names exactly one of user, uid or group".to_owned(),
+                    ));
+                }
+            };
+            grants.push((
+                who,
+                Limits {
+                    min_priority: r
+                        .min_priority
+                        .as_ref()
+                        .map_or(limits.min_priority, |p| *p.get_ref()),
+                    mem_quota_bytes: r.mem_quota_bytes.or(limits.mem_quota_bytes),
+                },
+            ));
+        }
+        Ok(AccessPolicy {
+            group,
+            limits,
+            grants,
+        })
     }
 
     /// The first rule every given matcher of which matches `p`, as settings; else
@@ -280,6 +402,63 @@ priority = 12
 
         let syntax = "[defaults\n";
         assert_eq!(Config::parse(syntax).unwrap_err().0, 1);
+    }
+
+    #[test]
+    fn access_resolves_names_and_checks_grants() {
+        let c = Config::parse(
+            "[access]\ngroup = \"root\"\nmin_priority = 4\nmem_quota_bytes = 100\n\n\
+             [[grant]]\nuser = \"root\"\nmin_priority = 0\n\n[[grant]]\nuid = 4242\nmem_quota_bytes = 7\n",
+        )
+        .unwrap();
+        let a = &c.access_policy;
+        assert_eq!(a.group, Some(("root".to_owned(), 0)));
+        assert_eq!(
+            a.limits,
+            Limits {
+                min_priority: 4,
+                mem_quota_bytes: Some(100)
+            }
+        );
+        assert_eq!(
+            a.grants,
+            vec![
+                (
+                    Who::Uid(0),
+                    Limits {
+                        min_priority: 0,
+                        mem_quota_bytes: Some(100)
+                    }
+                ),
+                (
+                    Who::Uid(4242),
+                    Limits {
+                        min_priority: 4,
+                        mem_quota_bytes: Some(7)
+                    }
+                )
+            ]
+        );
+        let (line, what) = Config::parse(
+            "[access]\nmin_priority = 2\n\n[[grant]]\ngroup = \"no-such-group-kl\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(line, 4);
+        assert!(what.contains("no-such-group-kl"), "{what}");
+        let (line, what) = Config::parse("[[grant]]\nuid = 1\ngroup = \"root\"\n").unwrap_err();
+        assert_eq!(line, 1);
+        assert!(what.contains("exactly one"), "{what}");
+        let (line, _) = Config::parse("\n[access]\ngroup = \"no-such-group-kl\"\n").unwrap_err();
+        assert_eq!(line, 3);
+        assert!(
+            Config::parse("[access]\nmin_priority = 16\n")
+                .unwrap_err()
+                .1
+                .contains("out of range")
+        );
+        // Defaults: real-time is root's.
+        let d = Config::parse("").unwrap();
+        assert_eq!(d.access_policy.limits.min_priority, 3);
     }
 
     #[test]

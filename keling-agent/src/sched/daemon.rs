@@ -1,7 +1,8 @@
 //! Joins the trace to the scheduler core: turns kernel events into scheduler
-//! inputs, carries out the core's actions through the [`Actuator`]s, feeds
-//! confirmations back, measures each decision's latency, answers control requests,
-//! and writes the logs.
+//! inputs, carries out the core's actions through the [`Actuator`]s (freezes, thaws
+//! and stops on the actuation thread, [`super::worker`]), feeds confirmations
+//! back, measures each decision's latency, answers control requests, and writes
+//! the logs.
 //!
 //! "Active" (what the core's `Active` input means here): a task is active when a
 //! process of it made an NVIDIA call (any GPU event of that process) or was switched
@@ -10,8 +11,30 @@
 //! is neither, by construction).
 //!
 //! Memory inputs come from video memory only ([`memory_inputs`]).
+//!
+//! # Membership and identity
+//!
+//! Keling acts on a task only through what cannot point at another process: the
+//! task's cgroup (launched tasks) or the pidfd opened when it was launched or
+//! adopted. A task's end comes from its pidfd (it polls readable when the process
+//! exits), so a lost exit event cannot leave a task behind whose pid someone else
+//! now has. Which task a process belongs to, for attributing events, is a map the
+//! trace fills (forks) and that is checked against the truth every second and
+//! whenever the kernel reports lost events ([`Daemon::reconcile_members`]): the
+//! cgroup's `cgroup.procs` for launched tasks, pidfds and start times for adopted
+//! ones.
+//!
+//! # Launches
+//!
+//! A launch is checked against the access rules (who may use which priority, how
+//! much memory), then started as its caller, held until the probes track it, and
+//! released without waiting for its exec: a command whose start blocks (a working
+//! directory on a hung mount, a slow exec) blocks only itself. It arrives in the
+//! core at once (its GPU calls are attributed from the first); the client hears
+//! `accepted` once the exec succeeded, or the step that failed, and then its exit
+//! code.
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     ffi::OsString,
     os::fd::{AsRawFd, OwnedFd},
     sync::Arc,
@@ -19,7 +42,7 @@ use std::{
 };
 
 use keling_common::nvidia::{ObjectKind, status};
-use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec};
+use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec, TaskState};
 use tokio::sync::mpsc;
 
 use super::{
@@ -27,19 +50,21 @@ use super::{
     cgroup::{CgroupRoot, TaskCgroup},
     config::Config,
     log::{Logs, Record},
+    worker::{Confirmation, Job, Worker},
 };
 use crate::{
     control::{
-        Accepted, ExportFormat, LaunchRequest, PlacementStatus, Reply, Request, StatusReply,
-        TaskStatus,
-        server::{Incoming, Replier},
+        Accepted, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus, Reply, Request,
+        SignalRequest, StatusReply, TaskStatus,
+        server::{Incoming, Peer, Replier},
     },
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
     latency::{DecisionTimes, LatencyRecorder, Stage, Verdict},
     os::{
         monotonic_ns,
-        proc::ProcessFacts,
-        spawn::{HeldChild, SpawnOptions},
+        pidfd::Pidfd,
+        proc::{self, ProcessFacts},
+        spawn::{HeldChild, SpawnOptions, parse_env},
     },
 };
 
@@ -47,30 +72,63 @@ use crate::{
 pub const ACTIVE_MIN_INTERVAL_NS: u64 = 5_000_000;
 /// Recent decisions kept for `--export tune`.
 const TUNE_SERIES_MAX: usize = 100_000;
+/// How long the cgroup of a task that ended may take to empty after `cgroup.kill`.
+const CGROUP_REMOVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The environment of a task whose client sent none.
+const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// What the agent keeps about a task beside the core's view.
 struct TaskRuntime {
     pid: u32,
+    /// Held since launch (our child) or adoption: the task's identity.
+    pidfd: Arc<Pidfd>,
     actuator: Arc<dyn Actuator>,
     /// Tasks Keling launched: their cgroup.
     cgroup: Option<TaskCgroup>,
-    /// Where to send the exit code (the `keling launch` connection).
-    reply: Option<Replier>,
+    /// Whose task it is.
+    uid: u32,
+    /// The launch's connection (its forwarded signals come on it).
+    conn: Option<u64>,
     last_active_ns: u64,
+    /// An adopted task's exit, seen by the trace before its pidfd said so.
+    exit_seen: Option<ExitStatus>,
 }
 
-/// A confirmation (or its absence) coming back from a blocking waiter.
-pub struct Confirmation {
-    pub id: TaskId,
-    pub action: ActionKind,
-    pub times: DecisionTimes,
-    pub confirmed: bool,
+/// A process known to belong to a task (for attributing events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Member {
+    task: TaskId,
+    /// A child of an adopted task: its start time, checked by reconcile.
+    start_ticks: Option<u64>,
+}
+
+/// The client of a launch: what it has been told, and what it is owed.
+struct Client {
+    reply: Replier,
+    accepted: Accepted,
+    /// The exec's outcome, once known.
+    exec: Option<Result<(), String>>,
+    /// The task's exit code, once it ended.
+    exit_code: Option<i32>,
+    told_accepted: bool,
+}
+
+/// Things that happen off the loop and come back to it.
+pub enum Wake {
+    /// A task's pidfd says its process exited.
+    Exited(TaskId),
+    /// A launched command's exec succeeded, or which step failed.
+    Exec(TaskId, Result<(), String>),
 }
 
 /// Settings of the daemon that are not the core's.
 pub struct DaemonSettings {
     /// Priority of tasks that neither the request nor a config rule gives one.
     pub default_priority: u8,
+    /// SCHED_FIFO priority of the actuation thread (0: ordinary class).
+    pub actuator_rt_priority: u8,
+    /// Archived tasks are forgotten this long after they finished, ns.
+    pub archive_retention_ns: u64,
 }
 
 pub struct Daemon {
@@ -78,11 +136,15 @@ pub struct Daemon {
     latency: LatencyRecorder,
     cgroups: CgroupRoot,
     tasks: BTreeMap<TaskId, TaskRuntime>,
-    /// Processes of tasks (the launched process and everything it forks).
-    pid_task: HashMap<u32, TaskId>,
+    /// Processes of tasks, for attributing events (never for acting on them).
+    pid_task: HashMap<u32, Member>,
+    /// Launch connections and their tasks.
+    conn_task: HashMap<u64, TaskId>,
+    clients: HashMap<TaskId, Client>,
     next_id: TaskId,
     logs: Logs,
-    confirm_tx: mpsc::UnboundedSender<Confirmation>,
+    worker: Worker,
+    wakes: mpsc::UnboundedSender<Wake>,
     /// (event_ns, received_ns) of the input being handled.
     cause: (u64, u64),
     /// When the kernel event now being turned into inputs reached the agent.
@@ -94,26 +156,42 @@ pub struct Daemon {
     /// (timestamp, end-to-end latency) of recent decisions, for `--export tune`.
     series: VecDeque<(u64, u64)>,
     stopped: StoppedList,
+    /// Processes never adopted: the agent, its fail-safe.
+    excluded: HashSet<u32>,
+    last_prune_ns: u64,
 }
 
 impl Daemon {
+    /// A daemon with its actuation thread started. Confirmations come back on
+    /// `confirmations`, other wake-ups on `wakes`. Needs a tokio runtime.
     pub fn new(
         sched: Scheduler,
         latency: LatencyRecorder,
         logs: Logs,
-        confirm_tx: mpsc::UnboundedSender<Confirmation>,
         config: Config,
         settings: DaemonSettings,
+        confirmations: mpsc::UnboundedSender<Confirmation>,
+        wakes: mpsc::UnboundedSender<Wake>,
     ) -> anyhow::Result<Self> {
+        let worker = Worker::start(settings.actuator_rt_priority, confirmations)?;
+        if worker.realtime {
+            log::info!(
+                "actuation thread in the real-time class (SCHED_FIFO {})",
+                settings.actuator_rt_priority
+            );
+        }
         Ok(Self {
             sched,
             latency,
             cgroups: CgroupRoot::open()?,
             tasks: BTreeMap::new(),
             pid_task: HashMap::new(),
+            conn_task: HashMap::new(),
+            clients: HashMap::new(),
             next_id: 1,
             logs,
-            confirm_tx,
+            worker,
+            wakes,
             cause: (0, 0),
             received_ns: None,
             config,
@@ -121,7 +199,14 @@ impl Daemon {
             stopped: StoppedList::default(),
             started_ns: monotonic_ns(),
             series: VecDeque::new(),
+            excluded: HashSet::from([std::process::id()]),
+            last_prune_ns: 0,
         })
+    }
+
+    /// Never adopt `pid` (the agent's fail-safe).
+    pub fn exclude(&mut self, pid: u32) {
+        self.excluded.insert(pid);
     }
 
     /// Feeds one input to the core, logs it, and carries out what comes back.
@@ -153,8 +238,8 @@ impl Daemon {
         self.logs.flush();
     }
 
-    /// Carries out one action, timing it. Freezes, thaws and stops are confirmed on
-    /// a blocking thread, which reports back through the confirmation channel.
+    /// Carries out one action, timing it. Freezes, thaws and stops go to the
+    /// actuation thread, which carries them out, confirms them and reports back.
     fn act(&mut self, action: Action) {
         let decided_ns = monotonic_ns();
         // Enforce is logged with the Kill/Terminate that follows it.
@@ -174,16 +259,13 @@ impl Daemon {
         };
         match action {
             Action::Freeze { .. } | Action::Thaw { .. } | Action::Stop { .. } => {
-                let started = match kind {
-                    ActionKind::Freeze => actuator.set_frozen(true),
-                    ActionKind::Thaw => actuator.set_frozen(false),
-                    _ => actuator.stop(),
-                };
-                if let Err(e) = started {
-                    log::warn!("task {id}: {e:#}");
-                }
-                times.actuated_ns = monotonic_ns();
-                self.confirm_later(id, kind, actuator, times);
+                self.worker.submit(Job::Actuate {
+                    id,
+                    kind,
+                    actuator,
+                    times,
+                    timeout: Duration::from_nanos(self.latency.timeout_ns()),
+                });
                 return;
             }
             Action::Terminate { .. } => actuator.terminate(),
@@ -222,34 +304,6 @@ impl Daemon {
         }
         times.actuated_ns = monotonic_ns();
         self.record(&times);
-    }
-
-    /// Waits for `kind` to take effect on a blocking thread and reports back.
-    fn confirm_later(
-        &self,
-        id: TaskId,
-        kind: ActionKind,
-        actuator: Arc<dyn Actuator>,
-        mut times: DecisionTimes,
-    ) {
-        let timeout = Duration::from_nanos(self.latency.timeout_ns());
-        let tx = self.confirm_tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let confirmed = match kind {
-                ActionKind::Freeze => actuator.wait_frozen(true, timeout),
-                ActionKind::Thaw => actuator.wait_frozen(false, timeout),
-                _ => actuator.wait_stopped(timeout),
-            };
-            if confirmed {
-                times.confirmed_ns = Some(monotonic_ns());
-            }
-            let _ = tx.send(Confirmation {
-                id,
-                action: kind,
-                times,
-                confirmed,
-            });
-        });
     }
 
     /// Records one decision's latency.
@@ -314,13 +368,14 @@ impl Daemon {
         self.step(input);
     }
 
-    /// Answers one control request.
+    /// Answers one control request. `track` makes the probes follow a process.
     pub fn handle(&mut self, incoming: Incoming, track: &mut dyn FnMut(u32) -> anyhow::Result<()>) {
         let Incoming {
             request,
             fds,
             reply,
-            ..
+            peer,
+            conn,
         } = incoming;
         match request {
             Request::Status(_) => reply.send(Reply::Status(Box::new(self.status()))),
@@ -328,36 +383,66 @@ impl Daemon {
                 Ok(text) => Reply::Export(text),
                 Err(e) => Reply::Error(format!("{e:#}")),
             }),
-            Request::Launch(req) => match self.launch(&req, &fds, track) {
-                Ok(accepted) => {
-                    log::info!(
-                        "task {}: pid {} {:?} on GPU {:?}",
-                        accepted.task,
-                        accepted.pid,
-                        req.argv,
-                        accepted.gpu
-                    );
-                    if let Some(t) = self.tasks.get_mut(&accepted.task) {
-                        t.reply = Some(reply.clone());
-                    }
-                    reply.send(Reply::Accepted(accepted));
+            Request::Launch(req) => {
+                if let Err(e) = self.launch(&req, &fds, &peer, conn, &reply, track) {
+                    log::info!("launch by uid {} refused: {e}", peer.creds.uid);
+                    reply.send(Reply::Error(e));
                 }
-                Err(e) => reply.send(Reply::Error(format!("{e:#}"))),
-            },
+            }
+            Request::Signal(s) => reply.send(self.signal_request(&s, &peer)),
+            Request::Forward(signal) => self.forward(conn, signal),
         }
     }
 
-    /// Starts a launched task: its own cgroup, held until tracked, then exec'd.
+    /// `{"signal": ...}`: the task's owner or root may signal it.
+    fn signal_request(&self, s: &SignalRequest, peer: &Peer) -> Reply {
+        let Some(t) = self.tasks.get(&s.task) else {
+            return Reply::Error(format!("no running task {}", s.task));
+        };
+        if !self.config.access_policy.may_act_on(&peer.creds, t.uid) {
+            return Reply::Error(format!(
+                "task {} belongs to uid {}: only its owner or root may signal it",
+                s.task, t.uid
+            ));
+        }
+        if !(1..=64).contains(&s.signal) {
+            return Reply::Error(format!("{} is not a signal", s.signal));
+        }
+        Reply::Signalled(t.actuator.signal(s.signal))
+    }
+
+    /// A signal forwarded by a launch's client to its own task.
+    fn forward(&self, conn: u64, signal: i32) {
+        if !FORWARDED_SIGNALS.contains(&signal) {
+            log::warn!("connection {conn}: signal {signal} is not one that is forwarded");
+            return;
+        }
+        if let Some(t) = self.conn_task.get(&conn).and_then(|id| self.tasks.get(id)) {
+            let n = t.actuator.signal(signal);
+            log::debug!(
+                "forwarded signal {signal} to {n} process(es) of pid {}",
+                t.pid
+            );
+        }
+    }
+
+    /// Starts a launched task: checked against the access rules, in its own
+    /// cgroup, as its caller, held until tracked, then released.
     fn launch(
         &mut self,
         req: &LaunchRequest,
         stdio: &[OwnedFd],
+        peer: &Peer,
+        conn: u64,
+        reply: &Replier,
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Accepted> {
-        let id = self.next_id;
-        self.next_id += 1;
+    ) -> Result<(), String> {
+        let creds = peer.creds.clone();
         // The config's rules fill in what the request leaves out.
         let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
+        if argv0.is_empty() {
+            return Err("no command given".into());
+        }
         let facts = ProcessFacts {
             comm: argv0
                 .rsplit('/')
@@ -366,11 +451,18 @@ impl Daemon {
                 .chars()
                 .take(15)
                 .collect(),
-            uid: Some(0),
+            uid: Some(creds.uid),
             cgroup: None,
             exe: argv0.starts_with('/').then(|| argv0.to_owned()),
         };
         let (rule, _) = self.config.settings_for(&facts);
+        let (priority, mem_quota_bytes) = self.config.access_policy.launch_terms(
+            &creds,
+            req.priority,
+            rule.priority,
+            self.settings.default_priority,
+            req.mem_quota_bytes.or(rule.mem_quota_bytes),
+        )?;
         let gpu = match req.gpu.or(rule.gpu) {
             Some(g) => Some(g),
             None => {
@@ -381,67 +473,74 @@ impl Daemon {
                     .map(|&(g, _)| g)
             }
         };
+        let id = self.next_id;
+        self.next_id += 1;
         // Unique across agents: a test or a restart may run several in turn.
         let cgroup = self
             .cgroups
-            .create_task(&format!("task-{}-{id}", std::process::id()))?;
-        let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
-            [
-                stdio[0].as_raw_fd(),
-                stdio[1].as_raw_fd(),
-                stdio[2].as_raw_fd(),
-            ]
-        });
-        let argv: Vec<OsString> = req.argv.iter().map(OsString::from).collect();
-        let mut env = Vec::new();
-        if let Some(g) = gpu {
-            env.push((
-                OsString::from("CUDA_VISIBLE_DEVICES"),
-                OsString::from(g.to_string()),
-            ));
-        }
-        let opts = SpawnOptions {
-            env,
-            stdio: fds,
-            cgroup_procs: Some(cgroup.procs_file()),
-            cwd: Some(req.cwd.clone()),
-        };
-        let started = HeldChild::spawn_with(&argv, &opts).and_then(|held| {
-            track(held.pid())?;
-            held.release(&argv[0])
-        });
-        let pid = match started {
-            Ok(pid) => pid,
+            .create_task(&format!("task-{}-{id}", std::process::id()))
+            .map_err(|e| format!("{e:#}"))?;
+        let started = self.start_held(req, stdio, &creds, gpu, &cgroup, track);
+        let (pidfd, pending) = match started {
+            Ok(s) => s,
             Err(e) => {
-                // A failed launch leaves no cgroup behind.
+                // A failed launch leaves no cgroup behind (nothing entered it).
                 let _ = cgroup.remove();
-                return Err(e);
+                return Err(format!("{e:#}"));
             }
         };
-        let name = argv0.rsplit('/').next().unwrap_or_default().to_owned();
+        let pid = pidfd.pid();
+        let pidfd = Arc::new(pidfd);
+        self.watch_exit(id, &pidfd);
+        let wakes = self.wakes.clone();
+        tokio::spawn(async move {
+            let outcome = pending.outcome().await;
+            let _ = wakes.send(Wake::Exec(id, outcome));
+        });
         self.tasks.insert(
             id,
             TaskRuntime {
                 pid,
-                actuator: Arc::new(CgroupActuator {
-                    cgroup: cgroup.clone(),
-                }),
+                pidfd,
+                actuator: Arc::new(CgroupActuator::new(cgroup.clone())),
                 cgroup: Some(cgroup),
-                reply: None,
+                uid: creds.uid,
+                conn: Some(conn),
                 last_active_ns: 0,
+                exit_seen: None,
             },
         );
-        self.pid_task.insert(pid, id);
+        self.pid_task.insert(
+            pid,
+            Member {
+                task: id,
+                start_ticks: None,
+            },
+        );
+        self.conn_task.insert(conn, id);
+        self.clients.insert(
+            id,
+            Client {
+                reply: reply.clone(),
+                accepted: Accepted { task: id, gpu, pid },
+                exec: None,
+                exit_code: None,
+                told_accepted: false,
+            },
+        );
+        log::info!(
+            "task {id}: pid {pid} {:?} for uid {} on GPU {gpu:?}",
+            req.argv,
+            creds.uid
+        );
+        let name = argv0.rsplit('/').next().unwrap_or_default().to_owned();
         let spec = TaskSpec {
             id,
             pid,
             name,
-            priority: req
-                .priority
-                .or(rule.priority)
-                .unwrap_or(self.settings.default_priority),
+            priority,
             gpu,
-            mem_quota_bytes: req.mem_quota_bytes.or(rule.mem_quota_bytes),
+            mem_quota_bytes,
             max_duration_ms: req.max_duration_ms.or(rule.max_duration_ms),
             grace_ms: req.grace_ms.or(rule.grace_ms),
             hard_kill: req.hard_kill.or(rule.hard_kill),
@@ -451,31 +550,175 @@ impl Daemon {
             spec,
             ts_ns: monotonic_ns(),
         });
-        Ok(Accepted { task: id, gpu, pid })
+        Ok(())
     }
 
-    /// The task's root process ended (we reaped it, or the kernel said so for an
-    /// adopted one): tell the core and the client.
-    pub fn exited(&mut self, pid: u32, status: ExitStatus) {
-        let Some(&id) = self.pid_task.get(&pid) else {
+    /// Forks the task's process as its caller, tracks it, and lets it go on to exec.
+    fn start_held(
+        &self,
+        req: &LaunchRequest,
+        stdio: &[OwnedFd],
+        creds: &crate::os::users::Credentials,
+        gpu: Option<u32>,
+        cgroup: &TaskCgroup,
+        track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+    ) -> anyhow::Result<(Pidfd, crate::os::spawn::PendingExec)> {
+        let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
+            [
+                stdio[0].as_raw_fd(),
+                stdio[1].as_raw_fd(),
+                stdio[2].as_raw_fd(),
+            ]
+        });
+        let argv: Vec<OsString> = req.argv.iter().map(OsString::from).collect();
+        let mut env = match &req.env {
+            Some(entries) => parse_env(entries),
+            None => vec![(OsString::from("PATH"), OsString::from(MINIMAL_PATH))],
+        };
+        if let Some(g) = gpu {
+            env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
+            env.push((
+                OsString::from("CUDA_VISIBLE_DEVICES"),
+                OsString::from(g.to_string()),
+            ));
+        }
+        let opts = SpawnOptions {
+            env,
+            clear_env: true,
+            stdio: fds,
+            cgroup_procs: Some(cgroup.procs_file()),
+            cwd: Some(req.cwd.clone()),
+            credentials: Some(creds.clone()),
+            new_session: true,
+        };
+        let held = HeldChild::spawn_with(&argv, &opts)?;
+        // Our child, not yet reaped: its pid is certainly its own.
+        let pidfd = Pidfd::open(held.pid())?;
+        track(held.pid())?;
+        let pending = held.release_nowait()?;
+        Ok((pidfd, pending))
+    }
+
+    /// Reports the task's end when its pidfd polls readable.
+    fn watch_exit(&self, id: TaskId, pidfd: &Pidfd) {
+        let fd = match pidfd.try_clone_fd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                log::warn!("task {id}: cannot watch its pidfd ({e}); its end comes from the trace");
+                return;
+            }
+        };
+        let wakes = self.wakes.clone();
+        tokio::spawn(async move {
+            match crate::os::async_fd(fd) {
+                Ok(afd) => {
+                    let _ = afd.readable().await;
+                }
+                Err(e) => log::warn!("task {id}: cannot watch its pidfd: {e}"),
+            }
+            let _ = wakes.send(Wake::Exited(id));
+        });
+    }
+
+    /// Something came back from off the loop.
+    pub fn woken(&mut self, wake: Wake) {
+        match wake {
+            Wake::Exited(id) => self.task_exited(id),
+            Wake::Exec(id, outcome) => {
+                if let Err(what) = &outcome {
+                    log::warn!("task {id}: {what}");
+                }
+                if let Some(c) = self.clients.get_mut(&id) {
+                    c.exec = Some(outcome);
+                }
+                self.settle_client(id);
+            }
+        }
+    }
+
+    /// Tells a launch's client what it is owed, in order: accepted (or why its
+    /// command could not start), then the exit code.
+    fn settle_client(&mut self, id: TaskId) {
+        let Some(c) = self.clients.get_mut(&id) else {
             return;
         };
+        match &c.exec {
+            None => return, // the exec's outcome first
+            Some(Err(what)) => {
+                c.reply.send(Reply::Error(what.clone()));
+                self.clients.remove(&id);
+                return;
+            }
+            Some(Ok(())) if !c.told_accepted => {
+                c.told_accepted = true;
+                c.reply.send(Reply::Accepted(c.accepted.clone()));
+            }
+            Some(Ok(())) => {}
+        }
+        if let Some(code) = c.exit_code {
+            c.reply.send(Reply::ExitCode(code));
+            self.clients.remove(&id);
+        }
+    }
+
+    /// A task's pidfd polled readable: its process is gone.
+    fn task_exited(&mut self, id: TaskId) {
+        let Some(t) = self.tasks.get(&id) else {
+            return; // already ended (an adopted task's exit event came first)
+        };
+        let status = if t.cgroup.is_some() {
+            // Our child: reap it for its status.
+            match t.pidfd.try_wait() {
+                Ok(Some(s)) => ExitStatus::from_wait_status(s),
+                _ => match t.pidfd.wait_blocking() {
+                    Ok(s) => ExitStatus::from_wait_status(s),
+                    Err(e) => {
+                        log::warn!("task {id}: cannot reap pid {}: {e}", t.pid);
+                        ExitStatus::Exited(-1)
+                    }
+                },
+            }
+        } else if let Some(s) = t.exit_seen {
+            s
+        } else {
+            log::warn!(
+                "task {id} (pid {}) ended and the trace lost its exit event: exit status unknown",
+                t.pid
+            );
+            ExitStatus::Exited(-1)
+        };
+        self.end_task(id, status);
+    }
+
+    /// The task's root process ended: tell the core and the client, clean up.
+    fn end_task(&mut self, id: TaskId, status: ExitStatus) {
         self.step(Input::Exit {
             id,
             exit_code: status.code(),
             ts_ns: monotonic_ns(),
         });
+        if let Some(c) = self.clients.get_mut(&id) {
+            c.exit_code = Some(status.code());
+        }
+        self.settle_client(id);
         if let Some(task) = self.tasks.remove(&id) {
-            if let Some(reply) = &task.reply {
-                reply.send(Reply::ExitCode(status.code()));
+            if let Some(conn) = task.conn {
+                self.conn_task.remove(&conn);
             }
-            if let Some(cg) = task.cgroup {
-                // Whatever the task left behind goes with it.
-                let _ = cg.kill();
-                let _ = cg.remove();
+            match task.cgroup {
+                Some(cg) => {
+                    // Whatever the task left behind goes with it; the wait for the
+                    // cgroup to empty runs off the loop.
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = cg.kill_and_remove(CGROUP_REMOVE_TIMEOUT) {
+                            log::warn!("task {id}: {e:#}");
+                        }
+                    });
+                }
+                None => self.stopped.forget(task.pid),
             }
         }
-        self.pid_task.retain(|_, t| *t != id);
+        self.pid_task.retain(|_, m| m.task != id);
     }
 
     /// Turns one kernel event into scheduler inputs.
@@ -494,25 +737,48 @@ impl Daemon {
                 return;
             }
             Event::Exit(e) if e.group_dead != 0 => {
-                // Tasks Keling did not launch are not its children: their end comes
-                // from the kernel. (Launched ones are reaped, see `exited`.)
-                let adopted = self
-                    .pid_task
-                    .get(&h.pid)
-                    .and_then(|id| self.tasks.get(id))
-                    .is_some_and(|t| t.pid == h.pid && t.cgroup.is_none());
-                if adopted {
-                    self.exited(h.pid, ExitStatus::from_wait_status(e.exit_status));
+                // Tasks Keling did not launch are not its children: their exit code
+                // comes from the kernel; their end, from their pidfd.
+                let adopted = self.pid_task.get(&h.pid).map(|m| m.task).filter(|id| {
+                    self.tasks
+                        .get(id)
+                        .is_some_and(|t| t.pid == h.pid && t.cgroup.is_none())
+                });
+                if let Some(id) = adopted {
+                    let status = ExitStatus::from_wait_status(e.exit_status);
+                    let t = self.tasks.get_mut(&id).expect("checked above");
+                    if t.pidfd.is_alive() {
+                        // Not quite gone: the pidfd will say so in a moment.
+                        t.exit_seen = Some(status);
+                    } else {
+                        self.end_task(id, status);
+                    }
                 }
             }
             Event::Fork(f) if f.tracked != 0 => {
-                if let Some(&id) = self.pid_task.get(&h.pid) {
-                    self.pid_task.insert(f.child_pid, id);
+                if let Some(&m) = self.pid_task.get(&h.pid) {
+                    let adopted = self.tasks.get(&m.task).is_some_and(|t| t.cgroup.is_none());
+                    // A launched task's members come from its cgroup; an adopted
+                    // one's child is remembered with its start time.
+                    let start_ticks = if adopted {
+                        proc::start_ticks(f.child_pid)
+                    } else {
+                        None
+                    };
+                    if !adopted || start_ticks.is_some() {
+                        self.pid_task.insert(
+                            f.child_pid,
+                            Member {
+                                task: m.task,
+                                start_ticks,
+                            },
+                        );
+                    }
                 }
             }
             Event::Switch(s) => {
-                if let Some(&id) = self.pid_task.get(&s.next_pid) {
-                    self.activity(id, h.ts_ns);
+                if let Some(&m) = self.pid_task.get(&s.next_pid) {
+                    self.activity(m.task, h.ts_ns);
                 }
             }
             _ => {}
@@ -522,26 +788,105 @@ impl Daemon {
         }
         let inputs = memory_inputs(
             event,
-            |pid| self.pid_task.get(&pid).copied(),
+            |pid| self.pid_task.get(&pid).map(|m| m.task),
             |id| self.sched.task(id).and_then(|t| t.gpu),
         );
         for input in inputs {
             self.step(input);
         }
-        if let Some(&id) = self.pid_task.get(&h.pid) {
-            self.activity(id, h.ts_ns);
+        if let Some(&m) = self.pid_task.get(&h.pid) {
+            self.activity(m.task, h.ts_ns);
         }
+    }
+
+    /// Checks which process belongs to which task against the truth: a launched
+    /// task's members are what its cgroup holds (whatever the trace saw or lost); an
+    /// adopted task's are its process, while its pidfd says it lives, and the
+    /// children the trace saw, while their start time is the one recorded. Run
+    /// every second and when the kernel reports lost events.
+    pub fn reconcile_members(&mut self) {
+        let mut members: HashMap<u32, Member> = HashMap::new();
+        for (&id, t) in &self.tasks {
+            if let Some(cg) = &t.cgroup {
+                for pid in cg.pids() {
+                    members.insert(
+                        pid,
+                        Member {
+                            task: id,
+                            start_ticks: None,
+                        },
+                    );
+                }
+                // The root process may have left its cgroup's list already
+                // (exiting): it stays ours until its pidfd says it is gone.
+                if t.pidfd.is_alive() {
+                    members.entry(t.pid).or_insert(Member {
+                        task: id,
+                        start_ticks: None,
+                    });
+                }
+            }
+        }
+        for (&pid, &m) in &self.pid_task {
+            if members.contains_key(&pid) {
+                continue;
+            }
+            let Some(t) = self.tasks.get(&m.task) else {
+                continue;
+            };
+            if t.cgroup.is_some() {
+                continue; // not in its cgroup any more
+            }
+            let still = if pid == t.pid {
+                t.pidfd.is_alive()
+            } else {
+                m.start_ticks
+                    .is_some_and(|s| proc::start_ticks(pid) == Some(s))
+            };
+            if still {
+                members.insert(pid, m);
+            }
+        }
+        let (before, after) = (self.pid_task.len(), members.len());
+        let dropped = self
+            .pid_task
+            .iter()
+            .filter(|(pid, m)| members.get(pid) != Some(m))
+            .count();
+        if dropped > 0 {
+            log::debug!("membership: {dropped} stale of {before} processes dropped, {after} now");
+        }
+        self.pid_task = members;
     }
 
     /// A process Keling did not launch opened an NVIDIA device: it becomes a task
     /// (frozen and thawed with SIGSTOP/SIGCONT) when a config rule matches it, or
-    /// when the defaults say to manage unmatched processes.
+    /// when the defaults say to manage unmatched processes. Never the agent or its
+    /// fail-safe; never a process that started after the event (the pid's owner
+    /// changed).
     fn maybe_adopt(&mut self, pid: u32, device: DeviceFile, ts_ns: u64) {
+        if self.excluded.contains(&pid) {
+            return;
+        }
         let facts = ProcessFacts::of_pid(pid);
         let (settings, managed) = self.config.settings_for(&facts);
         if !managed {
             return;
         }
+        let pidfd = match Pidfd::open_started_by(pid, ts_ns) {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!(
+                    "not adopting pid {pid}: {e} (gone, or not the process that opened the device)"
+                );
+                return;
+            }
+        };
+        let Some((start_ticks, uid)) =
+            pidfd.read_proc(|pid| Some((proc::start_ticks(pid)?, proc::uid(pid)?)))
+        else {
+            return;
+        };
         let id = self.next_id;
         self.next_id += 1;
         let gpu = settings.gpu.or(device.gpu());
@@ -550,20 +895,32 @@ impl Daemon {
             facts.comm,
             settings.rule
         );
+        let pidfd = Arc::new(pidfd);
+        self.watch_exit(id, &pidfd);
         self.tasks.insert(
             id,
             TaskRuntime {
                 pid,
+                pidfd: pidfd.clone(),
                 actuator: Arc::new(SignalActuator {
-                    pid,
+                    pidfd,
+                    start_ticks,
                     stopped: self.stopped.clone(),
                 }),
                 cgroup: None,
-                reply: None,
+                uid,
+                conn: None,
                 last_active_ns: 0,
+                exit_seen: None,
             },
         );
-        self.pid_task.insert(pid, id);
+        self.pid_task.insert(
+            pid,
+            Member {
+                task: id,
+                start_ticks: Some(start_ticks),
+            },
+        );
         let spec = TaskSpec {
             id,
             pid,
@@ -594,6 +951,37 @@ impl Daemon {
         let now = monotonic_ns();
         self.latency.tick(now);
         self.step(Input::Tick { ts_ns: now });
+        if now.saturating_sub(self.last_prune_ns) >= 1_000_000_000 {
+            self.last_prune_ns = now;
+            let n = self
+                .sched
+                .prune_archived(now.saturating_sub(self.settings.archive_retention_ns));
+            if n > 0 {
+                log::debug!("forgot {n} archived task(s) past the retention window");
+            }
+        }
+    }
+
+    /// The fail-safe thawed and continued everything while the agent was stalled:
+    /// freeze again what the core holds frozen (or is freezing), now that the
+    /// agent runs again.
+    pub fn refreeze_after_failsafe(&mut self) {
+        // The fail-safe consumed the stopped list and continued what was on it.
+        self.stopped.clear();
+        let mut n = 0;
+        for t in self.sched.tasks() {
+            let holding = t.state == TaskState::Preempted
+                || matches!(t.in_flight, Some(ActionKind::Freeze | ActionKind::Stop));
+            if let (true, Some(rt)) = (holding, self.tasks.get(&t.spec.id)) {
+                self.worker.submit(Job::Refreeze {
+                    actuator: rt.actuator.clone(),
+                });
+                n += 1;
+            }
+        }
+        log::warn!(
+            "the fail-safe thawed everything while the agent was stalled; froze {n} task(s) again"
+        );
     }
 
     /// What `keling status` shows.
@@ -603,25 +991,28 @@ impl Daemon {
             .sched
             .tasks()
             .iter()
-            .map(|t| TaskStatus {
-                id: t.spec.id,
-                pid: t.spec.pid,
-                name: t.spec.name.clone(),
-                priority: t.spec.priority,
-                class: t.class,
-                state: t.state.as_str().to_owned(),
-                gpu: t.gpu,
-                mem_bytes: t.mem_bytes.values().sum(),
-                mem_bytes_per_gpu: t.mem_bytes.clone(),
-                on_gpu_ms: t.on_gpu_ms,
-                elapsed_ms: t.finished_ns.unwrap_or(now).saturating_sub(t.arrived_ns) / 1_000_000,
-                wants_gpu: t.wants_gpu,
-                in_flight: t.in_flight,
-                cgroup: self
-                    .tasks
-                    .get(&t.spec.id)
-                    .and_then(|r| r.cgroup.as_ref())
-                    .map(|c| c.dir.clone()),
+            .map(|t| {
+                let rt = self.tasks.get(&t.spec.id);
+                TaskStatus {
+                    id: t.spec.id,
+                    pid: t.spec.pid,
+                    name: t.spec.name.clone(),
+                    priority: t.spec.priority,
+                    class: t.class,
+                    state: t.state.as_str().to_owned(),
+                    gpu: t.gpu,
+                    mem_bytes: t.mem_bytes.values().sum(),
+                    mem_bytes_per_gpu: t.mem_bytes.clone(),
+                    on_gpu_ms: t.on_gpu_ms,
+                    elapsed_ms: t.finished_ns.unwrap_or(now).saturating_sub(t.arrived_ns)
+                        / 1_000_000,
+                    wants_gpu: t.wants_gpu,
+                    in_flight: t.in_flight,
+                    cgroup: rt
+                        .and_then(|r| r.cgroup.as_ref())
+                        .map(|c| c.dir.to_string_lossy().into_owned()),
+                    uid: rt.map(|r| r.uid),
+                }
             })
             .collect();
         // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
@@ -660,13 +1051,12 @@ impl Daemon {
     /// Thaws every task and continues every process it stopped (the agent is
     /// stopping; the tasks run on).
     pub fn shutdown(&mut self) {
-        self.stopped.continue_all();
         for t in self.tasks.values() {
-            if let Some(cg) = &t.cgroup {
-                let _ = cg.set_frozen(false);
-                cg.signal(libc::SIGCONT);
+            if let Err(e) = t.actuator.set_frozen(false) {
+                log::warn!("thawing pid {} at stop: {e:#}", t.pid);
             }
         }
+        self.stopped.clear();
     }
 }
 

@@ -2,11 +2,14 @@
 //! transition, placement, warning, enforcement record and late decision) and the
 //! input log (every scheduler input, so `keling replay` can re-run the decisions).
 //!
-//! A write error is reported once and never stops the agent.
+//! A write error is reported once and never stops the agent. Each log is bounded:
+//! at `max_bytes` it is renamed to `FILE.1` (replacing the one before) and a new
+//! one is started, so a long-running agent holds at most twice that on disk per
+//! log. Files that are not regular files (a pipe, `/dev/null`) are never rotated.
 use std::{
     fs::File,
     io::{BufWriter, Write},
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use anyhow::Context;
@@ -59,30 +62,62 @@ struct TransitionLine<'a> {
     exit_code: Option<i32>,
 }
 
-/// A JSON-lines file that reports its first write error and keeps going.
+/// A JSON-lines file that reports its first write error, keeps going, and
+/// rotates at a size.
 struct Lines {
     out: BufWriter<File>,
-    path: String,
+    path: PathBuf,
+    /// 0: never rotate.
+    max_bytes: u64,
+    written: u64,
     failed: bool,
 }
 
 impl Lines {
-    fn create(path: &Path) -> anyhow::Result<Self> {
-        let out = File::create(path)
-            .map(BufWriter::new)
-            .with_context(|| format!("create {}", path.display()))?;
+    fn create(path: &Path, max_bytes: u64) -> anyhow::Result<Self> {
+        let file = File::create(path).with_context(|| format!("create {}", path.display()))?;
+        let regular = file.metadata().is_ok_and(|m| m.is_file());
         Ok(Self {
-            out,
-            path: path.display().to_string(),
+            out: BufWriter::new(file),
+            path: path.to_owned(),
+            max_bytes: if regular { max_bytes } else { 0 },
+            written: 0,
             failed: false,
         })
     }
 
     fn write(&mut self, v: &impl Serialize) {
-        let r = serde_json::to_writer(&mut self.out, v)
-            .map_err(std::io::Error::from)
-            .and_then(|()| self.out.write_all(b"\n"));
+        let mut line = match serde_json::to_vec(v) {
+            Ok(l) => l,
+            Err(e) => return self.check(Err(e.into())),
+        };
+        line.push(b'\n');
+        let r = self.out.write_all(&line);
+        self.written += line.len() as u64;
         self.check(r);
+        if self.max_bytes > 0 && self.written >= self.max_bytes {
+            self.rotate();
+        }
+    }
+
+    /// `FILE` becomes `FILE.1`; a new `FILE` is started.
+    fn rotate(&mut self) {
+        let r = self.out.flush();
+        self.check(r);
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        let r = std::fs::rename(&self.path, &old).and_then(|()| File::create(&self.path));
+        match r {
+            Ok(file) => {
+                self.out = BufWriter::new(file);
+                self.written = 0;
+            }
+            Err(e) => {
+                // Keep writing where we are; try again at the next bound.
+                self.written = 0;
+                self.check(Err(e));
+            }
+        }
     }
 
     fn flush(&mut self) {
@@ -91,11 +126,19 @@ impl Lines {
     }
 
     fn check(&mut self, r: std::io::Result<()>) {
-        if let Err(e) = r
-            && !self.failed
-        {
-            self.failed = true;
-            log::warn!("cannot write {}: {e}; the agent carries on", self.path);
+        match r {
+            Err(e) if !self.failed => {
+                self.failed = true;
+                log::warn!(
+                    "cannot write {}: {e}; the agent carries on without it",
+                    self.path.display()
+                );
+            }
+            Ok(()) if self.failed && self.out.buffer().is_empty() => {
+                self.failed = false;
+                log::info!("writing {} again", self.path.display());
+            }
+            _ => {}
         }
     }
 }
@@ -108,10 +151,20 @@ pub struct Logs {
 }
 
 impl Logs {
+    /// Opens the logs asked for, unbounded.
     pub fn open(sched: Option<&Path>, input: Option<&Path>) -> anyhow::Result<Self> {
+        Self::open_bounded(sched, input, 0)
+    }
+
+    /// Opens the logs asked for, each rotating at `max_bytes` (0: never).
+    pub fn open_bounded(
+        sched: Option<&Path>,
+        input: Option<&Path>,
+        max_bytes: u64,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
-            sched: sched.map(Lines::create).transpose()?,
-            input: input.map(Lines::create).transpose()?,
+            sched: sched.map(|p| Lines::create(p, max_bytes)).transpose()?,
+            input: input.map(|p| Lines::create(p, max_bytes)).transpose()?,
         })
     }
 
@@ -148,5 +201,40 @@ impl Logs {
         for l in [&mut self.sched, &mut self.input].into_iter().flatten() {
             l.flush();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_rotates_at_its_bound_and_keeps_one_old_file() {
+        let dir = std::env::temp_dir().join(format!("keling-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sched.jsonl");
+        let mut l = Lines::create(&path, 100).unwrap();
+        for i in 0..50u32 {
+            l.write(&serde_json::json!({ "i": i, "pad": "xxxxxxxxxx" }));
+        }
+        l.flush();
+        let now = std::fs::read_to_string(&path).unwrap();
+        let old = std::fs::read_to_string(dir.join("sched.jsonl.1")).unwrap();
+        assert!(now.len() < 100 && old.len() >= 100, "{now:?} {old:?}");
+        assert!(now.lines().last().unwrap().contains("\"i\":49"));
+        assert!(!dir.join("sched.jsonl.2").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn write_errors_are_survived_and_not_rotated_away() {
+        // /dev/full: every write fails with ENOSPC; not a regular file.
+        let mut l = Lines::create(Path::new("/dev/full"), 10).unwrap();
+        assert_eq!(l.max_bytes, 0);
+        for i in 0..10_000u32 {
+            l.write(&serde_json::json!({ "i": i }));
+        }
+        l.flush();
+        assert!(l.failed);
     }
 }

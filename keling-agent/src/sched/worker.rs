@@ -1,0 +1,334 @@
+//! The actuation thread: carries out freezes, thaws and stops, and watches for
+//! them to take effect, off the event loop and, when it may, in the real-time
+//! class (SCHED_FIFO).
+//!
+//! Why a thread of its own at real-time priority: a thaw wakes every thread of the
+//! task, and the writer of `cgroup.freeze` competes with them inside the write.
+//! Measured here (16 busy threads, 2 vCPUs, a bare write of `0`): 37 ms p50 from an
+//! ordinary thread, 0.23 ms from a SCHED_FIFO one. The event loop hands a job over
+//! a channel and an eventfd; the thread writes, stamps `actuated_ns`, and then
+//! waits for all watches in flight at once in one `poll` (POLLPRI on each
+//! `cgroup.events`; a short period for process states), stamping `confirmed_ns`
+//! the moment each shows. Results go back to the loop as [`Confirmation`]s, whose
+//! timestamps were taken here: the loop's own delay in reading them is not part of
+//! the decision's latency, since the task was already frozen or running.
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    sync::{Arc, mpsc},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use keling_sched::{ActionKind, TaskId};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::actuator::{Actuator, Watch};
+use crate::{latency::DecisionTimes, os::monotonic_ns};
+
+/// How often watches without an fd (process states) are asked again.
+const STATE_POLL: Duration = Duration::from_micros(500);
+
+/// A confirmation (or its absence) coming back from the actuation thread.
+pub struct Confirmation {
+    pub id: TaskId,
+    pub action: ActionKind,
+    pub times: DecisionTimes,
+    pub confirmed: bool,
+}
+
+/// Work for the actuation thread.
+pub enum Job {
+    /// Freeze, thaw or stop a task, then watch for it within `timeout`.
+    Actuate {
+        id: TaskId,
+        kind: ActionKind,
+        actuator: Arc<dyn Actuator>,
+        times: DecisionTimes,
+        timeout: Duration,
+    },
+    /// Freeze again, without feedback: the fail-safe thawed everything while the
+    /// agent was stalled, and the core still holds the task frozen.
+    Refreeze { actuator: Arc<dyn Actuator> },
+}
+
+/// The handle the daemon keeps; dropping it stops the thread.
+pub struct Worker {
+    jobs: Option<mpsc::Sender<Job>>,
+    wake: Arc<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+    /// Whether the thread runs in the real-time class.
+    pub realtime: bool,
+}
+
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a new fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Worker {
+    /// Starts the thread, in SCHED_FIFO at `rt_priority` (0: the ordinary class).
+    /// A refusal of the real-time class is logged and the thread runs anyway.
+    pub fn start(
+        rt_priority: u8,
+        confirmations: UnboundedSender<Confirmation>,
+    ) -> anyhow::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let wake = Arc::new(eventfd().context("eventfd for the actuation thread")?);
+        let (rt_tx, rt_rx) = mpsc::channel();
+        let thread_wake = wake.clone();
+        let thread = std::thread::Builder::new()
+            .name("keling-actuate".into())
+            .spawn(move || {
+                let realtime = rt_priority > 0
+                    && match crate::os::set_thread_realtime(rt_priority) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            log::warn!(
+                                "actuation thread: SCHED_FIFO {rt_priority} refused ({e}); \
+                                 running in the ordinary class (thaws will be slower under load)"
+                            );
+                            false
+                        }
+                    };
+                let _ = rt_tx.send(realtime);
+                run(&rx, thread_wake.as_raw_fd(), &confirmations);
+            })
+            .context("start the actuation thread")?;
+        let realtime = rt_rx.recv().unwrap_or(false);
+        Ok(Self {
+            jobs: Some(tx),
+            wake,
+            thread: Some(thread),
+            realtime,
+        })
+    }
+
+    /// Hands a job to the thread (never blocks).
+    pub fn submit(&self, job: Job) {
+        if let Some(tx) = &self.jobs
+            && tx.send(job).is_ok()
+        {
+            self.kick();
+        }
+    }
+
+    fn kick(&self) {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        self.kick();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One actuation being watched.
+struct InFlight {
+    id: TaskId,
+    kind: ActionKind,
+    watch: Box<dyn Watch>,
+    times: DecisionTimes,
+    deadline: Instant,
+}
+
+fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmation>) {
+    let mut in_flight: Vec<InFlight> = Vec::new();
+    loop {
+        loop {
+            match jobs.try_recv() {
+                Ok(job) => {
+                    if let Some(f) = carry_out(job) {
+                        in_flight.push(f);
+                    }
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
+        }
+        let now = Instant::now();
+        in_flight.retain_mut(|f| {
+            let confirmed = f.watch.done();
+            if !confirmed && now < f.deadline {
+                return true;
+            }
+            let mut times = f.times.clone();
+            if confirmed {
+                times.confirmed_ns = Some(monotonic_ns());
+            }
+            let _ = out.send(Confirmation {
+                id: f.id,
+                action: f.kind,
+                times,
+                confirmed,
+            });
+            false
+        });
+        let mut fds = vec![libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let mut timeout: Option<Duration> = None;
+        for f in &in_flight {
+            let left = f.deadline.saturating_duration_since(now);
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            match f.watch.fd() {
+                Some(fd) => fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLPRI,
+                    revents: 0,
+                }),
+                None => timeout = Some(timeout.map_or(STATE_POLL, |t| t.min(STATE_POLL))),
+            }
+        }
+        let ms = timeout.map_or(-1, |t| {
+            // Round up: poll's resolution is a millisecond, and waking early only
+            // costs another lap.
+            t.as_micros().div_ceil(1000).clamp(0, i32::MAX as u128) as i32
+        });
+        // SAFETY: a valid array of pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if fds[0].revents & libc::POLLIN != 0 {
+            let mut n = 0u64;
+            // SAFETY: reading 8 bytes from our eventfd into a valid u64.
+            unsafe { libc::read(wake, (&raw mut n).cast(), 8) };
+        }
+    }
+}
+
+fn carry_out(job: Job) -> Option<InFlight> {
+    match job {
+        Job::Actuate {
+            id,
+            kind,
+            actuator,
+            mut times,
+            timeout,
+        } => {
+            let started = match kind {
+                ActionKind::Freeze => actuator.set_frozen(true),
+                ActionKind::Thaw => actuator.set_frozen(false),
+                _ => actuator.stop(),
+            };
+            if let Err(e) = started {
+                log::warn!("task {id}: {e:#}");
+            }
+            times.actuated_ns = monotonic_ns();
+            Some(InFlight {
+                id,
+                kind,
+                watch: actuator.watch(kind),
+                times,
+                deadline: Instant::now() + timeout,
+            })
+        }
+        Job::Refreeze { actuator } => {
+            if let Err(e) = actuator.set_frozen(true) {
+                log::warn!("re-freezing a task after the fail-safe thawed it: {e:#}");
+            }
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// An actuator whose effect shows on the `after`-th look.
+    struct Fake {
+        looks: Arc<Mutex<u32>>,
+        after: u32,
+    }
+
+    struct FakeWatch {
+        looks: Arc<Mutex<u32>>,
+        after: u32,
+    }
+
+    impl Watch for FakeWatch {
+        fn done(&mut self) -> bool {
+            let mut l = self.looks.lock().unwrap();
+            *l += 1;
+            *l >= self.after
+        }
+        fn fd(&self) -> Option<RawFd> {
+            None
+        }
+    }
+
+    impl Actuator for Fake {
+        fn set_frozen(&self, _: bool) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn stop(&self) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn terminate(&self) {}
+        fn kill(&self) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn signal(&self, _: i32) -> usize {
+            0
+        }
+        fn watch(&self, _: ActionKind) -> Box<dyn Watch> {
+            Box::new(FakeWatch {
+                looks: self.looks.clone(),
+                after: self.after,
+            })
+        }
+    }
+
+    fn times() -> DecisionTimes {
+        DecisionTimes {
+            action: "freeze".into(),
+            event_ns: 1,
+            received_ns: 2,
+            decided_ns: 3,
+            actuated_ns: 3,
+            confirmed_ns: None,
+        }
+    }
+
+    #[test]
+    fn confirms_what_shows_and_times_out_what_does_not() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let worker = Worker::start(0, tx).unwrap();
+        let job = |id, after, timeout_ms| Job::Actuate {
+            id,
+            kind: ActionKind::Freeze,
+            actuator: Arc::new(Fake {
+                looks: Arc::new(Mutex::new(0)),
+                after,
+            }),
+            times: times(),
+            timeout: Duration::from_millis(timeout_ms),
+        };
+        worker.submit(job(1, 3, 2000));
+        worker.submit(job(2, u32::MAX, 20));
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let c = rx.blocking_recv().unwrap();
+            got.push((c.id, c.confirmed, c.times.confirmed_ns.is_some()));
+            assert!(c.times.actuated_ns > 3, "stamped by the thread");
+        }
+        got.sort();
+        assert_eq!(got, vec![(1, true, true), (2, false, false)]);
+        drop(worker); // joins
+    }
+}
