@@ -26,4 +26,5 @@ pub mod latency;
 pub mod os;
 pub mod output;
 pub mod replay;
+pub mod report;
 pub mod sched;

@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 pub mod launch;
 pub mod replay;
+pub mod report;
 pub mod run;
 pub mod status;
 pub mod thaw;
@@ -57,6 +58,9 @@ enum Command {
     /// Re-run a recorded input log through the scheduler core (exactly, or under
     /// another policy or config), or compare policies on a synthetic workload.
     Replay(replay::ReplayArgs),
+    /// Write an HTML page with queueing-delay heatmaps, task timelines, decision
+    /// latency and root-cause findings from scheduling and input logs.
+    Report(report::ReportArgs),
 }
 
 /// Parses the command line, runs the subcommand, and returns the exit code.
@@ -75,6 +79,7 @@ pub fn main() -> i32 {
         Command::Status(args) => status::status(args),
         Command::Thaw(args) => thaw::thaw(args),
         Command::Replay(args) => replay::replay(args),
+        Command::Report(args) => report::report(args),
     };
     match result {
         Ok(code) => code,

@@ -150,9 +150,24 @@ impl Metrics {
         }
     }
 
+    /// A placement record of a scheduling log (for reports): the task arrived
+    /// then (the agent logs it when it places the task, at arrival).
+    pub fn observe_placement(&mut self, task: TaskId, gpu: u32, ts_ns: u64) {
+        let ts = ts_ns.max(self.now_ns);
+        self.first_ns.get_or_insert(ts);
+        self.now_ns = ts;
+        self.gpus.entry(gpu).or_default();
+        self.tasks.entry(task).or_insert_with(|| TaskStat {
+            gpu: Some(gpu),
+            waiting_since: Some(ts),
+            arrived_ns: ts,
+            ..TaskStat::default()
+        });
+    }
+
     /// A transition line of a scheduling log, without the inputs behind it
-    /// (for reports): a task's first line stands for its arrival. Lines whose
-    /// states have no name are skipped.
+    /// (for reports): a task's placement record, or else its first line, stands
+    /// for its arrival. Lines whose states have no name are skipped.
     pub fn observe_line(&mut self, line: &TransitionLine) {
         let Some((from, to)) = line.states() else {
             return;
@@ -163,14 +178,16 @@ impl Metrics {
         if let Some(g) = line.gpu {
             self.gpus.entry(g).or_default();
         }
-        self.tasks.entry(line.task).or_insert_with(|| TaskStat {
-            name: line.name.clone(),
-            priority: line.priority,
-            gpu: line.gpu,
+        let t = self.tasks.entry(line.task).or_insert_with(|| TaskStat {
             waiting_since: (from == TaskState::Pending).then_some(ts),
             arrived_ns: ts,
             ..TaskStat::default()
         });
+        if t.name.is_empty() {
+            t.name = line.name.clone();
+            t.priority = line.priority;
+        }
+        t.gpu = t.gpu.or(line.gpu);
         self.transition(line.task, from, to, line.reason, ts);
     }
 
