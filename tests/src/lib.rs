@@ -8,6 +8,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod agent;
+
 /// A binary built into the same target directory as this test.
 fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

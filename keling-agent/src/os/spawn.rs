@@ -7,7 +7,8 @@
 //! The child, once released, does in this order: its stdio, a session of its own
 //! (when asked), its cgroup (as root), the caller's groups, gid and uid, the
 //! working directory (as the caller, so it can only enter what the caller could),
-//! default signal dispositions and an empty signal mask, then `execve` of the
+//! default signal dispositions and an empty signal mask (every signal is blocked
+//! from the fork until then, so none sent meanwhile is lost), then `execve` of the
 //! first match along the `PATH` of the environment it is given (not the agent's).
 //! A failing step is reported back (which step, errno) and the child exits 127
 //! without running anything. Between fork and exec the child only makes system
@@ -200,9 +201,25 @@ impl HeldChild {
         };
         let (go_read, go_write) = super::pipe()?;
         let (report_read, report_write) = super::pipe()?;
+        // Every signal is blocked across the fork: until the child has put back
+        // the default dispositions, a signal for it (a forwarded Ctrl-C, a SIGTERM)
+        // would run the agent's handlers in it and be lost. Blocked, it waits, and
+        // acts just before the exec.
+        // SAFETY: zeroed sigsets are initialised by sigfillset; masks of this thread.
+        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid sigset pointers.
+        unsafe {
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        }
         // SAFETY: the child only makes system calls on memory prepared before the
         // fork (see the module doc) and ends in execve or _exit.
         let pid = unsafe { libc::fork() };
+        if pid != 0 {
+            // SAFETY: restoring this thread's mask.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        }
         if pid < 0 {
             return Err(io::Error::last_os_error()).context("fork");
         }
@@ -476,6 +493,7 @@ unsafe fn child(plan: ChildPlan) -> ! {
                 );
             }
         }
+        // Signals that came since the fork act now, with their default action.
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -599,6 +617,24 @@ mod tests {
         assert!(text.contains("SigIgn:\t0000000000000000"), "{text}");
         assert!(text.contains("SigBlk:\t0000000000000000"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_signal_sent_before_the_exec_is_not_lost() {
+        // As the agent's handlers would, this process's disposition would swallow
+        // the signal in a child that has not yet reset its own.
+        // SAFETY: ignoring SIGUSR2 in this test process (nothing here uses it).
+        unsafe { libc::signal(libc::SIGUSR2, libc::SIG_IGN) };
+        let argv = vec![OsString::from("sleep"), OsString::from("10")];
+        let held = HeldChild::spawn(&argv).unwrap();
+        let pid = held.pid();
+        // SAFETY: our own unreaped child.
+        unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
+        let _ = held.release_nowait().unwrap().wait();
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        assert_eq!(status & 0x7f, libc::SIGUSR2, "status {status:#x}");
     }
 
     #[test]

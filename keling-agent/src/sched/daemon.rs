@@ -92,6 +92,9 @@ struct TaskRuntime {
     last_active_ns: u64,
     /// An adopted task's exit, seen by the trace before its pidfd said so.
     exit_seen: Option<ExitStatus>,
+    /// When the kernel reported the root process's exit (the trace's timestamp):
+    /// what the decisions its end leads to are timed from.
+    exited_ns: Option<u64>,
 }
 
 /// A process known to belong to a task (for attributing events).
@@ -508,6 +511,7 @@ impl Daemon {
                 conn: Some(conn),
                 last_active_ns: 0,
                 exit_seen: None,
+                exited_ns: None,
             },
         );
         self.pid_task.insert(
@@ -692,10 +696,15 @@ impl Daemon {
 
     /// The task's root process ended: tell the core and the client, clean up.
     fn end_task(&mut self, id: TaskId, status: ExitStatus) {
+        let ts_ns = self
+            .tasks
+            .get(&id)
+            .and_then(|t| t.exited_ns)
+            .unwrap_or_else(monotonic_ns);
         self.step(Input::Exit {
             id,
             exit_code: status.code(),
-            ts_ns: monotonic_ns(),
+            ts_ns,
         });
         if let Some(c) = self.clients.get_mut(&id) {
             c.exit_code = Some(status.code());
@@ -737,6 +746,15 @@ impl Daemon {
                 return;
             }
             Event::Exit(e) if e.group_dead != 0 => {
+                // The kernel's timestamp of a task's end, for timing what follows.
+                if let Some(t) = self
+                    .pid_task
+                    .get(&h.pid)
+                    .and_then(|m| self.tasks.get_mut(&m.task))
+                    .filter(|t| t.pid == h.pid)
+                {
+                    t.exited_ns = Some(h.ts_ns);
+                }
                 // Tasks Keling did not launch are not its children: their exit code
                 // comes from the kernel; their end, from their pidfd.
                 let adopted = self.pid_task.get(&h.pid).map(|m| m.task).filter(|id| {
@@ -912,6 +930,7 @@ impl Daemon {
                 conn: None,
                 last_active_ns: 0,
                 exit_seen: None,
+                exited_ns: None,
             },
         );
         self.pid_task.insert(

@@ -1,0 +1,371 @@
+//! `keling run` for the scheduler's tests, and how they look at its tasks from the
+//! outside: cgroup files and `/proc`, not Keling's own view.
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::{ChildGuard, Nvsim, gpu_workload_bin, keling_bin, tempdir};
+
+/// The cgroup v2 mount point.
+pub fn cgroup2() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split(' ').next()? == "cgroup2")
+            .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
+    })
+}
+
+/// Whether the scheduler's tests can run here; records a skip when not.
+pub fn sched_ready(test: &str) -> bool {
+    if !(crate::can_load_ebpf(test) && crate::can_use_fuse(test)) {
+        return false;
+    }
+    if cgroup2().is_none() {
+        crate::skip(test, "no cgroup v2 hierarchy mounted");
+        return false;
+    }
+    true
+}
+
+/// The task cgroups under `<cgroup2>/keling`.
+pub fn task_cgroups() -> Vec<PathBuf> {
+    let Some(root) = cgroup2().map(|c| c.join("keling")) else {
+        return Vec::new();
+    };
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// Thaws, kills and removes every task cgroup under `<cgroup2>/keling`.
+pub fn cleanup_cgroups() {
+    for dir in task_cgroups() {
+        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// `keling run` for one test: stopped by pid on drop; whatever it left frozen is
+/// thawed and killed, and its cgroups removed. Its standard error is kept.
+pub struct Agent {
+    child: Option<Child>,
+    dir: PathBuf,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub sched_log: PathBuf,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+/// How to start an agent.
+#[derive(Default)]
+pub struct AgentOptions<'a> {
+    /// Arguments after `run`'s own.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub env: Vec<(&'a str, &'a str)>,
+    /// Run it through this program and arguments (e.g. `unshare ... --`); the
+    /// agent's command line follows them.
+    pub wrapper: Vec<std::ffi::OsString>,
+    /// `--sched-log` (default: a file in the agent's directory).
+    pub sched_log: Option<PathBuf>,
+}
+
+impl Agent {
+    /// Starts `keling run` on the simulated driver.
+    pub fn start(sim: &Nvsim, extra: &[&str]) -> Agent {
+        Self::start_with(
+            sim,
+            AgentOptions {
+                args: extra.iter().map(|s| s.to_string()).collect(),
+                ..AgentOptions::default()
+            },
+        )
+    }
+
+    /// Starts `keling run` with options. Waits (up to a minute) while another
+    /// agent holds the one-agent lock (someone else's test on a shared machine).
+    pub fn start_with(sim: &Nvsim, opts: AgentOptions) -> Agent {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match Self::try_start(sim, &opts) {
+                Ok(agent) => return agent,
+                Err(why) if why.contains("another keling agent") && Instant::now() < deadline => {
+                    eprintln!("waiting for another agent to stop: {why}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(why) => panic!("keling run exited before it was ready:\n{why}"),
+            }
+        }
+    }
+
+    fn try_start(sim: &Nvsim, opts: &AgentOptions) -> Result<Agent, String> {
+        let dir = tempdir();
+        let socket = dir.join("keling.sock");
+        let sched_log = opts
+            .sched_log
+            .clone()
+            .unwrap_or_else(|| dir.join("sched.jsonl"));
+        let mut cmd = match opts.wrapper.split_first() {
+            Some((prog, rest)) => {
+                let mut c = Command::new(prog);
+                c.args(rest).arg(keling_bin());
+                c
+            }
+            None => Command::new(keling_bin()),
+        };
+        cmd.args([
+            "run",
+            "--status-interval",
+            "1",
+            "--dev-dir",
+            sim.dev_dir(),
+            "--socket",
+        ])
+        .arg(&socket)
+        .arg("--sched-log")
+        .arg(&sched_log)
+        .arg("--input-log")
+        .arg(dir.join("inputs.jsonl"))
+        .args(sim.capacity_args())
+        .args(&opts.args)
+        .envs(opts.env.iter().copied())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut said = String::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            eprintln!("agent: {line}");
+            said.push_str(&line);
+            said.push('\n');
+            stderr.lock().unwrap().push(line.clone());
+            if line.contains("ready") {
+                let keep = stderr.clone();
+                std::thread::spawn(move || {
+                    for l in lines.map_while(Result::ok) {
+                        eprintln!("agent: {l}");
+                        keep.lock().unwrap().push(l);
+                    }
+                });
+                return Ok(Agent {
+                    child: Some(child),
+                    dir,
+                    pid,
+                    socket,
+                    sched_log,
+                    stderr,
+                });
+            }
+        }
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        Err(said)
+    }
+
+    /// What the agent has said on standard error so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// `keling launch ... -- keling-gpu-workload --scenario busy ...` in the background.
+    pub fn launch(
+        &self,
+        opts: &[&str],
+        sim: &Nvsim,
+        iterations: u64,
+        alloc_mib: u64,
+        progress: &Path,
+    ) -> ChildGuard {
+        ChildGuard(
+            Command::new(keling_bin())
+                .arg("launch")
+                .arg("--socket")
+                .arg(&self.socket)
+                .args(opts)
+                .arg("--")
+                .arg(gpu_workload_bin())
+                .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+                .args([
+                    "--iterations",
+                    &iterations.to_string(),
+                    "--alloc-mib",
+                    &alloc_mib.to_string(),
+                ])
+                .arg("--progress")
+                .arg(progress)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// `keling status --json` (it must succeed).
+    pub fn status(&self) -> Value {
+        let out = Command::new(keling_bin())
+            .args(["status", "--json", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "keling status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The scheduling log's lines.
+    pub fn log(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.sched_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Sends `signal` to the agent (by pid: our own child).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.pid as i32, signal) };
+    }
+
+    /// Whether the agent process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    pub fn sigkill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The agent's fail-safe (its child named `keling-guard`).
+    pub fn fail_safe_pid(&self) -> Option<u32> {
+        children_of(self.pid)
+            .into_iter()
+            .find(|&p| comm(p).as_deref() == Some("keling-guard"))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // A stopped agent cannot handle SIGINT.
+            // SAFETY: signalling our own child by pid.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGCONT);
+                libc::kill(child.id() as i32, libc::SIGINT);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        cleanup_cgroups();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The children of `pid` (from every process's `/proc/PID/stat`).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| stat_field(p, 1).and_then(|s| s.parse().ok()) == Some(pid))
+        .collect()
+}
+
+/// Field `n` after the comm of `/proc/PID/stat` (0: the state, 1: the ppid, ...).
+fn stat_field(pid: u32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(n)
+        .map(str::to_owned)
+}
+
+/// `/proc/PID/comm`.
+pub fn comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim().to_owned())
+}
+
+/// /proc's view of a process's state (`R`, `S`, `T`, ...; `?` when gone).
+pub fn proc_state(pid: u32) -> char {
+    stat_field(pid, 0)
+        .and_then(|s| s.chars().next())
+        .unwrap_or('?')
+}
+
+/// Whether a cgroup says `frozen 1`.
+pub fn frozen(cg: &Path) -> bool {
+    std::fs::read_to_string(cg.join("cgroup.events"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l == "frozen 1")
+}
+
+/// The host path of the cgroup `pid` is in (from `/proc/PID/cgroup`).
+pub fn cgroup_of(pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(cgroup2()?.join(rel.trim_start_matches('/')))
+}
+
+/// The number a `--progress` file holds.
+pub fn progress(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (bounded) for `cond`; panics with `what` if it never holds.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The pid of the task whose workload writes `progress_file` (the newest task),
+/// once it has made progress.
+pub fn task_pid(agent: &Agent, progress_file: &Path) -> u32 {
+    let mut pid = 0;
+    wait_for("the task to start", Duration::from_secs(20), || {
+        let s = agent.status();
+        let tasks = s["tasks"].as_array().cloned().unwrap_or_default();
+        if let Some(t) = tasks.last() {
+            pid = t["pid"].as_u64().unwrap() as u32;
+        }
+        progress(progress_file) > 0
+    });
+    pid
+}
