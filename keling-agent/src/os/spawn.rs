@@ -205,8 +205,9 @@ impl HeldChild {
         // the default dispositions, a signal for it (a forwarded Ctrl-C, a SIGTERM)
         // would run the agent's handlers in it and be lost. Blocked, it waits, and
         // acts just before the exec.
-        // SAFETY: zeroed sigsets are initialised by sigfillset; masks of this thread.
+        // SAFETY: a zeroed sigset_t is valid; sigfillset initialises it below.
         let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; pthread_sigmask fills it.
         let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: valid sigset pointers.
         unsafe {
