@@ -12,6 +12,8 @@
 //! | [`latency`] | decision latency histograms, timeout models, exports | read clocks |
 //! | [`output`] | trace sinks (text, JSON lines) behind one interface | read `/proc`, maps or clocks |
 //! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
+//! | [`replay`] | reading the input and scheduling logs back, exact and what-if replay through `keling-sched`, the synthetic workload, replay metrics | read a clock (the command times it) |
+//! | [`report`] | the HTML report: queueing-delay heatmaps, root-cause findings, task timelines, latency histogram (SVG) | read anything but the logs it is given |
 //! | [`defaults`] | every default value the command line shows | |
 //!
 //! The scheduler core is the separate crate `keling-sched` (no I/O, no clock); the
