@@ -193,7 +193,9 @@ fn findings(html: &str, grid: &str) -> Vec<(String, String, usize, usize)> {
 
 /// The `data-ms` of the heatmap cell at (row label, window).
 fn cell_ms(html: &str, svg_id: &str, row: &str, window: usize) -> f64 {
-    let start = html.find(&format!(r#" id="{svg_id}" class="heatmap""#)).unwrap();
+    let start = html
+        .find(&format!(r#" id="{svg_id}" class="heatmap""#))
+        .unwrap();
     let svg = &html[start..start + html[start..].find("</svg>").unwrap()];
     svg.split("<rect ")
         .skip(1)
