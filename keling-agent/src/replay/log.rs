@@ -234,6 +234,10 @@ pub enum RecordLine {
         timeout_ns: u64,
         confirmed: bool,
     },
+    /// A record of a type this reader does not know (a newer agent's): kept
+    /// readable, not a decision.
+    #[serde(other)]
+    Other,
 }
 
 /// One line of the scheduling log.
@@ -332,7 +336,7 @@ impl Decision {
                     actual_ms: record.data.actual_ms,
                 }
             }
-            SchedLine::Record(RecordLine::LateDecision { .. }) => return None,
+            SchedLine::Record(RecordLine::LateDecision { .. } | RecordLine::Other) => return None,
         })
     }
 
@@ -492,6 +496,12 @@ mod tests {
                     .iter()
                     .any(|d| matches!(d, Decision::Enforcement { .. })),
             "the run covers warnings and enforcement: {want:?}"
+        );
+        let newer = temp("newer.jsonl");
+        std::fs::write(&newer, "{\"type\":\"heartbeat\",\"ts_ns\":1}\n").unwrap();
+        assert_eq!(
+            read_sched_log(&newer).unwrap(),
+            [SchedLine::Record(RecordLine::Other)]
         );
         assert!(matches!(
             lines.last(),
