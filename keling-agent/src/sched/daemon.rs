@@ -74,6 +74,10 @@ pub const ACTIVE_MIN_INTERVAL_NS: u64 = 5_000_000;
 const TUNE_SERIES_MAX: usize = 100_000;
 /// How long the cgroup of a task that ended may take to empty after `cgroup.kill`.
 const CGROUP_REMOVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The least time an actuation is given to show before it is reported unconfirmed
+/// (and a freeze escalated). Whether it was late is the latency model's call, on
+/// its own timeout.
+const CONFIRM_WAIT_FLOOR: Duration = Duration::from_millis(10);
 /// The environment of a task whose client sent none.
 const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -262,12 +266,17 @@ impl Daemon {
         };
         match action {
             Action::Freeze { .. } | Action::Thaw { .. } | Action::Stop { .. } => {
+                // The model's timeout, but never so short that ordinary jitter
+                // escalates a freeze to SIGSTOP (an adaptive timeout follows fast
+                // decisions down below a millisecond).
+                let timeout =
+                    Duration::from_nanos(self.latency.timeout_ns()).max(CONFIRM_WAIT_FLOOR);
                 self.worker.submit(Job::Actuate {
                     id,
                     kind,
                     actuator,
                     times,
-                    timeout: Duration::from_nanos(self.latency.timeout_ns()),
+                    timeout,
                 });
                 return;
             }
@@ -344,6 +353,27 @@ impl Daemon {
 
     /// A confirmation came back: record its latency and tell the core.
     pub fn confirmed(&mut self, c: Confirmation) {
+        if c.late {
+            // Its timeout was reported (and recorded) already: only the core
+            // needs to know it took effect.
+            let late_ms = c
+                .times
+                .confirmed_ns
+                .unwrap_or(0)
+                .saturating_sub(c.times.actuated_ns)
+                / 1_000_000;
+            log::info!(
+                "task {}: the {} took effect late, {late_ms} ms after it was made",
+                c.id,
+                c.times.action
+            );
+            self.step(Input::Confirmed {
+                id: c.id,
+                action: c.action,
+                ts_ns: c.times.confirmed_ns.unwrap_or_else(monotonic_ns),
+            });
+            return;
+        }
         let verdict = self.record(&c.times);
         if verdict.late || !c.confirmed {
             self.logs.record(&Record::LateDecision {

@@ -28,6 +28,10 @@ use crate::{latency::DecisionTimes, os::monotonic_ns};
 
 /// How often watches without an fd (process states) are asked again.
 const STATE_POLL: Duration = Duration::from_micros(500);
+/// After its timeout, an actuation is still watched this long: when it takes
+/// effect late, the core hears it (a stop or freeze that lands late is what ends
+/// an escalation; nothing else would).
+const LATE_WATCH: Duration = Duration::from_secs(60);
 
 /// A confirmation (or its absence) coming back from the actuation thread.
 pub struct Confirmation {
@@ -35,6 +39,9 @@ pub struct Confirmation {
     pub action: ActionKind,
     pub times: DecisionTimes,
     pub confirmed: bool,
+    /// The effect showed after the timeout, which was already reported (so this
+    /// decision's latency is already recorded).
+    pub late: bool,
 }
 
 /// Work for the actuation thread.
@@ -142,6 +149,8 @@ struct InFlight {
     watch: Box<dyn Watch>,
     times: DecisionTimes,
     deadline: Instant,
+    /// Its timeout passed and was reported; now watched until [`LATE_WATCH`].
+    timed_out: bool,
 }
 
 fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmation>) {
@@ -164,6 +173,9 @@ fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmati
             if !confirmed && now < f.deadline {
                 return true;
             }
+            if !confirmed && f.timed_out {
+                return false; // given up
+            }
             let mut times = f.times.clone();
             if confirmed {
                 times.confirmed_ns = Some(monotonic_ns());
@@ -173,8 +185,14 @@ fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmati
                 action: f.kind,
                 times,
                 confirmed,
+                late: f.timed_out,
             });
-            false
+            if confirmed {
+                return false;
+            }
+            f.timed_out = true;
+            f.deadline = now + LATE_WATCH;
+            true
         });
         let mut fds = vec![libc::pollfd {
             fd: wake,
@@ -185,13 +203,19 @@ fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmati
         for f in &in_flight {
             let left = f.deadline.saturating_duration_since(now);
             timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            // Late ones are looked at less often.
+            let period = if f.timed_out {
+                STATE_POLL * 20
+            } else {
+                STATE_POLL
+            };
             match f.watch.fd() {
                 Some(fd) => fds.push(libc::pollfd {
                     fd,
                     events: libc::POLLPRI,
                     revents: 0,
                 }),
-                None => timeout = Some(timeout.map_or(STATE_POLL, |t| t.min(STATE_POLL))),
+                None => timeout = Some(timeout.map_or(period, |t| t.min(period))),
             }
         }
         let ms = timeout.map_or(-1, |t| {
@@ -233,6 +257,7 @@ fn carry_out(job: Job) -> Option<InFlight> {
                 watch: actuator.watch(kind),
                 times,
                 deadline: Instant::now() + timeout,
+                timed_out: false,
             })
         }
         Job::Refreeze { actuator } => {
@@ -321,14 +346,24 @@ mod tests {
         };
         worker.submit(job(1, 3, 2000));
         worker.submit(job(2, u32::MAX, 20));
+        // Shows on the 40th look: after its 5 ms timeout (a look every 0.5 ms).
+        worker.submit(job(3, 40, 5));
         let mut got = Vec::new();
-        while got.len() < 2 {
+        while got.len() < 4 {
             let c = rx.blocking_recv().unwrap();
-            got.push((c.id, c.confirmed, c.times.confirmed_ns.is_some()));
+            got.push((c.id, c.confirmed, c.late, c.times.confirmed_ns.is_some()));
             assert!(c.times.actuated_ns > 3, "stamped by the thread");
         }
         got.sort();
-        assert_eq!(got, vec![(1, true, true), (2, false, false)]);
+        assert_eq!(
+            got,
+            vec![
+                (1, true, false, true),
+                (2, false, false, false),
+                (3, false, false, false),
+                (3, true, true, true)
+            ]
+        );
         drop(worker); // joins
     }
 }
