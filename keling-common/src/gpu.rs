@@ -60,6 +60,9 @@ pub const MEM_HANDLES: usize = 8;
 pub const BATCH_OBJECTS: usize = 8;
 /// Simulated-driver files the agent can list.
 pub const MAX_SIM_FILES: u32 = 256;
+/// Files whose last known fd went while the kernel still counted references Keling
+/// does not know of (`ORPHANS`), re-checked until released.
+pub const ORPHAN_SLOTS: u32 = 64;
 /// Open NVIDIA files tracked at once (`FILES`).
 pub const MAX_FILES: u32 = 65536;
 /// RM clients tracked at once (`CLIENTS`).
@@ -82,6 +85,7 @@ pub const MAP_TOTALS: &str = "TOTALS";
 pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
+pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
 
 /// Why an ioctl (or part of the accounting) could not be decoded with certainty.
 /// Index into the per-CPU `UNDECODED` array; `UNDECODED_PID` sums them per process.
@@ -296,6 +300,30 @@ pub struct Totals {
     pub driver_bytes: u64,
     pub allocs: u64,
     pub frees: u64,
+}
+
+/// A slot of `ORPHANS`: an open NVIDIA file with clients whose last fd Keling knew
+/// of went while the kernel still counted other references (a process outside the
+/// trace, an fd Keling never saw, a call in flight in another thread). The sweep
+/// releases it once the kernel's count reads 0 or the `struct file` is another
+/// file's (its inode changed). Empty when `file` is 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrphanSlot {
+    pub file: u64,
+    /// The file's `struct inode` address when it became an orphan.
+    pub inode: u64,
+}
+
+/// `ORPHAN_SWEEP[0]`: where the sweep of `ORPHANS` stands. The sweep checks slot
+/// `checked % ORPHAN_SLOTS` and adds one to `checked`, so a reader that sees
+/// `checked` grow by `2 * ORPHAN_SLOTS` knows every orphan was checked after it
+/// looked. `occupied`: slots in use (the sweep runs only while some are).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrphanSweep {
+    pub checked: u64,
+    pub occupied: u64,
 }
 
 /// Key of `SIM_FILES`: a simulated-driver file's identity.

@@ -120,6 +120,8 @@ mod layout_tests {
             peak_host_bytes: u64, egm_bytes: u64, driver_bytes: u64, allocs: u64,
             frees: u64]);
         no_padding!(SimFileKey, 16, [dev: u32, _reserved: u32, ino: u64]);
+        no_padding!(OrphanSlot, 16, [file: u64, inode: u64]);
+        no_padding!(OrphanSweep, 16, [checked: u64, occupied: u64]);
     }
 
     #[test]

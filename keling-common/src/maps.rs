@@ -145,6 +145,8 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for crate::SimFileKey {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for crate::OrphanSweep {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for crate::TotalKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for crate::Totals {}

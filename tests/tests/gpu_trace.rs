@@ -93,6 +93,67 @@ fn basic_scenario_decodes_every_call_exactly() {
     converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
 }
 
+/// `gpu_snapshot` lines of a running `keling trace --format jsonl --output FILE`,
+/// asked for with SIGUSR1 and read back from FILE by their sequence number.
+struct Snapshots {
+    keling: i32,
+    path: std::path::PathBuf,
+    out: Option<std::fs::File>,
+    pending: String,
+    seq: u64,
+}
+
+impl Snapshots {
+    fn new(keling: i32, path: &std::path::Path) -> Snapshots {
+        Snapshots {
+            keling,
+            path: path.to_owned(),
+            out: None,
+            pending: String::new(),
+            seq: 0,
+        }
+    }
+
+    /// Asks for the next snapshot and waits for it.
+    fn take(&mut self) -> Value {
+        self.seq += 1;
+        // SAFETY: signalling our own child by pid: "write a gpu_snapshot now".
+        unsafe { libc::kill(self.keling, libc::SIGUSR1) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.out.is_none() {
+                self.out = std::fs::File::options().read(true).open(&self.path).ok();
+            }
+            if let Some(f) = self.out.as_mut() {
+                f.read_to_string(&mut self.pending).unwrap();
+            }
+            let seq = self.seq;
+            let found = self
+                .pending
+                .lines()
+                .filter(|l| l.contains("\"gpu_snapshot\""))
+                .find_map(|l| {
+                    let v: Value = serde_json::from_str(l).ok()?;
+                    (v["seq"] == seq).then_some(v)
+                });
+            if let Some(v) = found {
+                // Keep only what follows the snapshot line.
+                let cut = self.pending.rfind("\"gpu_snapshot\"").unwrap();
+                let end = self.pending[cut..]
+                    .find('\n')
+                    .map_or(self.pending.len(), |e| cut + e + 1);
+                self.pending.drain(..end);
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no gpu_snapshot {seq} from keling"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 /// Runs `count` random workloads (seeds from `base`) in one traced shell loop; at
 /// every checkpoint of every workload and at the end, Keling's per-process,
 /// per-GPU figures (bytes, peak, host bytes, allocs, frees) must equal the
@@ -124,12 +185,10 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
             .spawn()
             .unwrap(),
     );
-    let pid = keling.0.id() as i32;
+    let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
     let mut to_workload = keling.0.stdin.take().unwrap();
     let from_workload = BufReader::new(keling.0.stdout.take().unwrap());
-    let mut out = std::fs::File::options().read(true).open(&out_path).ok();
-    let mut pending = String::new();
-    let (mut seq, mut workload, mut checkpoints) = (0u64, base - 1, 0u64);
+    let (mut workload, mut checkpoints) = (base - 1, 0u64);
     for line in from_workload.lines() {
         let line = line.unwrap();
         let Some(n) = line.strip_prefix("checkpoint ") else {
@@ -138,41 +197,7 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
         if n == "1" {
             workload += 1;
         }
-        seq += 1;
-        // SAFETY: signalling our own child by pid: "write a gpu_snapshot now".
-        unsafe { libc::kill(pid, libc::SIGUSR1) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let snapshot = loop {
-            if out.is_none() {
-                out = std::fs::File::options().read(true).open(&out_path).ok();
-            }
-            if let Some(f) = out.as_mut() {
-                let mut more = String::new();
-                f.read_to_string(&mut more).unwrap();
-                pending.push_str(&more);
-            }
-            let found = pending
-                .lines()
-                .filter(|l| l.contains("\"gpu_snapshot\""))
-                .find_map(|l| {
-                    let v: Value = serde_json::from_str(l).ok()?;
-                    (v["seq"] == seq).then_some(v)
-                });
-            if let Some(v) = found {
-                // Keep only what follows the snapshot line.
-                let cut = pending.rfind("\"gpu_snapshot\"").unwrap();
-                let end = pending[cut..]
-                    .find('\n')
-                    .map_or(pending.len(), |e| cut + e + 1);
-                pending.drain(..end);
-                break v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no gpu_snapshot {seq} from keling"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        };
+        let snapshot = snapshots.take();
         if let Err(diff) = converge(sim, &keling_figures(&snapshot), Duration::from_secs(3)) {
             panic!("seed {workload}, checkpoint {n}: {diff}");
         }
@@ -469,29 +494,65 @@ fn attach_adopts_fds_opened_before_keling() {
     // Nothing held at the end on either side: post-attach memory was all freed or
     // torn down with the adopted files.
     assert!(ours.values().all(|f| f[0] == 0 && f[2] == 0), "{ours:?}");
-    // Children forked after attaching are exact. A child that allocates under a
-    // device object made before Keling attached has its bytes counted with the GPU
-    // unknown (`gpu` null): compare per process.
-    let per_pid = |figs: &keling_tests::GpuFigures, p: u64| {
+    // Children forked after attaching are exact, with two openly reported
+    // exceptions. A child that allocates under a device object made before Keling
+    // attached has those bytes counted with the GPU unknown (`gpu` null), so its
+    // peak is split in two: the true peak lies between the larger part and their
+    // sum. A child that imports memory allocated before Keling attached cannot be
+    // charged for it (Keling never knew its size): it counts `unknown_object`, and
+    // only its final holdings are compared.
+    let sum = |figs: &keling_tests::GpuFigures, p: u64, i: usize| -> u64 {
         figs.iter()
             .filter(|(k, _)| k.0 == p)
-            .fold([0u64; 5], |mut acc, (_, f)| {
-                for i in [0, 2, 3, 4] {
-                    acc[i] += f[i];
-                }
-                acc[1] = acc[1].max(f[1]);
-                acc
-            })
+            .map(|(_, f)| f[i])
+            .sum()
+    };
+    let max = |figs: &keling_tests::GpuFigures, p: u64, i: usize| -> u64 {
+        figs.iter()
+            .filter(|(k, _)| k.0 == p)
+            .map(|(_, f)| f[i])
+            .max()
+            .unwrap_or(0)
+    };
+    let undecoded_of = |p: u64| {
+        summary["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["pid"] == p)
+            .map_or(0, |e| e["undecoded"].as_u64().unwrap())
     };
     let children: std::collections::BTreeSet<u64> =
         ours.keys().map(|k| k.0).filter(|&p| p != pid).collect();
+    let mut exact = 0;
     for child in children {
-        assert_eq!(
-            per_pid(&ours, child),
-            per_pid(&after, child),
-            "child {child}"
+        // bytes, host bytes, EGM, driver figure: nothing held at the end.
+        for i in [0, 2, 3, 4] {
+            assert_eq!(
+                sum(&ours, child, i),
+                sum(&after, child, i),
+                "child {child}, figure {i}"
+            );
+        }
+        if undecoded_of(child) > 0 {
+            continue;
+        }
+        let (lo, hi) = (max(&ours, child, 1), sum(&ours, child, 1));
+        let truth = max(&after, child, 1);
+        assert!(
+            lo <= truth && truth <= hi,
+            "child {child}: true peak {truth}, Keling's parts {lo}..{hi}"
         );
+        for i in [5, 6] {
+            assert_eq!(
+                sum(&ours, child, i),
+                sum(&after, child, i),
+                "child {child}, figure {i}"
+            );
+        }
+        exact += 1;
     }
+    eprintln!("{exact} children compared in full");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -653,4 +714,231 @@ fn a_device_forged_in_a_private_mount_namespace_is_not_counted() {
     assert!(t.of_type("gpu_alloc").count() >= 2);
     converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The lines a child writes, read on a thread so that a test waits for them with a
+/// deadline instead of forever.
+fn lines_of(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Takes snapshots until Keling's figures equal the simulator's (or `limit` passes):
+/// a release made by a process Keling does not watch is found by the kernel-side
+/// sweep of orphaned files within milliseconds, not at once.
+fn settled_snapshot(sim: &Nvsim, snapshots: &mut Snapshots, what: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = snapshots.take();
+        match converge(sim, &keling_figures(&s), Duration::from_millis(50)) {
+            Ok(()) => return s,
+            Err(d) if Instant::now() > deadline => panic!("{what}: {d}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// `keling trace -- keling-gpu-workload --scenario pass-server` and a second
+/// workload, `receiver`, started outside the trace, both talking over one socket.
+struct PassFd {
+    dir: std::path::PathBuf,
+    out_path: std::path::PathBuf,
+    keling: ChildGuard,
+    receiver: ChildGuard,
+    receiver_pid: u64,
+    server_pid: u64,
+    snapshots: Snapshots,
+    to_server: std::process::ChildStdin,
+    from_server: std::sync::mpsc::Receiver<String>,
+    to_receiver: std::process::ChildStdin,
+    from_receiver: std::sync::mpsc::Receiver<String>,
+}
+
+fn expect_checkpoint(lines: &std::sync::mpsc::Receiver<String>, n: u32) {
+    let line = lines
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("no checkpoint {n}: {e}"));
+    assert_eq!(line, format!("checkpoint {n}"));
+}
+
+impl PassFd {
+    /// Starts both; returns once the server holds 4 + 6 MiB (checked against the
+    /// simulator) and the receiver is connected and waiting.
+    fn start(sim: &Nvsim, receiver: &str) -> PassFd {
+        let dir = tempdir();
+        let (out_path, socket) = (dir.join("trace.jsonl"), dir.join("pass.sock"));
+        let side = |scenario: &str| {
+            vec![
+                gwl(),
+                "--dev-dir".into(),
+                sim.dev_dir().into(),
+                "--scenario".into(),
+                scenario.into(),
+                "--socket".into(),
+                socket.to_string_lossy().into_owned(),
+                "--checkpoints".into(),
+            ]
+        };
+        let mut keling = ChildGuard(
+            Command::new(keling_tests::keling_bin())
+                .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
+                .arg("--output")
+                .arg(&out_path)
+                .arg("--")
+                .args(side("pass-server"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
+        let to_server = keling.0.stdin.take().unwrap();
+        let from_server = lines_of(keling.0.stdout.take().unwrap());
+        expect_checkpoint(&from_server, 1);
+        let s = settled_snapshot(sim, &mut snapshots, "allocated by the traced server");
+        let server_pid = s["processes"][0]["pid"].as_u64().unwrap();
+        let args = side(receiver);
+        let mut rx = ChildGuard(
+            Command::new(&args[0])
+                .args(&args[1..])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let to_receiver = rx.0.stdin.take().unwrap();
+        let from_receiver = lines_of(rx.0.stdout.take().unwrap());
+        PassFd {
+            dir,
+            out_path,
+            receiver_pid: rx.0.id() as u64,
+            keling,
+            receiver: rx,
+            server_pid,
+            snapshots,
+            to_server,
+            from_server,
+            to_receiver,
+            from_receiver,
+        }
+    }
+
+    fn server_step(&mut self, expect: u32) {
+        self.to_server.write_all(b"\n").unwrap();
+        expect_checkpoint(&self.from_server, expect);
+    }
+
+    fn receiver_step(&mut self, expect: u32) {
+        self.to_receiver.write_all(b"\n").unwrap();
+        expect_checkpoint(&self.from_receiver, expect);
+    }
+
+    /// Lets both finish; returns the trace's lines.
+    fn finish(mut self, sim: &Nvsim) -> Vec<Value> {
+        self.to_receiver.write_all(b"\n").unwrap();
+        assert!(self.receiver.0.wait().unwrap().success());
+        expect_checkpoint(&self.from_server, 3);
+        self.to_server.write_all(b"\n").unwrap();
+        assert!(self.keling.0.wait().unwrap().success());
+        let lines: Vec<Value> = std::fs::read_to_string(&self.out_path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        converge(
+            sim,
+            &keling_figures(lines.last().unwrap()),
+            Duration::from_secs(3),
+        )
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        lines
+    }
+}
+
+fn held(s: &Value, pid: u64) -> u64 {
+    s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .map_or(0, |p| p["gpu_mem_bytes"].as_u64().unwrap())
+}
+
+/// An nvidiactl fd goes over a unix socket from a traced process to a process
+/// outside the trace, which frees the sender's memory through it, allocates its own,
+/// moves the file to a dup'd fd and closes that: the last close, made outside the
+/// trace, releases the file. Keling's figures equal the driver's at every step, and
+/// the receiver, which used the file, is followed there: the release is its own.
+#[test]
+fn an_fd_passed_to_an_unrelated_process_is_followed_there() {
+    if !ready("an_fd_passed_to_an_unrelated_process_is_followed_there") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let mut p = PassFd::start(&sim, "pass-client");
+    // The server sends the file and closes its own fd; the receiver has it.
+    p.server_step(2);
+    expect_checkpoint(&p.from_receiver, 1);
+    settled_snapshot(
+        &sim,
+        &mut p.snapshots,
+        "the file lives only in the receiver",
+    );
+    // The server waits for the receiver to hang up.
+    p.to_server.write_all(b"\n").unwrap();
+    p.receiver_step(2);
+    let s = settled_snapshot(&sim, &mut p.snapshots, "the receiver freed and allocated");
+    assert_eq!(held(&s, p.server_pid), 6 << 20, "{s}");
+    assert_eq!(held(&s, p.receiver_pid), 2 << 20, "{s}");
+    p.receiver_step(3);
+    let s = settled_snapshot(&sim, &mut p.snapshots, "the receiver's last close");
+    assert_eq!(held(&s, p.server_pid), 0, "{s}");
+    assert_eq!(held(&s, p.receiver_pid), 0, "{s}");
+    let receiver = p.receiver_pid;
+    let lines = p.finish(&sim);
+    let teardown = lines
+        .iter()
+        .find(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
+        .expect("the file's release was seen");
+    assert_eq!(teardown["pid"], receiver, "{teardown}");
+}
+
+/// The same, but the receiver never uses the fd: Keling never learns it has it.
+/// When the receiver closes it, the file is released where Keling does not look;
+/// the kernel-side sweep of orphaned files finds it, and the release is reported
+/// with pid 0.
+#[test]
+fn a_file_released_outside_the_trace_is_found() {
+    if !ready("a_file_released_outside_the_trace_is_found") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let mut p = PassFd::start(&sim, "pass-holder");
+    p.server_step(2);
+    expect_checkpoint(&p.from_receiver, 1);
+    let s = settled_snapshot(
+        &sim,
+        &mut p.snapshots,
+        "the file lives only in the receiver",
+    );
+    assert_eq!(held(&s, p.server_pid), 10 << 20, "{s}");
+    p.to_server.write_all(b"\n").unwrap();
+    p.receiver_step(2);
+    let s = settled_snapshot(&sim, &mut p.snapshots, "the receiver closed it");
+    assert_eq!(held(&s, p.server_pid), 0, "{s}");
+    let lines = p.finish(&sim);
+    let teardown = lines
+        .iter()
+        .find(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
+        .expect("the file's release was seen");
+    assert_eq!(teardown["pid"], 0, "{teardown}");
+    assert_eq!(teardown["bytes"], 10 << 20, "{teardown}");
 }

@@ -14,9 +14,9 @@ use aya::{
 };
 use keling_common::{
     DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS,
-    MAP_PROC_FDS, MAP_SIM_FILES, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED,
-    MAP_UNDECODED_PID, ProbeConfig, ProcFds, SimFileKey, TotalKey, Totals, TrackedProcess, nvidia,
-    undecoded,
+    MAP_ORPHAN_SWEEP, MAP_PROC_FDS, MAP_SIM_FILES, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
+    MAP_UNDECODED, MAP_UNDECODED_PID, OrphanSweep, ProbeConfig, ProcFds, SimFileKey, TotalKey,
+    Totals, TrackedProcess, nvidia, undecoded,
 };
 
 use self::{
@@ -277,6 +277,35 @@ impl Probes {
         let pids: HashMap<_, u32, TrackedProcess> =
             HashMap::try_from(self.ebpf.map(MAP_TRACKED_PIDS).context("TRACKED_PIDS")?)?;
         Ok(pids.keys().filter(|k| k.is_ok()).count())
+    }
+
+    /// Where the kernel's check of orphaned files stands (see the probes'
+    /// orphans.rs): files with clients whose last known fd went while references
+    /// Keling cannot see remained.
+    pub fn orphan_sweep(&self) -> anyhow::Result<OrphanSweep> {
+        let map: aya::maps::Array<_, OrphanSweep> =
+            aya::maps::Array::try_from(self.ebpf.map(MAP_ORPHAN_SWEEP).context("ORPHAN_SWEEP")?)?;
+        Ok(map.get(&0, 0)?)
+    }
+
+    /// Waits (up to `limit`) until every orphaned file has been checked once more,
+    /// so that releases made by processes Keling does not watch are in the maps.
+    pub async fn settle_orphans(&self, limit: std::time::Duration) -> anyhow::Result<()> {
+        let start = self.orphan_sweep()?;
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let now = self.orphan_sweep()?;
+            if now.occupied == 0
+                || now.checked >= start.checked + 2 * u64::from(keling_common::ORPHAN_SLOTS)
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                log::debug!("{} orphaned files still held elsewhere", now.occupied);
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     /// Events lost because the ring buffer was full, per CPU.

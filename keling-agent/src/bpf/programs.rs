@@ -99,6 +99,8 @@ pub const WORK_PROGRAMS: &[(u32, &str)] = &[
     (2, "keling_teardown_shared"),
     (3, "keling_teardown_contributors"),
     (4, "keling_close_range"),
+    (5, "keling_orphan"),
+    (6, "keling_sweep"),
 ];
 /// The program array.
 pub const WORK_PROG_MAP: &str = "WORK_PROG";

@@ -218,6 +218,9 @@ async fn event_loop(
                     }
                 }
                 if !child_running && probes.tracked_processes()? == 0 {
+                    // Files the traced processes shared with others may have been
+                    // released by them just now.
+                    probes.settle_orphans(Duration::from_secs(1)).await?;
                     break;
                 }
             }

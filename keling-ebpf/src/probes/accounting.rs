@@ -386,16 +386,7 @@ fn contribute(client: *mut ClientInfo, h: &MemHandle, a: &Amount, sign: i32) -> 
 /// `client`, to `h.pid`. Its bytes live in its `ObjectInfo` until it is shared.
 #[inline(never)]
 pub fn charge_new(client: *mut ClientInfo, h: &MemHandle, gpu: u32, kind: u32, bytes: u64) {
-    if !contribute(
-        client,
-        h,
-        &Amount {
-            gpu: gpu,
-            kind: kind,
-            bytes: bytes,
-        },
-        1,
-    ) {
+    if !contribute(client, h, &Amount { gpu, kind, bytes }, 1) {
         // The totals still count it; a client teardown cannot subtract it.
         count_undecoded(h.pid, undecoded::TABLE_FULL);
     }
@@ -556,16 +547,7 @@ fn recharge(pid: u32, tid: u32, mem_id: u64, m: *mut MemInfo, excluded: &Exclude
         // SAFETY: as above; next is in bounds.
         let h = unsafe { (*m).handles[next as usize] };
         if let Some(client) = CLIENTS.get_ptr_mut(h.client) {
-            contribute(
-                client,
-                &h,
-                &Amount {
-                    gpu: gpu,
-                    kind: kind,
-                    bytes: bytes,
-                },
-                1,
-            );
+            contribute(client, &h, &Amount { gpu, kind, bytes }, 1);
             // SAFETY: a map value pointer.
             driver_figure(unsafe { (*client).creator_pid }, gpu, kind, bytes as i64);
         }
@@ -1026,9 +1008,9 @@ pub struct Work {
     /// TEARDOWN_SHARED: the next handle on the client's shared list.
     cursor: u32,
     _reserved: u32,
-    /// RELEASE_FILE: the file. Teardowns: the file being released (its clients'
-    /// handles are all going, so none of them may inherit a charge), or 0.
-    file_id: u64,
+    /// RELEASE_FILE, ORPHAN: the file. Teardowns: the file being released (its
+    /// clients' handles are all going, so none of them may inherit a charge), or 0.
+    pub file_id: u64,
 }
 
 const WORK_RELEASE_FILE: u32 = 1;
@@ -1036,6 +1018,10 @@ const WORK_TEARDOWN_SHARED: u32 = 2;
 const WORK_TEARDOWN_CONTRIBUTORS: u32 = 3;
 /// `client`: the pid; `device`, `sub`: first and last fd; `index`: next slot.
 const WORK_CLOSE_RANGE: u32 = 4;
+/// `file_id`: a file whose fd went while other references remain (see orphans.rs).
+const WORK_ORPHAN: u32 = 5;
+/// Check a few orphans (see orphans.rs).
+const WORK_SWEEP: u32 = 6;
 /// Items queued per CPU (a power of two).
 const WORK_SLOTS: usize = 64;
 
@@ -1113,6 +1099,45 @@ pub fn queue_release(pid: u32, tid: u32, file_id: u64) {
     );
 }
 
+/// Queues the check of `file`, whose fd `pid` dropped while the kernel still counts
+/// other references (only files through which something was created matter).
+pub fn queue_orphan(pid: u32, tid: u32, file_id: u64) {
+    if FILES.get_ptr(file_id).is_none() {
+        return;
+    }
+    push_work(
+        pid,
+        tid,
+        &Work {
+            kind: WORK_ORPHAN,
+            file_id,
+            ..Default::default()
+        },
+    );
+}
+
+/// Queues a sweep of the orphans, as no process (pid 0): call only when this CPU's
+/// queue is empty.
+pub fn queue_sweep() {
+    push_work(
+        0,
+        0,
+        &Work {
+            kind: WORK_SWEEP,
+            ..Default::default()
+        },
+    );
+}
+
+/// Whether this CPU's work queue is empty.
+#[inline(always)]
+pub fn work_queue_empty() -> bool {
+    // SAFETY: this CPU's slot.
+    WORK_QUEUE
+        .get_ptr(0)
+        .is_none_or(|q| unsafe { (*q).len } == 0)
+}
+
 /// Queues the judging of a close_range's slots, at the front: it must run before
 /// the kernel closes them.
 pub fn queue_close_range(pid: u32, tid: u32, first: u32, last: u32) {
@@ -1175,7 +1200,7 @@ pub fn run_work<C: EbpfContext>(ctx: &C) {
 
 /// Takes the next work item off this CPU's queue: (pid, tid, item).
 #[inline(always)]
-fn pop_work() -> Option<(u32, u32, Work)> {
+pub fn pop_work() -> Option<(u32, u32, Work)> {
     let q = WORK_QUEUE.get_ptr_mut(0)?;
     // SAFETY: this CPU's slot.
     let q = unsafe { &mut *q };

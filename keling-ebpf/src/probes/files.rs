@@ -28,7 +28,7 @@ use keling_common::{
     device_file, nvidia, open_how, undecoded,
 };
 
-use super::accounting::{PROC_FDS, count_undecoded, proc_fds, queue_release};
+use super::accounting::{FILES, PROC_FDS, count_undecoded, proc_fds, queue_orphan, queue_release};
 use crate::{current_ids, emit, header, is_tracked_pid, kread, track};
 
 /// Simulated-driver files: (filesystem device, inode) -> device code. Filled by the
@@ -139,7 +139,7 @@ pub fn device_of_file(file: u64) -> u32 {
         ino: kread::<u64>(inode, config!(inode_ino_off)).unwrap_or(0),
     };
     // SAFETY: copied out at once.
-    unsafe { SIM_FILES.get(&key) }
+    unsafe { SIM_FILES.get(key) }
         .copied()
         .unwrap_or(device_file::NONE)
 }
@@ -163,6 +163,16 @@ pub fn file_refs(file: u64) -> u64 {
 #[inline(always)]
 pub fn follows(pid: u32) -> bool {
     config!(system_wide) != 0 || is_tracked_pid(pid)
+}
+
+/// Whether new fds of this process are learned: the processes `follows` says, and any
+/// other process that already has an NVIDIA fd in its table (in `keling trace`, one
+/// that got a traced process's file, e.g. over a unix socket, and used it), so that
+/// its dups, closes, exec and exit are seen when it holds a traced file's last
+/// reference.
+#[inline(always)]
+pub fn watches(pid: u32) -> bool {
+    follows(pid) || PROC_FDS.get_ptr(pid).is_some()
 }
 
 /// The slot of `fd` in a process's table.
@@ -250,6 +260,8 @@ fn learn_fd(fd: i32, how: u32, src_fd: i32) {
 fn closed(pid: u32, tid: u32, slot: &FdSlot, released: bool) {
     if released {
         queue_release(pid, tid, slot.file_id);
+    } else {
+        queue_orphan(pid, tid, slot.file_id);
     }
     emit(GpuCloseEvent {
         header: header(keling_common::EventKind::GpuClose, pid, tid),
@@ -265,11 +277,25 @@ fn closed(pid: u32, tid: u32, slot: &FdSlot, released: bool) {
 
 #[inline(always)]
 fn exit_open(ctx: &TracePointContext) -> i32 {
-    let (pid, _) = current_ids();
+    let (pid, tid) = current_ids();
     let fd = ret(ctx);
     if fd >= 0 && follows(pid) {
-        learn_fd(fd as i32, open_how::OPEN, -1);
+        let file = file_of_fd(fd as i32);
+        let device = device_of_file(file);
+        if device != device_file::NONE {
+            if FILES.get_ptr(file).is_some() {
+                // A new open file where Keling still has one: that one was released
+                // where Keling did not see it (see orphans.rs), and its memory reused.
+                if super::accounting::work_queue_empty() {
+                    queue_release(0, 0, file);
+                } else {
+                    queue_release(pid, tid, file);
+                }
+            }
+            add_fd(fd as i32, device, file, open_how::OPEN, -1);
+        }
     }
+    super::accounting::run_work(ctx);
     0
 }
 
@@ -292,7 +318,7 @@ pub fn sys_exit_openat2(ctx: TracePointContext) -> i32 {
 pub fn sys_exit_pidfd_getfd(ctx: TracePointContext) -> i32 {
     let (pid, _) = current_ids();
     let fd = ret(&ctx);
-    if fd >= 0 && follows(pid) {
+    if fd >= 0 && watches(pid) {
         learn_fd(fd as i32, open_how::RECEIVED, -1);
     }
     0
@@ -304,7 +330,7 @@ pub fn sys_exit_pidfd_getfd(ctx: TracePointContext) -> i32 {
 pub fn sys_exit_dup(ctx: TracePointContext) -> i32 {
     let (pid, _) = current_ids();
     let fd = ret(&ctx);
-    if fd >= 0 && follows(pid) {
+    if fd >= 0 && watches(pid) {
         learn_fd(fd as i32, open_how::DUP, -1);
     }
     0
@@ -317,7 +343,7 @@ pub fn sys_exit_dup(ctx: TracePointContext) -> i32 {
 fn exit_dup2(ctx: &TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
     let fd = ret(ctx);
-    if fd < 0 || !follows(pid) {
+    if fd < 0 || !watches(pid) {
         return 0;
     }
     let fd = fd as i32;
@@ -357,7 +383,7 @@ pub fn sys_exit_dup3(ctx: TracePointContext) -> i32 {
 pub fn sys_enter_fcntl(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
     let cmd = arg(&ctx, 1);
-    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && follows(pid) {
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && watches(pid) {
         let p = PendingFd {
             arg: arg(&ctx, 0),
             kind: PENDING_DUPFD,
@@ -388,7 +414,7 @@ pub fn sys_exit_fcntl(ctx: TracePointContext) -> i32 {
 #[tracepoint(category = "syscalls", name = "sys_enter_recvmsg")]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> i32 {
     let (pid, tid) = current_ids();
-    if is_tracked_pid(pid) {
+    if is_tracked_pid(pid) || PROC_FDS.get_ptr(pid).is_some() {
         let p = PendingFd {
             arg: arg(&ctx, 1),
             kind: PENDING_RECVMSG,

@@ -2,5 +2,6 @@
 pub mod accounting;
 pub mod files;
 pub mod nvidia;
+pub mod orphans;
 pub mod process;
 pub mod sched;

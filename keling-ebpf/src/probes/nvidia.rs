@@ -161,7 +161,9 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         // `keling trace`: an untracked process, on a file no traced client lives on.
         return 0;
     }
-    if !known && followed {
+    if !known {
+        // Followed, or (`keling trace`) a process outside the trace using a traced
+        // client's file: its table then says when it lets the file go.
         add_fd(fd, device, file, open_how::FIRST_USE, -1);
     }
     let Some(p) = SCRATCH_IOCTL.get_ptr_mut(0) else {
@@ -987,6 +989,8 @@ fn record_object(p: &mut PendingIoctl, kind: ObjectKind) -> Result<(), u32> {
         client: p.client,
         handle: p.handle,
     };
+    // By reference: a copy would put the whole record on the 512-byte stack.
+    #[allow(clippy::needless_borrows_for_generic_args)]
     if OBJECTS.insert(key, &*info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }
@@ -1107,6 +1111,8 @@ fn new_ref(p: &mut PendingIoctl, src: &ObjectKey, mut mem_id: u64, how: u32) -> 
         client: p.client,
         handle: p.handle,
     };
+    // By reference: a copy would put the whole record on the 512-byte stack.
+    #[allow(clippy::needless_borrows_for_generic_args)]
     if OBJECTS.insert(key, &*info, 0).is_err() {
         return Err(undecoded::TABLE_FULL);
     }

@@ -57,8 +57,14 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Result<(), i64> {
             TRACKED_PIDS.insert(child_pid, proc, 0)?;
             super::files::on_fork(pid, child_pid);
         }
-    } else if !(new_process && config!(system_wide) != 0) {
-        return Ok(());
+    } else {
+        if new_process {
+            // An untracked process holding a traced file (see files::watches).
+            super::files::on_fork(pid, child_pid);
+        }
+        if !(new_process && config!(system_wide) != 0) {
+            return Ok(());
+        }
     }
     emit(ForkEvent {
         header: header(EventKind::Fork, pid, tid),
@@ -85,15 +91,14 @@ pub fn sched_process_exec(ctx: TracePointContext) -> i32 {
 fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     let (pid, tid) = current_ids();
     let tracked = is_tracked_pid(pid);
+    // Tracked or not: an untracked process may hold a traced file (files::watches).
+    super::files::on_exec(pid, tid);
     if !tracked && config!(system_wide) == 0 {
         return Ok(());
     }
     // SAFETY: reads inside the tracepoint record at offsets from its format file.
     let old_tid: u32 =
         unsafe { ctx.read_at(config!(exec_old_pid_off) as usize) }.map_err(|e| e as i64)?;
-    if tracked {
-        super::files::on_exec(pid, tid);
-    }
     if tracked && old_tid != tid {
         // A non-leader thread exec'd and took the leader's id.
         let _ = TRACKED_TIDS.remove(old_tid);
@@ -140,12 +145,15 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Result<(), i64> {
         tid == pid
     };
     let tracked = is_tracked_pid(pid);
+    if group_dead {
+        // Tracked or not: an untracked process may hold a traced file.
+        super::files::on_exit(pid, tid);
+    }
     if tracked {
         // The thread stays in TRACKED_TIDS until its last switch-out (see sched.rs),
         // so its final slice on the CPU is still accounted.
         if group_dead {
             let _ = TRACKED_PIDS.remove(pid);
-            super::files::on_exit(pid, tid);
         }
     } else if !(group_dead && config!(system_wide) != 0) {
         return Ok(());

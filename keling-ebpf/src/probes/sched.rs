@@ -13,6 +13,10 @@ pub fn sched_switch(ctx: TracePointContext) -> i32 {
         Ok(()) => 0,
         Err(_) => 1,
     };
+    // Orphaned files are checked from here now and then (see orphans.rs).
+    if super::orphans::sweep_due() {
+        super::accounting::queue_sweep();
+    }
     // Accounting work a chain of tail calls left on this CPU is done here.
     super::accounting::run_work(&ctx);
     rc

@@ -3,7 +3,9 @@
 //! ```text
 //! keling-gpu-workload --dev-dir DIR --seed S [--steps N] [--checkpoints]
 //!                     [--checkpoint-every K]
-//!                     [--scenario random|basic|hostile|oom|share|busy]
+//!                     [--scenario random|basic|hostile|oom|share|busy|
+//!                                 pass-server|pass-client|pass-holder]
+//!                     [--socket PATH]
 //! ```
 //! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
 //! close, close_range, fork, exec, exit, unix-socket descriptor passing),
@@ -74,7 +76,7 @@
 //! freeing: its file's release tears its client down) and waited for before
 //! the last checkpoint.
 //!
-//! ## `basic`, `hostile`, `oom`, `busy`
+//! ## `basic`, `hostile`, `oom`, `busy`, `pass-server`, `pass-client`, `pass-holder`
 //! As documented on their functions; other tests depend on their exact
 //! behaviour.
 //!
@@ -141,7 +143,8 @@ struct Cli {
     checkpoints: bool,
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
-    /// random (default), basic, hostile, oom.
+    /// random (default), basic, hostile, oom, share, busy, pass-server, pass-client,
+    /// pass-holder.
     #[arg(long, default_value = "random")]
     scenario: String,
     // Internal: continuing as an exec'd child.
@@ -170,6 +173,9 @@ struct Cli {
     /// busy: write the iterations done so far to this file as it goes.
     #[arg(long)]
     progress: Option<PathBuf>,
+    /// pass-server / pass-client: the unix socket the nvidiactl fd travels over.
+    #[arg(long)]
+    socket: Option<PathBuf>,
 }
 
 // ----- process-wide helpers ----------------------------------------------
@@ -3273,6 +3279,144 @@ fn busy(env: &Env, cli: &Cli) {
     }
 }
 
+/// A client, a device on GPU 0 and 4 + 6 MiB of video memory on an nvidiactl fd,
+/// which then goes to whoever connects to `--socket` (SCM_RIGHTS) with the four
+/// handles; our own fd is closed at once, so the file lives on only in the other
+/// process. Checkpoints: 1 allocated, 2 fd sent and closed, 3 the other side hung up.
+fn pass_server(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
+    let path = cli
+        .socket
+        .as_ref()
+        .unwrap_or_else(|| die("pass-server needs --socket"));
+    let ctl = env.open("nvidiactl", true);
+    let (st, c) = ok_or_die(
+        "client",
+        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+    );
+    expect_ok("client", st);
+    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+    let (st, d) = ok_or_die(
+        "device",
+        env.alloc(
+            ctl,
+            false,
+            false,
+            c,
+            c,
+            0,
+            class::NV01_DEVICE_0,
+            Some(&mut dp),
+        ),
+    );
+    expect_ok("device", st);
+    let mut handles = [c, d, 0, 0];
+    for (i, size) in [4 * MIB, 6 * MIB].into_iter().enumerate() {
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, size);
+        let (st, h) = ok_or_die(
+            "alloc",
+            env.alloc(
+                ctl,
+                false,
+                false,
+                c,
+                d,
+                0,
+                class::NV01_MEMORY_LOCAL_USER,
+                Some(&mut p),
+            ),
+        );
+        expect_ok("alloc", st);
+        handles[2 + i] = h;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .unwrap_or_else(|e| die(&format!("bind {}: {e}", path.display())));
+    cp.emit();
+    let (mut stream, _) = listener
+        .accept()
+        .unwrap_or_else(|e| die(&format!("accept: {e}")));
+    let mut data = [0u8; 16];
+    for (i, h) in handles.iter().enumerate() {
+        put_u32(&mut data, 4 * i, *h);
+    }
+    send_msg(std::os::fd::AsRawFd::as_raw_fd(&stream), &data, &[ctl]);
+    close(ctl);
+    cp.emit();
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut stream, &mut rest);
+    cp.emit();
+}
+
+/// The other side of pass-server, in a process of its own: receives the nvidiactl fd
+/// and the handles, frees the first 4 MiB allocation, allocates 2 MiB of its own under
+/// the received device, moves the file to a dup of the fd and closes both, which
+/// releases the file. Checkpoints: 1 received, 2 freed and allocated, 3 closed.
+fn pass_client(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
+    let path = cli
+        .socket
+        .as_ref()
+        .unwrap_or_else(|| die("pass-client needs --socket"));
+    let stream = std::os::unix::net::UnixStream::connect(path)
+        .unwrap_or_else(|e| die(&format!("connect {}: {e}", path.display())));
+    let mut data = [0u8; 16];
+    let fds = recv_msg(std::os::fd::AsRawFd::as_raw_fd(&stream), &mut data)
+        .unwrap_or_else(|| die("no fd from pass-server"));
+    let [ctl] = fds[..] else {
+        die(&format!("expected one fd, got {fds:?}"))
+    };
+    let [c, d, h1] = [0, 4, 8].map(|o| u32_at(&data, o));
+    cp.emit();
+    expect_ok("free", env.free(ctl, c, d, h1));
+    let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+    put_u64(&mut p, 64, 2 * MIB);
+    let (st, _) = ok_or_die(
+        "alloc",
+        env.alloc(
+            ctl,
+            false,
+            false,
+            c,
+            d,
+            0,
+            class::NV01_MEMORY_LOCAL_USER,
+            Some(&mut p),
+        ),
+    );
+    expect_ok("alloc", st);
+    cp.emit();
+    // SAFETY: dup of an fd we own.
+    let copy = unsafe { libc::dup(ctl) };
+    if copy < 0 {
+        die("dup");
+    }
+    close(ctl);
+    close(copy);
+    cp.emit();
+    drop(stream);
+}
+
+/// The other side of pass-server, second kind: receives the fd and holds it without
+/// ever using it, then closes it (the last reference: the file is released here).
+/// Checkpoints: 1 received, 2 closed.
+fn pass_holder(cli: &Cli, cp: &mut Checkpoints) {
+    let path = cli
+        .socket
+        .as_ref()
+        .unwrap_or_else(|| die("pass-holder needs --socket"));
+    let stream = std::os::unix::net::UnixStream::connect(path)
+        .unwrap_or_else(|e| die(&format!("connect {}: {e}", path.display())));
+    let mut data = [0u8; 16];
+    let fds = recv_msg(std::os::fd::AsRawFd::as_raw_fd(&stream), &mut data)
+        .unwrap_or_else(|| die("no fd from pass-server"));
+    cp.emit();
+    for fd in fds {
+        close(fd);
+    }
+    cp.emit();
+    drop(stream);
+}
+
 fn main() {
     let cli = Cli::parse();
     let env = Env::discover(&cli.dev_dir);
@@ -3303,6 +3447,9 @@ fn main() {
         "oom" => oom(&env, &mut cp),
         "share" => share(&env, &mut cp),
         "busy" => busy(&env, &cli),
+        "pass-server" => pass_server(&env, &cli, &mut cp),
+        "pass-client" => pass_client(&env, &cli, &mut cp),
+        "pass-holder" => pass_holder(&cli, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }

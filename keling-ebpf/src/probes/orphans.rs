@@ -1,0 +1,169 @@
+//! Files released where Keling does not look.
+//!
+//! A file's release is judged where a known fd drops a reference (close, exec,
+//! exit, dup2): released when the kernel counts no other reference. When it does,
+//! the other references may be fds Keling knows (another process of the trace: its
+//! own close judges later), or ones it cannot see: a process outside the trace that
+//! got the fd over a socket and never used it, a child forked before `--pid`
+//! attached, a call in flight in another thread of the same process (it holds a
+//! reference until it returns). So such a file, if clients live on it, becomes an
+//! orphan: it goes into `ORPHANS`, and while any slot is in use every CPU checks a
+//! few slots at most once a millisecond, from `sched_switch`: a file whose count
+//! reads 0, or whose `struct file` now belongs to another inode (freed and reused:
+//! files are `SLAB_TYPESAFE_BY_RCU`, so the memory stays a `struct file`), is
+//! released. Its release is reported with pid 0: no process Keling watches did it.
+use aya_ebpf::{
+    macros::{map, tracepoint},
+    maps::{Array, PerCpuArray},
+    programs::TracePointContext,
+};
+use keling_common::{FD_SLOTS, ORPHAN_SLOTS, OrphanSlot, OrphanSweep, undecoded};
+
+use super::accounting::{
+    FILES, PROC_FDS, count_undecoded, pop_work, queue_release, run_work, work_queue_empty,
+};
+use super::files::file_refs;
+use crate::{atomic_add, atomic_cas, kread};
+
+#[map]
+static ORPHANS: Array<OrphanSlot> = Array::with_max_entries(ORPHAN_SLOTS, 0);
+#[map]
+static ORPHAN_SWEEP: Array<OrphanSweep> = Array::with_max_entries(1, 0);
+/// When this CPU last queued a sweep (ns).
+#[map]
+static ORPHAN_LAST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// A CPU sweeps at most this often.
+const SWEEP_EVERY_NS: u64 = 1_000_000;
+/// Slots checked per sweep.
+const SWEEP_SLOTS: u32 = 4;
+
+/// From `sched_switch`: whether a sweep is due on this CPU (some slot is in use and
+/// this CPU has not swept for a while). Cheap when there are no orphans: one load.
+#[inline(always)]
+pub fn sweep_due() -> bool {
+    let Some(s) = ORPHAN_SWEEP.get_ptr(0) else {
+        return false;
+    };
+    // SAFETY: a map value pointer; a racy read of a counter is fine here.
+    if unsafe { core::ptr::read_volatile(&(*s).occupied) } == 0 || !work_queue_empty() {
+        return false;
+    }
+    let Some(last) = ORPHAN_LAST.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: no preconditions.
+    let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+    // SAFETY: this CPU's slot.
+    unsafe {
+        if now.wrapping_sub(*last) < SWEEP_EVERY_NS {
+            return false;
+        }
+        *last = now;
+    }
+    true
+}
+
+/// The `struct inode` behind `file`.
+#[inline(always)]
+fn inode_of(file: u64) -> u64 {
+    kread::<u64>(file, config!(file_inode_off)).unwrap_or(0)
+}
+
+/// `WORK_ORPHAN`: `file`, whose fd `pid` just dropped while other references
+/// remain, becomes an orphan unless `pid` still has another fd of it.
+#[tracepoint(category = "keling", name = "keling_orphan")]
+pub fn keling_orphan(ctx: TracePointContext) -> i32 {
+    if let Some((pid, _, w)) = pop_work() {
+        add_orphan(pid, w.file_id);
+    }
+    run_work(&ctx);
+    0
+}
+
+#[inline(always)]
+fn add_orphan(pid: u32, file: u64) {
+    if FILES.get_ptr(file).is_none() {
+        return;
+    }
+    if let Some(fds) = PROC_FDS.get_ptr(pid) {
+        for i in 0..FD_SLOTS {
+            // SAFETY: a map value pointer; i is in bounds.
+            if unsafe { (*fds).slots[i].file_id } == file {
+                return;
+            }
+        }
+    }
+    let mut free = ORPHAN_SLOTS;
+    for i in 0..ORPHAN_SLOTS {
+        let Some(slot) = ORPHANS.get_ptr(i) else {
+            return;
+        };
+        // SAFETY: a map value pointer.
+        let f = unsafe { core::ptr::read_volatile(&(*slot).file) };
+        if f == file {
+            return;
+        }
+        if f == 0 && free == ORPHAN_SLOTS {
+            free = i;
+        }
+    }
+    let (Some(slot), Some(sweep)) = (ORPHANS.get_ptr_mut(free), ORPHAN_SWEEP.get_ptr_mut(0)) else {
+        count_undecoded(pid, undecoded::TABLE_FULL);
+        return;
+    };
+    // SAFETY: map value pointers; the slot is claimed atomically.
+    unsafe {
+        if !atomic_cas(&mut (*slot).file, 0, file).1 {
+            // Another CPU took it just now: this file's release may be missed.
+            count_undecoded(pid, undecoded::TABLE_FULL);
+            return;
+        }
+        (*slot).inode = inode_of(file);
+        atomic_add(&mut (*sweep).occupied, 1);
+    }
+}
+
+/// `WORK_SWEEP`: checks the next few slots.
+#[tracepoint(category = "keling", name = "keling_sweep")]
+pub fn keling_sweep(ctx: TracePointContext) -> i32 {
+    let _ = pop_work();
+    for _ in 0..SWEEP_SLOTS {
+        sweep_one();
+    }
+    run_work(&ctx);
+    0
+}
+
+#[inline(always)]
+fn sweep_one() {
+    let Some(sweep) = ORPHAN_SWEEP.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: a map value pointer.
+    let n = unsafe { atomic_add(&mut (*sweep).checked, 1) };
+    let Some(slot) = ORPHANS.get_ptr_mut(n as u32 % ORPHAN_SLOTS) else {
+        return;
+    };
+    // SAFETY: a map value pointer.
+    let (file, inode) = unsafe { (core::ptr::read_volatile(&(*slot).file), (*slot).inode) };
+    if file == 0 {
+        return;
+    }
+    // Released through a known fd meanwhile, or still held.
+    let gone = FILES.get_ptr(file).is_none();
+    let released = !gone && (file_refs(file) == 0 || inode_of(file) != inode);
+    if !gone && !released {
+        return;
+    }
+    // SAFETY: map value pointers; whoever empties the slot does the release.
+    unsafe {
+        if !atomic_cas(&mut (*slot).file, file, 0).1 {
+            return;
+        }
+        atomic_add(&mut (*sweep).occupied, u64::MAX);
+    }
+    if released {
+        queue_release(0, 0, file);
+    }
+}
