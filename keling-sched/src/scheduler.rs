@@ -80,7 +80,6 @@ impl Scheduler {
     }
 
     /// The configuration it was made with.
-    #[cfg(test)]
     pub fn config(&self) -> &SchedConfig {
         &self.config
     }

@@ -7,6 +7,13 @@
 //! the connection, and the agent sends them to every process of the task. Three
 //! Ctrl-C within two seconds leave without waiting (the task runs on). Ctrl-Z stops
 //! this command only.
+//!
+//! What Keling does to the task is told on this command's standard error, each
+//! line starting with [`PREFIX`] so it cannot be mistaken for the task's output:
+//! the placement, the duration warning, the 4003 record, an eviction or quota end,
+//! why the task ended when Keling ended it, and with `--notify-preempt` each freeze
+//! and resume. The agent pushes them on the launch's connection as they happen
+//! ([`Notice`]); [`notice_line`] turns one into its line. `--quiet` prints none.
 use std::{
     ffi::OsString,
     io::Write,
@@ -17,9 +24,14 @@ use std::{
 
 use anyhow::{Context, bail};
 
+use super::human;
 use crate::control::{
-    DEFAULT_SOCKET, FORWARDED_SIGNALS, LaunchRequest, Reply, Request, client::Connection,
+    DEFAULT_SOCKET, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
+    client::Connection,
 };
+
+/// What starts every line Keling itself prints on a launch's standard error.
+pub const PREFIX: &str = "keling: ";
 
 #[derive(Debug, clap::Args)]
 pub struct LaunchArgs {
@@ -50,6 +62,18 @@ pub struct LaunchArgs {
     /// The agent's control socket.
     #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
     pub socket: PathBuf,
+    /// Print none of Keling's notices (errors still are); the exit code is the
+    /// command's either way.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print each notice as one JSON object after `keling: `: the 4003 record
+    /// exactly as the design has it, the others as the control protocol's notices.
+    #[arg(long)]
+    pub json: bool,
+    /// Also tell when the task is frozen (who it yielded to) and resumed (after
+    /// how long).
+    #[arg(long)]
+    pub notify_preempt: bool,
     /// The command, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -88,7 +112,7 @@ fn forwarded_set() -> libc::sigset_t {
 
 /// Blocks the forwarded signals in this (still single-threaded) process and
 /// starts a thread that takes them with `sigwait` and sends each to the agent.
-fn forward_signals(mut to_agent: UnixStream) {
+fn forward_signals(mut to_agent: UnixStream, quiet: bool) {
     let set = forwarded_set();
     // SAFETY: blocking signals in the calling thread; threads started after
     // inherit the mask, so only `sigwait` below ever takes them.
@@ -106,7 +130,9 @@ fn forward_signals(mut to_agent: UnixStream) {
                 interrupts.retain(|t| now.duration_since(*t) < Duration::from_secs(2));
                 interrupts.push(now);
                 if interrupts.len() >= 3 {
-                    eprintln!("keling launch: leaving without waiting; the task runs on");
+                    if !quiet {
+                        eprintln!("{PREFIX}leaving without waiting; the task runs on");
+                    }
                     std::process::exit(130);
                 }
             }
@@ -141,18 +167,277 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
         hard_kill: args.hard_kill,
         expected_runtime_ms: args.expected_runtime_ms,
         env: Some(environment()),
+        notify_preempt: args.notify_preempt && !args.quiet,
     });
     let mut conn = Connection::request(&args.socket, &req, &[0, 1, 2])?;
-    forward_signals(conn.sender().context("clone the connection")?);
+    forward_signals(conn.sender().context("clone the connection")?, args.quiet);
     loop {
         match conn.next_reply()? {
             None => bail!("the agent closed the connection before the task ended (did it stop?)"),
             Some(Reply::ExitCode(code)) => return Ok(code),
             Some(Reply::Error(err)) => bail!("the agent refused the task: {err}"),
             Some(Reply::Accepted(a)) => {
-                log::info!("launched as task {} on GPU {:?}", a.task, a.gpu);
+                log::debug!("launched as task {} on GPU {:?}", a.task, a.gpu);
             }
+            Some(Reply::Notice(n)) if !args.quiet => {
+                // One write per line, so it never interleaves with the task's own
+                // output mid-line.
+                let line = format!("{PREFIX}{}\n", notice_line(&n, args.json));
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(line.as_bytes());
+                let _ = err.flush();
+            }
+            Some(Reply::Notice(_)) => {}
             Some(other) => bail!("unexpected reply from the agent: {other:?}"),
+        }
+    }
+}
+
+/// `task 5 (infer, priority 1)`.
+fn task_ref(t: &TaskRef) -> String {
+    format!("task {} ({}, priority {})", t.task, t.name, t.priority)
+}
+
+/// The line (after [`PREFIX`]) that tells one notice: in words, or with `json` as
+/// one JSON object (the 4003 record exactly as the design has it).
+pub fn notice_line(n: &Notice, json: bool) -> String {
+    if json {
+        let text = match n {
+            Notice::Enforcement { record, .. } => serde_json::to_string(record),
+            other => serde_json::to_string(other),
+        };
+        return text.unwrap_or_default();
+    }
+    match n {
+        Notice::Placed {
+            task,
+            pid,
+            gpu,
+            priority,
+        } => format!(
+            "task {task} (pid {pid}) placed on GPU {gpu} at priority {priority} ({})",
+            match keling_sched::class_of(*priority) {
+                keling_sched::Class::RealTime => "real-time",
+                keling_sched::Class::Interactive => "interactive",
+                keling_sched::Class::Background => "background",
+            }
+        ),
+        Notice::Warning {
+            task,
+            remaining_ms,
+            allowed_ms,
+            hard_kill,
+        } => format!(
+            "task {task} reaches its session limit of {} in {}; it will then be {}",
+            human::duration_ms(*allowed_ms),
+            human::duration_ms(*remaining_ms),
+            if *hard_kill {
+                "killed"
+            } else {
+                "sent SIGTERM, then killed if it does not exit"
+            }
+        ),
+        Notice::Enforcement { task, record } => format!(
+            "task {task} ran past its session limit: {} ms of {} ms allowed ({} {}, {})",
+            record.data.actual_ms,
+            record.data.allowed_ms,
+            record.code,
+            record.message,
+            record.data.reason
+        ),
+        Notice::Ending {
+            task,
+            reason,
+            signal,
+            evicted_for,
+            bytes,
+            gpu,
+            quota_bytes,
+        } => {
+            let why = match (reason, evicted_for, bytes, quota_bytes) {
+                (keling_sched::Reason::EvictedForMemory, Some(t), Some(b), _) => format!(
+                    "evicted to free {} on GPU {} for {}",
+                    human::bytes(*b),
+                    gpu.map_or("?".into(), |g| g.to_string()),
+                    task_ref(t)
+                ),
+                (keling_sched::Reason::OverQuota, _, Some(held), Some(quota)) => format!(
+                    "over its GPU memory quota ({} held, quota {})",
+                    human::bytes(*held),
+                    human::bytes(*quota)
+                ),
+                (r, ..) => human::reason(*r).to_owned(),
+            };
+            format!(
+                "Keling sent {} to task {task}: {why}",
+                human::signal(*signal)
+            )
+        }
+        Notice::Ended {
+            task,
+            reason,
+            exit_code,
+        } => format!(
+            "task {task} was ended by Keling ({}): {}",
+            human::reason(*reason),
+            human::exit_code(*exit_code)
+        ),
+        Notice::Frozen {
+            task,
+            reason,
+            yielded_to,
+        } => {
+            let to = match yielded_to.as_slice() {
+                [] => String::new(),
+                [one] => format!("; yielded to {}", task_ref(one)),
+                [first, rest @ ..] => {
+                    format!("; yielded to {} and {} more", task_ref(first), rest.len())
+                }
+            };
+            format!("task {task} frozen: {}{to}", human::reason(*reason))
+        }
+        Notice::Resumed { task, frozen_ms } => format!(
+            "task {task} resumed after {} frozen",
+            human::duration_ms(*frozen_ms)
+        ),
+        Notice::Dropped { count } => {
+            format!("{count} notice(s) dropped: this terminal did not read them in time")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keling_sched::{EnforcementRecord, Reason};
+
+    use super::*;
+
+    #[test]
+    fn the_4003_record_is_printed_exactly_with_json() {
+        let n = Notice::Enforcement {
+            task: 3,
+            record: EnforcementRecord::duration_exceeded(1500, 1502),
+        };
+        assert_eq!(
+            notice_line(&n, true),
+            r#"{"code":4003,"message":"session duration exceeded limit","data":{"allowed_ms":1500,"actual_ms":1502,"reason":"server_enforced"}}"#
+        );
+        assert_eq!(
+            notice_line(&n, false),
+            "task 3 ran past its session limit: 1502 ms of 1500 ms allowed \
+             (4003 session duration exceeded limit, server_enforced)"
+        );
+        let w = Notice::Warning {
+            task: 3,
+            remaining_ms: 500,
+            allowed_ms: 1500,
+            hard_kill: true,
+        };
+        assert_eq!(
+            notice_line(&w, true),
+            r#"{"warning":{"task":3,"remaining_ms":500,"allowed_ms":1500,"hard_kill":true}}"#
+        );
+    }
+
+    #[test]
+    fn every_notice_reads_as_a_sentence() {
+        let infer = TaskRef {
+            task: 5,
+            name: "infer".into(),
+            priority: 1,
+        };
+        let cases = [
+            (
+                Notice::Placed {
+                    task: 3,
+                    pid: 4242,
+                    gpu: 0,
+                    priority: 8,
+                },
+                "task 3 (pid 4242) placed on GPU 0 at priority 8 (background)",
+            ),
+            (
+                Notice::Warning {
+                    task: 3,
+                    remaining_ms: 500,
+                    allowed_ms: 1500,
+                    hard_kill: true,
+                },
+                "task 3 reaches its session limit of 1.50 s in 500 ms; it will then be killed",
+            ),
+            (
+                Notice::Ending {
+                    task: 3,
+                    reason: Reason::EvictedForMemory,
+                    signal: libc::SIGTERM,
+                    evicted_for: Some(infer.clone()),
+                    bytes: Some(512 << 20),
+                    gpu: Some(0),
+                    quota_bytes: None,
+                },
+                "Keling sent SIGTERM to task 3: evicted to free 512 MiB on GPU 0 for \
+                 task 5 (infer, priority 1)",
+            ),
+            (
+                Notice::Ending {
+                    task: 3,
+                    reason: Reason::OverQuota,
+                    signal: libc::SIGTERM,
+                    evicted_for: None,
+                    bytes: Some(3 << 29),
+                    gpu: None,
+                    quota_bytes: Some(1 << 30),
+                },
+                "Keling sent SIGTERM to task 3: over its GPU memory quota (1.50 GiB held, \
+                 quota 1.00 GiB)",
+            ),
+            (
+                Notice::Ending {
+                    task: 3,
+                    reason: Reason::DurationLimit,
+                    signal: libc::SIGKILL,
+                    evicted_for: None,
+                    bytes: None,
+                    gpu: None,
+                    quota_bytes: None,
+                },
+                "Keling sent SIGKILL to task 3: session duration limit",
+            ),
+            (
+                Notice::Ended {
+                    task: 3,
+                    reason: Reason::DurationLimit,
+                    exit_code: 137,
+                },
+                "task 3 was ended by Keling (session duration limit): killed by SIGKILL \
+                 (exit code 137)",
+            ),
+            (
+                Notice::Frozen {
+                    task: 3,
+                    reason: Reason::PreemptedByHigherPriority,
+                    yielded_to: vec![infer.clone()],
+                },
+                "task 3 frozen: preempted by a higher priority; yielded to task 5 (infer, \
+                 priority 1)",
+            ),
+            (
+                Notice::Resumed {
+                    task: 3,
+                    frozen_ms: 1250,
+                },
+                "task 3 resumed after 1.25 s frozen",
+            ),
+            (
+                Notice::Dropped { count: 2 },
+                "2 notice(s) dropped: this terminal did not read them in time",
+            ),
+        ];
+        for (n, text) in cases {
+            assert_eq!(notice_line(&n, false), text);
+            // Every notice also reads back from its JSON form.
+            let back: Notice = serde_json::from_str(&serde_json::to_string(&n).unwrap()).unwrap();
+            assert_eq!(back, n);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The subcommands, one module each. Nothing outside `cmd` imports from it.
 use clap::{Parser, Subcommand};
 
+mod human;
 pub mod launch;
 pub mod replay;
 pub mod report;

@@ -11,13 +11,22 @@
 //!   client relays nothing), as the caller (uid, gid, groups), in the caller's
 //!   directory, with the environment the request carries. It answers
 //!   `{"accepted": {...}}` once the command is executing (or an error naming the
-//!   step that failed) and, when the task ends, `{"exit_code": N}`. Until then the
+//!   step that failed) and, when the task ends, `{"exit_code": N}`. Between them
+//!   come `{"notice": ...}` lines ([`Notice`]): the placement, the duration warning,
+//!   the 4003 record, an eviction or quota end and why the task ended when Keling
+//!   ended it, and (with `notify_preempt`) each freeze and resume; a notice always
+//!   precedes the `exit_code` it explains. Notices go through a bounded queue per
+//!   client: one that does not read loses the excess (and is told how many),
+//!   never the `accepted` or `exit_code`, and never slows the agent. Until then the
 //!   client may send `{"forward": SIGNAL}` lines (SIGINT, SIGTERM, SIGHUP or
 //!   SIGQUIT): the signal goes to every process of the task, as a terminal's would
 //!   to its foreground process group. (`keling launch` forwards its own Ctrl-C,
 //!   SIGTERM and SIGHUP this way: the task cannot be in the client's foreground
 //!   process group, since it is the agent's child in another session.)
-//! - `{"status": true}`: answered with `{"status": StatusReply}`.
+//! - `{"status": true}`: answered with `{"status": StatusReply}` (whose tasks are
+//!   marked `mine` when they belong to the caller).
+//! - `{"history": TASK}`: answered with `{"history": TaskHistory}`: the task now,
+//!   its transitions and its decisions with their latencies.
 //! - `{"export": "prometheus"}` (or another [`ExportFormat`]): `{"export": "text"}`.
 //! - `{"signal": {"task": ID, "signal": N}}`: signal a task (its owner or root):
 //!   `{"signalled": COUNT}`.
@@ -64,6 +73,10 @@ pub struct LaunchRequest {
     /// `CUDA_VISIBLE_DEVICES`). `None`: a minimal one (`PATH` only).
     #[serde(default)]
     pub env: Option<Vec<String>>,
+    /// Also push [`Notice::Frozen`] and [`Notice::Resumed`] (`--notify-preempt`).
+    /// Left out of the line when false, so an older agent still reads it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_preempt: bool,
 }
 
 /// A signal for a task (its owner or root may send one).
@@ -102,6 +115,8 @@ pub enum Request {
     Signal(SignalRequest),
     /// After a launch, on its connection: a signal for that task.
     Forward(i32),
+    /// One task's history (`keling status TASK`).
+    History(u64),
 }
 
 /// Where a launched task went.
@@ -123,7 +138,131 @@ pub enum Reply {
     /// How many processes a signal reached.
     Signalled(usize),
     Error(String),
+    /// Something Keling did to a launched task, pushed to its client while it runs.
+    Notice(Notice),
+    /// One task's history.
+    History(Box<TaskHistory>),
 }
+
+/// A task named in a notice or a status: which one, and its priority.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TaskRef {
+    pub task: u64,
+    pub name: String,
+    pub priority: u8,
+}
+
+/// What Keling tells a launch's client about its task, as it happens (on the
+/// launch's connection, before its `exit_code`). Pushed through a bounded queue:
+/// a client that does not read them loses the excess, and hears how many with
+/// [`Notice::Dropped`]; it never slows the agent.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Notice {
+    /// The task was placed on a GPU.
+    Placed {
+        task: u64,
+        pid: u32,
+        gpu: u32,
+        priority: u8,
+    },
+    /// The session duration limit is `remaining_ms` away; at the limit the task
+    /// is killed (`hard_kill`) or sent SIGTERM, then killed.
+    Warning {
+        task: u64,
+        remaining_ms: u64,
+        allowed_ms: u64,
+        hard_kill: bool,
+    },
+    /// The limit was reached: the 4003 record, as the scheduling log has it.
+    Enforcement {
+        task: u64,
+        record: keling_sched::EnforcementRecord,
+    },
+    /// Keling is ending the task for `reason` (`duration_limit`,
+    /// `evicted_for_memory`, `over_quota`) and sent it `signal`.
+    Ending {
+        task: u64,
+        reason: keling_sched::Reason,
+        signal: i32,
+        /// Eviction: the higher-priority task that needed the memory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evicted_for: Option<TaskRef>,
+        /// Eviction: the bytes it was short of on `gpu`; quota: the bytes held.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<u32>,
+        /// Quota: the task's quota.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quota_bytes: Option<u64>,
+    },
+    /// The task ended after Keling started ending it: why, and its exit code.
+    Ended {
+        task: u64,
+        reason: keling_sched::Reason,
+        exit_code: i32,
+    },
+    /// The task was frozen (`--notify-preempt`): why, and the task(s) holding
+    /// its GPU now.
+    Frozen {
+        task: u64,
+        reason: keling_sched::Reason,
+        yielded_to: Vec<TaskRef>,
+    },
+    /// The task runs again after `frozen_ms` frozen (`--notify-preempt`).
+    Resumed { task: u64, frozen_ms: u64 },
+    /// `count` notices were dropped: the client did not read them in time.
+    Dropped { count: u64 },
+}
+
+/// Why a preempted task waits (in [`TaskStatus`]).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Waiting {
+    /// The reason of its last move to PREEMPTED (`preempted_by_higher_priority`,
+    /// `quantum_expired`, `round_robin`, `idle`, `queued`).
+    pub reason: keling_sched::Reason,
+    /// The tasks holding its GPU's slots now.
+    pub behind: Vec<TaskRef>,
+    /// How long it has been preempted, ms.
+    pub for_ms: u64,
+}
+
+/// One decision about a task and its latency, stage by stage (ns), from the
+/// kernel event that caused it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DecisionRecord {
+    /// `freeze`, `thaw`, `stop`, `terminate`, `kill`, `place`, `warn`.
+    pub action: String,
+    /// When it was decided (CLOCK_MONOTONIC).
+    pub decided_ns: u64,
+    pub delivery_ns: u64,
+    pub decision_ns: u64,
+    pub actuation_ns: u64,
+    /// `None`: nothing to confirm, or never confirmed.
+    pub confirmation_ns: Option<u64>,
+    pub end_to_end_ns: u64,
+    /// The timeout it was judged against, and whether it was over it.
+    pub timeout_ns: u64,
+    pub late: bool,
+}
+
+/// `keling status TASK`: one task now, its transitions and its decisions (the
+/// most recent [`HISTORY_MAX`] of each).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskHistory {
+    pub task: TaskStatus,
+    /// The core's clock at its arrival (the transitions' and decisions' zero).
+    pub arrived_ns: u64,
+    pub transitions: Vec<keling_sched::Transition>,
+    pub decisions: Vec<DecisionRecord>,
+    /// Older entries no longer kept.
+    pub transitions_dropped: u64,
+    pub decisions_dropped: u64,
+}
+
+/// The most transitions, and decisions, kept per task.
+pub const HISTORY_MAX: usize = 256;
 
 /// One task in `keling status`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -149,6 +288,21 @@ pub struct TaskStatus {
     /// Whose task it is: the launching user, or the adopted process's real uid.
     #[serde(default)]
     pub uid: Option<u32>,
+    /// The task belongs to the user asking (SO_PEERCRED).
+    #[serde(default)]
+    pub mine: bool,
+    /// How long it has been in its state, ms.
+    #[serde(default)]
+    pub state_for_ms: u64,
+    /// PREEMPTED tasks: why they wait.
+    #[serde(default)]
+    pub waiting: Option<Waiting>,
+    /// Why Keling is ending it (`duration_limit`, `evicted_for_memory`,
+    /// `over_quota`), once it started to.
+    #[serde(default)]
+    pub ending_reason: Option<keling_sched::Reason>,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
 }
 
 /// Placement: each GPU's weight (higher is better) and how evenly memory is spread.
@@ -162,6 +316,9 @@ pub struct PlacementStatus {
 /// What `keling status` shows.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StatusReply {
+    /// The uid of the client that asked (SO_PEERCRED).
+    #[serde(default)]
+    pub caller_uid: Option<u32>,
     pub tasks: Vec<TaskStatus>,
     pub latency: LatencyStatus,
     /// Per action (freeze, thaw), per stage.

@@ -21,7 +21,7 @@ use tokio::{
     sync::mpsc,
 };
 
-use super::{MAX_REQUEST_BYTES, REQUEST_DEADLINE, Reply, Request, recv_with_fds};
+use super::{MAX_REQUEST_BYTES, Notice, REQUEST_DEADLINE, Reply, Request, recv_with_fds};
 use crate::os::users::{Credentials, peer_groups};
 
 /// How long the agent waits for a client to take a reply before dropping it.
@@ -34,6 +34,8 @@ pub const MAX_READING: usize = 512;
 const MAX_FOLLOW_UP_BYTES: usize = 1024;
 /// How much one read takes from the socket.
 const CHUNK_BYTES: usize = 64 * 1024;
+/// Notices queued per client before the excess is dropped (and counted).
+pub const NOTICE_QUEUE: usize = 64;
 
 /// Who is on the other end (SO_PEERCRED, SO_PEERGROUPS).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,18 +45,124 @@ pub struct Peer {
 }
 
 /// Replies to one client; dropping it ends the connection once they are written.
+///
+/// Replies proper (`accepted`, `exit_code`, an answer) are a handful per
+/// connection and are never dropped. Notices can come at the scheduler's pace (a
+/// freeze and a thaw per quantum), so they go through a queue of
+/// [`NOTICE_QUEUE`]: when a client does not keep up the excess is dropped and
+/// counted, and the client hears how many ([`Notice::Dropped`]) before its next
+/// line. Neither ever blocks the agent.
 #[derive(Clone, Debug)]
-pub struct Replier(mpsc::UnboundedSender<Reply>);
+pub struct Replier {
+    replies: mpsc::UnboundedSender<Reply>,
+    notices: mpsc::Sender<Notice>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// What a [`Replier`]'s connection reads from.
+struct ReplyQueues {
+    replies: mpsc::UnboundedReceiver<Reply>,
+    notices: mpsc::Receiver<Notice>,
+    dropped: Arc<AtomicU64>,
+}
 
 impl Replier {
+    fn new() -> (Self, ReplyQueues) {
+        let (replies, replies_rx) = mpsc::unbounded_channel();
+        let (notices, notices_rx) = mpsc::channel(NOTICE_QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        (
+            Self {
+                replies,
+                notices,
+                dropped: dropped.clone(),
+            },
+            ReplyQueues {
+                replies: replies_rx,
+                notices: notices_rx,
+                dropped,
+            },
+        )
+    }
+
     /// Queues a reply. Never blocks; a client that went away is not an error.
     pub fn send(&self, reply: Reply) {
-        let _ = self.0.send(reply);
+        let _ = self.replies.send(reply);
+    }
+
+    /// Queues a notice, or counts it dropped when the client is behind. Never
+    /// blocks.
+    pub fn notify(&self, notice: Notice) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.notices.try_send(notice) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A replier whose replies go nowhere (for tests).
     pub fn detached() -> Self {
-        Self(mpsc::unbounded_channel().0)
+        Self::new().0
+    }
+
+    /// A replier and what it sends, for tests of what a client is told.
+    #[cfg(test)]
+    pub fn for_test() -> (Self, TestReceiver) {
+        let (r, q) = Self::new();
+        (r, TestReceiver(q))
+    }
+}
+
+/// The other end of [`Replier::for_test`].
+#[cfg(test)]
+pub struct TestReceiver(ReplyQueues);
+
+#[cfg(test)]
+impl TestReceiver {
+    /// What a client would read now, in the order the server writes it.
+    pub fn drain(&mut self) -> Vec<Reply> {
+        let mut out = Vec::new();
+        while let Some(r) = self.0.try_next() {
+            out.push(r);
+        }
+        out
+    }
+}
+
+impl ReplyQueues {
+    /// The next line for the client: a pending note of dropped notices first,
+    /// then notices (so a notice sent before a reply is written before it), then
+    /// replies. `None` once the replier is gone and everything was written.
+    async fn next(&mut self) -> Option<Reply> {
+        if let Some(note) = self.dropped_note() {
+            return Some(note);
+        }
+        tokio::select! {
+            biased;
+            Some(n) = self.notices.recv() => Some(self.dropped_note().unwrap_or(Reply::Notice(n))),
+            r = self.replies.recv() => match r {
+                Some(r) => Some(r),
+                // The replier is gone: what it queued last is all that is left.
+                None => self.notices.try_recv().ok().map(Reply::Notice),
+            },
+        }
+    }
+
+    /// Without waiting: what `next` would give now.
+    #[cfg(test)]
+    fn try_next(&mut self) -> Option<Reply> {
+        if let Some(note) = self.dropped_note() {
+            return Some(note);
+        }
+        if let Ok(n) = self.notices.try_recv() {
+            return Some(Reply::Notice(n));
+        }
+        self.replies.try_recv().ok()
+    }
+
+    fn dropped_note(&self) -> Option<Reply> {
+        match self.dropped.swap(0, Ordering::Relaxed) {
+            0 => None,
+            count => Some(Reply::Notice(Notice::Dropped { count })),
+        }
     }
 }
 
@@ -124,8 +232,7 @@ async fn serve(
     admit: Admit,
     reading: Arc<AtomicUsize>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let replier = Replier(tx);
+    let (replier, mut rx) = Replier::new();
     let first = read_first(&stream, &admit, &reading).await;
     let mut follow_ups = None;
     match first {
@@ -160,7 +267,7 @@ async fn serve(
         let reply = match &mut lines {
             Some(f) => {
                 tokio::select! {
-                    reply = rx.recv() => reply,
+                    reply = rx.next() => reply,
                     more = f.next() => {
                         if !more {
                             lines = None; // the client stopped sending: replies only
@@ -169,7 +276,7 @@ async fn serve(
                     }
                 }
             }
-            None => rx.recv().await,
+            None => rx.next().await,
         };
         let Some(reply) = reply else {
             return; // every reply sent

@@ -73,6 +73,24 @@ pub fn uid_of_user(name: &str) -> Option<u32> {
     (r == 0 && !result.is_null()).then_some(pw.pw_uid)
 }
 
+/// The name of user `uid`, if it has one.
+pub fn name_of_uid(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: a zeroed passwd is a valid out-parameter.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; getpwuid_r writes within `buf`.
+    let r = unsafe {
+        libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut result)
+    };
+    if r != 0 || result.is_null() || pw.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: getpwuid_r succeeded: pw_name is a NUL-terminated string in `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// The gid of group `name`, if there is one.
 pub fn gid_of_group(name: &str) -> Option<u32> {
     let cname = CString::new(name).ok()?;

@@ -49,13 +49,14 @@ use super::{
     actuator::{Actuator, CgroupActuator, SignalActuator, StoppedList},
     cgroup::{CgroupRoot, TaskCgroup},
     config::Config,
+    history::{self, Histories},
     log::{Logs, Record},
     worker::{Confirmation, Job, Worker},
 };
 use crate::{
     control::{
-        Accepted, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus, Reply, Request,
-        SignalRequest, StatusReply, TaskStatus,
+        Accepted, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, Notice, PlacementStatus, Reply,
+        Request, SignalRequest, StatusReply, TaskHistory, TaskRef, TaskStatus,
         server::{Incoming, Peer, Replier},
     },
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
@@ -118,6 +119,10 @@ struct Client {
     /// The task's exit code, once it ended.
     exit_code: Option<i32>,
     told_accepted: bool,
+    /// Whether it asked for freeze and resume notices.
+    notify_preempt: bool,
+    /// The signals it was told Keling sent to end its task.
+    told_ending: Vec<i32>,
 }
 
 /// Things that happen off the loop and come back to it.
@@ -166,6 +171,11 @@ pub struct Daemon {
     /// Processes never adopted: the agent, its fail-safe.
     excluded: HashSet<u32>,
     last_prune_ns: u64,
+    /// Each task's transitions and decisions, for its owner (`keling status TASK`).
+    histories: Histories,
+    /// The refused allocation being handled (requester, GPU, bytes): whom an
+    /// eviction it leads to is for.
+    evicting_for: Option<(TaskId, u32, u64)>,
 }
 
 impl Daemon {
@@ -208,6 +218,8 @@ impl Daemon {
             series: VecDeque::new(),
             excluded: HashSet::from([std::process::id()]),
             last_prune_ns: 0,
+            histories: Histories::default(),
+            evicting_for: None,
         })
     }
 
@@ -223,7 +235,12 @@ impl Daemon {
         self.cause = (input.ts_ns(), self.received_ns.unwrap_or_else(monotonic_ns));
         self.logs.input(&input);
         let out = self.sched.step(&input);
+        self.evicting_for = match input {
+            Input::AllocFailed { id, gpu, bytes, .. } => Some((id, gpu, bytes)),
+            _ => None,
+        };
         self.apply(out);
+        self.evicting_for = None;
     }
 
     fn apply(&mut self, out: Output) {
@@ -238,6 +255,7 @@ impl Daemon {
                 t.reason
             );
             self.logs.transition(t);
+            self.tell_transition(t);
         }
         for a in out.actions {
             self.act(a);
@@ -280,18 +298,32 @@ impl Daemon {
                 });
                 return;
             }
-            Action::Terminate { .. } => actuator.terminate(),
+            Action::Terminate { .. } => {
+                self.tell_ending(id, libc::SIGTERM);
+                actuator.terminate()
+            }
             Action::Kill { .. } => {
+                self.tell_ending(id, libc::SIGKILL);
                 if let Err(e) = actuator.kill() {
                     log::warn!("task {id}: {e:#}");
                 }
             }
-            Action::Place { gpu, .. } => self.logs.record(&Record::Placement {
-                task: id,
-                pid,
-                gpu,
-                timestamp_ns: decided_ns,
-            }),
+            Action::Place { gpu, .. } => {
+                self.logs.record(&Record::Placement {
+                    task: id,
+                    pid,
+                    gpu,
+                    timestamp_ns: decided_ns,
+                });
+                if let (Some(c), Some(t)) = (self.clients.get(&id), self.sched.task(id)) {
+                    c.reply.notify(Notice::Placed {
+                        task: id,
+                        pid,
+                        gpu,
+                        priority: t.spec.priority,
+                    });
+                }
+            }
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
                 self.logs.record(&Record::Warning {
@@ -300,6 +332,18 @@ impl Daemon {
                     remaining_ms,
                     timestamp_ns: decided_ns,
                 });
+                if let (Some(c), Some(t)) = (self.clients.get(&id), self.sched.task(id)) {
+                    let config = self.sched.config();
+                    c.reply.notify(Notice::Warning {
+                        task: id,
+                        remaining_ms,
+                        allowed_ms: t
+                            .spec
+                            .max_duration_ms
+                            .unwrap_or(config.default_max_duration_ms),
+                        hard_kill: t.spec.hard_kill.unwrap_or(config.default_hard_kill),
+                    });
+                }
             }
             Action::Enforce { record, .. } => {
                 log::warn!(
@@ -312,15 +356,19 @@ impl Daemon {
                     timestamp_ns: decided_ns,
                     record: &record,
                 });
+                if let Some(c) = self.clients.get(&id) {
+                    c.reply.notify(Notice::Enforcement { task: id, record });
+                }
             }
         }
         times.actuated_ns = monotonic_ns();
-        self.record(&times);
+        self.record(id, &times);
     }
 
-    /// Records one decision's latency.
-    fn record(&mut self, times: &DecisionTimes) -> Verdict {
+    /// Records one decision's latency, for the task's history too.
+    fn record(&mut self, id: TaskId, times: &DecisionTimes) -> Verdict {
         let verdict = self.latency.record(times);
+        self.histories.decision(id, times, &verdict);
         if self.series.len() == TUNE_SERIES_MAX {
             self.series.pop_front();
         }
@@ -374,7 +422,7 @@ impl Daemon {
             });
             return;
         }
-        let verdict = self.record(&c.times);
+        let verdict = self.record(c.id, &c.times);
         if verdict.late || !c.confirmed {
             self.logs.record(&Record::LateDecision {
                 task: c.id,
@@ -411,7 +459,16 @@ impl Daemon {
             conn,
         } = incoming;
         match request {
-            Request::Status(_) => reply.send(Reply::Status(Box::new(self.status()))),
+            Request::Status(_) => reply.send(Reply::Status(Box::new(
+                self.status_for(Some(peer.creds.uid)),
+            ))),
+            Request::History(id) => reply.send(match self.history(id, peer.creds.uid) {
+                Some(h) => Reply::History(Box::new(h)),
+                None => Reply::Error(format!(
+                    "no task {id} (finished tasks are kept for {} s)",
+                    self.settings.archive_retention_ns / 1_000_000_000
+                )),
+            }),
             Request::Export(format) => reply.send(match self.export(format) {
                 Ok(text) => Reply::Export(text),
                 Err(e) => Reply::Error(format!("{e:#}")),
@@ -560,8 +617,11 @@ impl Daemon {
                 exec: None,
                 exit_code: None,
                 told_accepted: false,
+                notify_preempt: req.notify_preempt,
+                told_ending: Vec::new(),
             },
         );
+        self.histories.owner(id, creds.uid);
         log::info!(
             "task {id}: pid {pid} {:?} for uid {} on GPU {gpu:?}",
             req.argv,
@@ -738,6 +798,14 @@ impl Daemon {
         });
         if let Some(c) = self.clients.get_mut(&id) {
             c.exit_code = Some(status.code());
+            // Why it ended, when Keling ended it: before the exit code it explains.
+            if let Some(reason) = self.sched.task(id).and_then(|t| t.ending_reason) {
+                c.reply.notify(Notice::Ended {
+                    task: id,
+                    reason,
+                    exit_code: status.code(),
+                });
+            }
         }
         self.settle_client(id);
         if let Some(task) = self.tasks.remove(&id) {
@@ -963,6 +1031,7 @@ impl Daemon {
                 exited_ns: None,
             },
         );
+        self.histories.owner(id, uid);
         self.pid_task.insert(
             pid,
             Member {
@@ -1007,6 +1076,8 @@ impl Daemon {
                 .prune_archived(now.saturating_sub(self.settings.archive_retention_ns));
             if n > 0 {
                 log::debug!("forgot {n} archived task(s) past the retention window");
+                let sched = &self.sched;
+                self.histories.retain(|id| sched.task(id).is_some());
             }
         }
     }
@@ -1035,34 +1106,16 @@ impl Daemon {
 
     /// What `keling status` shows.
     pub fn status(&self) -> StatusReply {
+        self.status_for(None)
+    }
+
+    /// What `keling status` shows to `caller` (its tasks marked as its own).
+    pub fn status_for(&self, caller: Option<u32>) -> StatusReply {
         let now = monotonic_ns();
-        let tasks = self
-            .sched
-            .tasks()
+        let views = self.sched.tasks();
+        let tasks = views
             .iter()
-            .map(|t| {
-                let rt = self.tasks.get(&t.spec.id);
-                TaskStatus {
-                    id: t.spec.id,
-                    pid: t.spec.pid,
-                    name: t.spec.name.clone(),
-                    priority: t.spec.priority,
-                    class: t.class,
-                    state: t.state.as_str().to_owned(),
-                    gpu: t.gpu,
-                    mem_bytes: t.mem_bytes.values().sum(),
-                    mem_bytes_per_gpu: t.mem_bytes.clone(),
-                    on_gpu_ms: t.on_gpu_ms,
-                    elapsed_ms: t.finished_ns.unwrap_or(now).saturating_sub(t.arrived_ns)
-                        / 1_000_000,
-                    wants_gpu: t.wants_gpu,
-                    in_flight: t.in_flight,
-                    cgroup: rt
-                        .and_then(|r| r.cgroup.as_ref())
-                        .map(|c| c.dir.to_string_lossy().into_owned()),
-                    uid: rt.map(|r| r.uid),
-                }
-            })
+            .map(|t| self.task_status(&views, t, caller, now))
             .collect();
         // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
         let stages_by_action = ["freeze", "thaw"]
@@ -1087,6 +1140,7 @@ impl Daemon {
         }
         let used: Vec<f64> = used.into_values().collect();
         StatusReply {
+            caller_uid: caller,
             tasks,
             latency: self.latency.status(),
             stages_by_action,
@@ -1095,6 +1149,132 @@ impl Daemon {
                 load_balance_error: keling_sched::load_balance_error(&used),
             },
         }
+    }
+
+    /// One task as `keling status` shows it to `caller`.
+    fn task_status(
+        &self,
+        views: &[keling_sched::TaskView],
+        t: &keling_sched::TaskView,
+        caller: Option<u32>,
+        now: u64,
+    ) -> TaskStatus {
+        let rt = self.tasks.get(&t.spec.id);
+        let history = self.histories.get(t.spec.id);
+        let uid = rt.map(|r| r.uid).or(history.and_then(|h| h.uid));
+        let end = t.finished_ns.unwrap_or(now);
+        TaskStatus {
+            id: t.spec.id,
+            pid: t.spec.pid,
+            name: t.spec.name.clone(),
+            priority: t.spec.priority,
+            class: t.class,
+            state: t.state.as_str().to_owned(),
+            gpu: t.gpu,
+            mem_bytes: t.mem_bytes.values().sum(),
+            mem_bytes_per_gpu: t.mem_bytes.clone(),
+            on_gpu_ms: t.on_gpu_ms,
+            elapsed_ms: end.saturating_sub(t.arrived_ns) / 1_000_000,
+            wants_gpu: t.wants_gpu,
+            in_flight: t.in_flight,
+            cgroup: rt
+                .and_then(|r| r.cgroup.as_ref())
+                .map(|c| c.dir.to_string_lossy().into_owned()),
+            uid,
+            mine: caller.is_some() && uid == caller,
+            state_for_ms: now
+                .saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
+                / 1_000_000,
+            waiting: history::waiting(views, t, history, now),
+            ending_reason: t.ending_reason,
+            exit_code: t.exit_code,
+        }
+    }
+
+    /// `keling status TASK`: the task now, its transitions and its decisions.
+    pub fn history(&self, id: TaskId, caller: u32) -> Option<TaskHistory> {
+        let view = self.sched.task(id)?;
+        let views = self.sched.tasks();
+        let task = self.task_status(&views, &view, Some(caller), monotonic_ns());
+        let h = self.histories.get(id);
+        Some(TaskHistory {
+            task,
+            arrived_ns: view.arrived_ns,
+            transitions: h.map_or_else(Vec::new, |h| h.transitions.iter().cloned().collect()),
+            decisions: h.map_or_else(Vec::new, |h| h.decisions.iter().cloned().collect()),
+            transitions_dropped: h.map_or(0, |h| h.transitions_dropped),
+            decisions_dropped: h.map_or(0, |h| h.decisions_dropped),
+        })
+    }
+
+    /// Records a transition in the task's history and, when its client asked,
+    /// tells it the task was frozen (and for whom) or resumed (and after how long).
+    fn tell_transition(&mut self, t: &keling_sched::Transition) {
+        let was_for_ns = self.histories.transition(t);
+        let Some(c) = self.clients.get(&t.task).filter(|c| c.notify_preempt) else {
+            return;
+        };
+        match (t.from, t.to) {
+            (_, TaskState::Preempted) => {
+                let views = self.sched.tasks();
+                let yielded_to = views
+                    .iter()
+                    .find(|v| v.spec.id == t.task)
+                    .map(|me| history::slot_holders(&views, me))
+                    .unwrap_or_default();
+                c.reply.notify(Notice::Frozen {
+                    task: t.task,
+                    reason: t.reason,
+                    yielded_to,
+                });
+            }
+            (TaskState::Preempted, TaskState::Running) => c.reply.notify(Notice::Resumed {
+                task: t.task,
+                frozen_ms: was_for_ns / 1_000_000,
+            }),
+            _ => {}
+        }
+    }
+
+    /// Tells a launch's client that Keling is ending its task, why, and with
+    /// which signal (once per signal).
+    fn tell_ending(&mut self, id: TaskId, signal: i32) {
+        let Some(view) = self.sched.task(id) else {
+            return;
+        };
+        let Some(reason) = view.ending_reason else {
+            return;
+        };
+        let evicted_for = self.evicting_for.filter(|_| reason == keling_sched::Reason::EvictedForMemory);
+        let requester = evicted_for.and_then(|(rid, _, _)| self.sched.task(rid));
+        let Some(c) = self.clients.get_mut(&id) else {
+            return;
+        };
+        if c.told_ending.contains(&signal) {
+            return;
+        }
+        c.told_ending.push(signal);
+        let held: u64 = view.mem_bytes.values().sum();
+        let (bytes, gpu, quota_bytes) = match reason {
+            keling_sched::Reason::EvictedForMemory => {
+                (evicted_for.map(|e| e.2), evicted_for.map(|e| e.1), None)
+            }
+            keling_sched::Reason::OverQuota => (Some(held), None, view.spec.mem_quota_bytes),
+            _ => (None, None, None),
+        };
+        c.reply.notify(Notice::Ending {
+            task: id,
+            reason,
+            signal,
+            evicted_for: requester.map(|r| TaskRef {
+                task: r.spec.id,
+                name: r.spec.name.clone(),
+                priority: r.spec.priority,
+            }),
+            bytes,
+            gpu,
+            quota_bytes,
+        });
     }
 
     /// Thaws every task and continues every process it stopped (the agent is

@@ -8,6 +8,7 @@ pub mod actuator;
 pub mod cgroup;
 pub mod config;
 pub mod daemon;
+pub mod history;
 pub mod log;
 pub mod supervisor;
 pub mod worker;
