@@ -18,6 +18,9 @@ pub const PRIORITY: u8 = 8;
 pub const MAX_DURATION_MS: u64 = 3_600_000;
 /// Warning window before the duration limit, ms.
 pub const GRACE_PERIOD_MS: u64 = 30_000;
+/// `keling run`: at most one "active" signal per task per this many ns, limited in
+/// the kernel (per tracked root process) and again in the agent (per task).
+pub const ACTIVE_INTERVAL_NS: u32 = 5_000_000;
 /// A task is idle after this long without GPU calls or CPU time, ms.
 pub const IDLE_TIMEOUT_MS: u64 = 300;
 /// Tasks that may run at once on one GPU.
@@ -38,3 +41,9 @@ pub const ARCHIVE_RETENTION_S: u64 = 600;
 /// The scheduling log and the input log each rotate at this size (one old file
 /// kept as `FILE.1`), MiB; 0: never.
 pub const LOG_MAX_MIB: u64 = 64;
+/// `keling run --histo-log`: seconds per interval.
+pub const HISTO_INTERVAL_S: u64 = 10;
+/// `keling run`: where Prometheus `/metrics` is served (loopback only by default).
+pub const METRICS_ADDR: &str = "127.0.0.1:9475";
+/// `keling run`: an exited process leaves `/metrics` this long after its exit, s.
+pub const METRICS_GRACE_S: u64 = 60;

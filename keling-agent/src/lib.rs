@@ -10,6 +10,7 @@
 //! | [`sched`] | the daemon loop glue around `keling-sched`, actuators (cgroup, signals), logs, config, fail-safe | parse `/proc` itself (it asks `os`) |
 //! | [`control`] | the typed control protocol, its server (one task per client, deadlines, size limits) and client | block the event loop |
 //! | [`latency`] | decision latency histograms, timeout models, exports | read clocks |
+//! | [`metrics`] | Prometheus `/metrics`: the figures as prometheus-client families, the label grace rule, a minimal hardened HTTP server | block the event loop (it renders only what the loop hands it) |
 //! | [`output`] | trace sinks (text, JSON lines) behind one interface | read `/proc`, maps or clocks |
 //! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
 //! | [`replay`] | reading the input and scheduling logs back, exact and what-if replay through `keling-sched`, the synthetic workload, replay metrics | read a clock (the command times it) |
@@ -25,6 +26,7 @@ pub mod defaults;
 pub mod event;
 pub mod gpu;
 pub mod latency;
+pub mod metrics;
 pub mod os;
 pub mod output;
 pub mod replay;

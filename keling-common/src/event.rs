@@ -17,6 +17,7 @@ pub enum EventKind {
     Exec = 2,
     Exit = 3,
     Switch = 100,
+    Active = 101,
     GpuOpen = 200,
     GpuClose = 201,
     GpuAlloc = 210,
@@ -31,11 +32,12 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in numeric order.
-    pub const ALL: [EventKind; 14] = [
+    pub const ALL: [EventKind; 15] = [
         Self::Fork,
         Self::Exec,
         Self::Exit,
         Self::Switch,
+        Self::Active,
         Self::GpuOpen,
         Self::GpuClose,
         Self::GpuAlloc,
@@ -54,6 +56,7 @@ impl EventKind {
             2 => Some(Self::Exec),
             3 => Some(Self::Exit),
             100 => Some(Self::Switch),
+            101 => Some(Self::Active),
             200 => Some(Self::GpuOpen),
             201 => Some(Self::GpuClose),
             210 => Some(Self::GpuAlloc),
@@ -146,6 +149,29 @@ pub struct SwitchEvent {
     pub next_pid: u32,
     /// The tracepoint's `prev_state` (task state bits as `sched_switch` reports them).
     pub prev_state: u64,
+}
+
+/// A tracked process showed it is working: a thread of it was switched onto a CPU or
+/// it made an NVIDIA call. The long-running agent gets these instead of every
+/// switch and every plain call: at most one per [`ActiveEvent::root_pid`] per
+/// `ProbeConfig::active_interval_ns`, decided in the kernel. `pid`/`tid` are the
+/// process and thread that were active.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActiveEvent {
+    pub header: EventHeader,
+    /// The tracked root the process descends from (what the limit is kept per).
+    pub root_pid: u32,
+    /// [`active_cause`]: what showed it.
+    pub cause: u32,
+}
+
+/// [`ActiveEvent::cause`].
+pub mod active_cause {
+    /// A thread was switched onto a CPU.
+    pub const SWITCH_IN: u32 = 1;
+    /// An NVIDIA call that changed no memory and did not fail.
+    pub const IOCTL: u32 = 2;
 }
 
 /// `prev_state` bits of `sched_switch` (the kernel's TASK_REPORT states).

@@ -25,6 +25,14 @@ pub const DROP_COUNTERS: u32 = 1;
 pub const MAX_TRACKED_PIDS: u32 = 16384;
 pub const MAX_TRACKED_TIDS: u32 = 65536;
 
+/// Hash `comm -> 1`: the names `keling trace --comm` follows. The exec probe adds
+/// an untracked process whose new `comm` is listed here to `TRACKED_PIDS` (its
+/// children then follow from fork as usual). Keys are `comm` as the kernel keeps
+/// it: at most 15 bytes, NUL-padded to `COMM_LEN`.
+pub const MAP_TRACE_COMMS: &str = "TRACE_COMMS";
+/// Most names `--comm` can follow at once.
+pub const MAX_TRACE_COMMS: u32 = 16;
+
 /// Value of `TRACKED_PIDS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,6 +96,10 @@ pub struct ProbeConfig {
     pub driver_major: u32,
     /// Detail events wake the agent only when this many bytes are waiting.
     pub wakeup_bytes: u32,
+    /// 0: report every context switch and every plain NVIDIA call (`keling trace`).
+    /// N: report instead at most one [`crate::ActiveEvent`] per tracked root per N
+    /// ns (the long-running agent, which only needs to know a task is working).
+    pub active_interval_ns: u32,
 }
 
 impl ProbeConfig {
@@ -118,6 +130,7 @@ impl ProbeConfig {
         nvos21_status_off: 28,
         driver_major: 0,
         wakeup_bytes: 0,
+        active_interval_ns: 0,
     };
 }
 

@@ -720,14 +720,15 @@ fn status_ids(pid: u32, key: &str) -> Vec<u32> {
 }
 
 /// A request through perl (any user can run it; it sends one line and prints the
-/// first reply line).
+/// first reply line that is not a `{"notice": ...}`, which may precede the reply).
 fn perl_request(c: &mut Command, socket: &Path, line: &str) -> String {
     let out = c
         .args([
             "-MIO::Socket::UNIX",
             "-e",
             "my $s = IO::Socket::UNIX->new(Peer => $ARGV[0]) or die \"connect: $!\\n\"; \
-             print $s $ARGV[1], \"\\n\"; my $r = <$s>; print $r // '';",
+             print $s $ARGV[1], \"\\n\"; my $r; do { $r = <$s> } while (defined $r && $r =~ /^\\{\"notice\"/); \
+             print $r // '';",
         ])
         .arg(socket)
         .arg(line)

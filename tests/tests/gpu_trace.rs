@@ -444,16 +444,21 @@ fn attach_adopts_fds_opened_before_keling() {
             .unwrap(),
     );
     let mut log = BufReader::new(keling.0.stderr.take().unwrap()).lines();
-    let adopted = log
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("adopted"))
-        .expect("keling adopted the fds");
+    // Both lines come before the trace starts, in either order.
+    let (mut adopted, mut attached) = (None, false);
+    for l in log.by_ref().map_while(Result::ok) {
+        if l.contains("adopted") {
+            adopted = Some(l);
+        } else if l.contains("tracing process") {
+            attached = true;
+        }
+        if adopted.is_some() && attached {
+            break;
+        }
+    }
+    let adopted = adopted.expect("keling adopted the fds");
+    assert!(attached, "keling attached");
     assert!(adopted.contains("of 1 processes"), "{adopted}");
-    log.by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("tracing process"))
-        .expect("keling attached");
     std::thread::spawn(move || log.for_each(drop));
     // Let the workload run to its end.
     to_wl.write_all(b"\n").unwrap();
@@ -941,4 +946,65 @@ fn a_file_released_outside_the_trace_is_found() {
         .expect("the file's release was seen");
     assert_eq!(teardown["pid"], 0, "{teardown}");
     assert_eq!(teardown["bytes"], 10 << 20, "{teardown}");
+}
+
+/// More NVIDIA fds than Keling's per-process table holds (20 against 16): the
+/// overflow is counted as `table_full` for that process, never silently, and the
+/// figures stay exact anyway (accounting is by file): every call on the extra fds
+/// is decoded, and the release of their files, by close or at exit, is found by
+/// the orphan sweep.
+#[test]
+fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
+    if !ready("more_fds_than_the_table_holds_are_counted_and_stay_exact") {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let dir = tempdir();
+    let out_path = dir.join("trace.jsonl");
+    let mut keling = ChildGuard(
+        Command::new(keling_tests::keling_bin())
+            .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
+            .arg("--output")
+            .arg(&out_path)
+            .args(["--", &gwl(), "--dev-dir", sim.dev_dir()])
+            .args(["--scenario", "many-fds", "--checkpoints"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
+    let mut to_wl = keling.0.stdin.take().unwrap();
+    let from_wl = lines_of(keling.0.stdout.take().unwrap());
+    expect_checkpoint(&from_wl, 1);
+    // (The driver rounds each 1 MiB up to its page size: the simulator says how much.)
+    let s = settled_snapshot(&sim, &mut snapshots, "20 files with 1 MiB each");
+    let p = &s["processes"][0];
+    let pid = p["pid"].as_u64().unwrap();
+    let each = held(&s, pid) / 20;
+    assert!(each >= 1 << 20 && held(&s, pid) == 20 * each, "{s}");
+    assert!(
+        p["undecoded"].as_u64().unwrap_or(0) >= 4,
+        "the four fds past the table are counted: {p}"
+    );
+    to_wl.write_all(b"\n").unwrap();
+    expect_checkpoint(&from_wl, 2);
+    let s = settled_snapshot(&sim, &mut snapshots, "six files closed, two past the table");
+    assert_eq!(held(&s, pid), 14 * each, "{s}");
+    to_wl.write_all(b"\n").unwrap();
+    assert!(keling.0.wait().unwrap().success());
+    let lines: Vec<Value> = std::fs::read_to_string(&out_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary = lines.last().unwrap();
+    converge(&sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
+    assert_eq!(held(summary, pid), 0, "{summary}");
+    let releases = lines
+        .iter()
+        .filter(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
+        .count();
+    assert_eq!(releases, 20, "every file's release was seen");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -145,6 +145,18 @@ impl Agent {
             .collect()
     }
 
+    /// Stops the agent (SIGINT, as an operator would) and waits for it; the logs stay.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            assert!(
+                child.wait().unwrap().success(),
+                "keling run exits 0 on SIGINT"
+            );
+        }
+    }
+
     fn sigkill(&mut self) {
         let mut child = self.child.take().unwrap();
         let _ = child.kill();
@@ -246,7 +258,7 @@ fn interactive_task_preempts_background_and_it_resumes() {
         return;
     }
     let sim = Nvsim::mount(&["--gpus", "1"]);
-    let agent = Agent::start(&sim, &[]);
+    let mut agent = Agent::start(&sim, &[]);
     let dir = tempdir();
     let (pa, pb) = (dir.join("a"), dir.join("b"));
     let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 100_000, 0, &pa);
@@ -340,6 +352,34 @@ fn interactive_task_preempts_background_and_it_resumes() {
             );
         }
     }
+    // The agent's own input log replays to the very decisions it made, with no
+    // flags: its header carries the policy and configuration.
+    drop(_a);
+    agent.stop();
+    let inputs = std::fs::read_to_string(agent.dir.join("inputs.jsonl")).unwrap();
+    let header: Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
+    assert_eq!(header["keling_input_log"], 1, "{header}");
+    assert_eq!(header["policy"], "hybrid", "{header}");
+    assert_eq!(
+        header["config"]["gpus"].as_array().map(Vec::len),
+        Some(1),
+        "{header}"
+    );
+    let out = Command::new(keling_bin())
+        .arg("replay")
+        .arg(agent.dir.join("inputs.jsonl"))
+        .arg("--sched-log")
+        .arg(&agent.sched_log)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let replay: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "{replay}");
+    let c = &replay["comparison"];
+    assert!(c["recorded"].as_u64().unwrap() >= 4, "{replay}");
+    assert_eq!(c["matched"], c["recorded"], "{replay}");
+    assert_eq!(c["match_rate"], 1.0, "{replay}");
 }
 
 #[test]

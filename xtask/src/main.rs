@@ -219,7 +219,8 @@ fn cmd_test(no_lint: bool, extra: Vec<String>) -> anyhow::Result<()> {
     }
     eprintln!("xtask: running tests");
     let mut c = cargo();
-    c.arg("test")
+    // Every test binary runs, so one failure does not hide the others.
+    c.args(["test", "--no-fail-fast"])
         .env("KELING_EBPF_OBJ", ebpf_object())
         .env("KELING_BIN", dir.join("keling"))
         .env("KELING_SKIP_LOG", &skip_log)

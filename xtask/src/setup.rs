@@ -10,8 +10,9 @@ use crate::run;
 /// LLVM 22 that Debian 12 lacks (see shared/PLATFORM.md).
 const BPF_LINKER_VERSION: &str = "0.10.4";
 
-/// Debian packages the tests and tools need.
-const DEBIAN_PACKAGES: &[&str] = &["fuse3"];
+/// Debian packages the tests and tools need: FUSE for the simulated driver,
+/// `promtool` (package `prometheus`) and curl for the `/metrics` tests.
+const DEBIAN_PACKAGES: &[&str] = &["fuse3", "prometheus", "curl"];
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;

@@ -60,6 +60,10 @@ pub struct LoadOptions {
     /// Features whose programs must attach; the others are skipped with a warning
     /// when this kernel cannot attach them.
     pub required: &'static [Feature],
+    /// 0: every context switch and plain NVIDIA call is an event (tracing). N: the
+    /// kernel reports instead that a tracked process was active, at most once per
+    /// tracked root per N ns (the scheduler needs nothing more).
+    pub active_interval_ns: u32,
 }
 
 impl LoadOptions {
@@ -78,6 +82,7 @@ impl LoadOptions {
             driver_major: gpu.driver_major()?,
             nvidia_files: gpu.nvidia_files()?,
             required,
+            active_interval_ns: 0,
         })
     }
 }
@@ -144,6 +149,7 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
         },
         driver_major: opts.driver_major,
         wakeup_bytes: opts.ringbuf_bytes / 4,
+        active_interval_ns: opts.active_interval_ns,
     })
 }
 
@@ -269,6 +275,22 @@ impl Probes {
         for tid in threads {
             tids.insert(tid, pid, 0)?;
         }
+        Ok(())
+    }
+
+    /// Follows every process that execs into `comm` from now on (`keling trace
+    /// --comm`): the exec probe tracks it, and its children from their fork.
+    /// `comm` is cut to the kernel's 15 bytes.
+    pub fn follow_comm(&mut self, comm: &str) -> anyhow::Result<()> {
+        let mut key = [0u8; keling_common::COMM_LEN];
+        let n = comm.len().min(keling_common::COMM_LEN - 1);
+        key[..n].copy_from_slice(&comm.as_bytes()[..n]);
+        let mut comms: HashMap<_, [u8; keling_common::COMM_LEN], u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut(keling_common::MAP_TRACE_COMMS)
+                .context("TRACE_COMMS")?,
+        )?;
+        comms.insert(key, 1, 0)?;
         Ok(())
     }
 

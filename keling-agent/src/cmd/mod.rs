@@ -1,6 +1,7 @@
 //! The subcommands, one module each. Nothing outside `cmd` imports from it.
 use clap::{Parser, Subcommand};
 
+pub mod histo;
 mod human;
 pub mod launch;
 pub mod replay;
@@ -62,6 +63,10 @@ enum Command {
     /// Write an HTML page with queueing-delay heatmaps, task timelines, decision
     /// latency and root-cause findings from scheduling and input logs.
     Report(report::ReportArgs),
+    /// Decision-latency histograms offline, from `keling run --histo-log`'s
+    /// interval log: export them, or replay them through the timeout models
+    /// for a tuning recommendation.
+    Histo(histo::HistoArgs),
 }
 
 /// Parses the command line, runs the subcommand, and returns the exit code.
@@ -81,6 +86,7 @@ pub fn main() -> i32 {
         Command::Thaw(args) => thaw::thaw(args),
         Command::Replay(args) => replay::replay(args),
         Command::Report(args) => report::report(args),
+        Command::Histo(args) => histo::histo(args),
     };
     match result {
         Ok(code) => code,

@@ -2,15 +2,16 @@
 //! tracks every process that opens an NVIDIA device, and runs the scheduler over
 //! the tasks launched through its control socket (`keling launch`).
 use std::{
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
-use keling_sched::{GpuInfo, SchedConfig, Scheduler};
+use keling_sched::{GpuInfo, Policy, SchedConfig, Scheduler};
 use tokio::{
-    net::UnixListener,
+    net::{TcpListener, UnixListener},
     signal::unix::{SignalKind, signal},
     sync::mpsc,
 };
@@ -21,8 +22,13 @@ use crate::{
     defaults,
     event::{EventStream, decode::Event},
     gpu::{env::GpuArgs, stats::GpuAccounting},
-    latency::{LatencyRecorder, ModelKind},
-    os::lock::{InstanceLock, LockError},
+    latency::{LatencyRecorder, ModelKind, intervals::IntervalLogAppender},
+    metrics::{Metrics, Sources, http},
+    os::{
+        lock::{InstanceLock, LockError},
+        monotonic_ns,
+    },
+    replay::log::{INPUT_LOG_VERSION, InputLogHeader},
     sched::{
         access::AccessPolicy,
         cgroup,
@@ -110,6 +116,30 @@ pub struct RunArgs {
     /// kept, `FILE.1`), MiB; 0: never.
     #[arg(long, default_value_t = defaults::LOG_MAX_MIB, value_name = "MIB")]
     pub log_max_mib: u64,
+    /// Append the decision-latency histograms to this HdrHistogram interval log
+    /// (the standard format, V2 compressed) every `--histo-interval`, so they outlive
+    /// the agent. Appended to, never truncated: each start adds a header. Read it
+    /// with `keling histo export FILE` and `keling histo tune FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub histo_log: Option<PathBuf>,
+    /// Seconds per interval of `--histo-log` (1 lets `keling histo tune` replay the
+    /// timeout models exactly as the agent ran them).
+    #[arg(long, default_value_t = defaults::HISTO_INTERVAL_S, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub histo_interval: u64,
+    /// Serve Prometheus `/metrics` on this address (host:port, port 0: any free
+    /// one, said at start); `off`: serve none. Only a loopback address unless
+    /// `--metrics-public`.
+    #[arg(long, default_value = defaults::METRICS_ADDR, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+    /// Let `--metrics-addr` be an address other hosts can reach: anyone who can
+    /// connect then sees every GPU process's pid, command, user and memory.
+    #[arg(long)]
+    pub metrics_public: bool,
+    /// An exited process leaves `/metrics` this long after its exit (unless the
+    /// driver still holds memory charged to it), s.
+    #[arg(long, default_value_t = defaults::METRICS_GRACE_S, value_name = "SECS")]
+    pub metrics_grace_s: u64,
     /// Run as the fail-safe (the agent starts it so; fds 3 and 4 are its pipes).
     #[arg(long, hide = true)]
     pub fail_safe: bool,
@@ -131,12 +161,103 @@ fn parse_capacity(s: &str) -> Result<GpuInfo, String> {
     })
 }
 
+/// `--metrics-addr`: an address, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsAddr {
+    Off,
+    At(SocketAddr),
+}
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr::Off);
+    }
+    s.parse().map(MetricsAddr::At).map_err(|e| {
+        format!("{s:?}: {e}: expected IP:PORT (e.g. 127.0.0.1:9475, [::1]:9475) or `off`")
+    })
+}
+
+/// Refuses a `--metrics-addr` other hosts can reach unless `--metrics-public`.
+fn check_metrics_addr(addr: MetricsAddr, public: bool) -> anyhow::Result<()> {
+    match addr {
+        MetricsAddr::At(a) if !a.ip().is_loopback() && !public => anyhow::bail!(
+            "--metrics-addr {a} is reachable from other hosts, and /metrics shows every GPU \
+             process's pid, command, user and memory: add --metrics-public to mean it, or use \
+             127.0.0.1:PORT"
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Binds the metrics listener (before anything on the host is touched, so that a
+/// port in use stops the agent at once with a clear word).
+fn bind_metrics(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr).with_context(|| {
+        format!(
+            "serve /metrics on {addr} (choose another with --metrics-addr, or `--metrics-addr off`)"
+        )
+    })?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// `--histo-log`: the interval log the agent appends to.
+struct HistoLog {
+    path: PathBuf,
+    log: IntervalLogAppender<std::fs::File>,
+    failed: bool,
+}
+
+impl HistoLog {
+    fn open(path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("open the histogram log {}", path.display()))?;
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let log = IntervalLogAppender::start(file, wall, monotonic_ns())
+            .with_context(|| format!("write the histogram log {}", path.display()))?;
+        Ok(Self {
+            path: path.to_owned(),
+            log,
+            failed: false,
+        })
+    }
+
+    /// Appends what `latency` recorded since the last call. A write error is said
+    /// once and survived (the scheduler does not depend on the log).
+    fn append(&mut self, latency: &mut LatencyRecorder) {
+        let Some(iv) = latency.take_interval() else {
+            return;
+        };
+        match self.log.append(&iv, latency.model(), monotonic_ns()) {
+            Ok(()) if self.failed => {
+                self.failed = false;
+                log::info!("histogram log {}: writing again", self.path.display());
+            }
+            Ok(()) => {}
+            Err(e) if !self.failed => {
+                self.failed = true;
+                log::warn!(
+                    "histogram log {}: {e} (an interval is lost)",
+                    self.path.display()
+                );
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     forks: u64,
     execs: u64,
     exits: u64,
-    switches: u64,
+    active: u64,
     gpu: u64,
 }
 
@@ -146,7 +267,7 @@ impl Counters {
             Event::Fork(_) => self.forks += 1,
             Event::Exec(_) => self.execs += 1,
             Event::Exit(_) => self.exits += 1,
-            Event::Switch(_) => self.switches += 1,
+            Event::Switch(_) | Event::Active(_) => self.active += 1,
             _ => self.gpu += 1,
         }
     }
@@ -188,13 +309,13 @@ fn status_line(
     tracked: usize,
 ) -> String {
     format!(
-        "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} switches and {} GPU events traced; \
+        "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} activity signals and {} GPU events traced; \
          {tracked} tracked; {drops} events lost; {} undecodable",
         started.elapsed().as_secs(),
         c.forks,
         c.execs,
         c.exits,
-        c.switches,
+        c.active,
         c.gpu,
         decode_errors
     )
@@ -279,6 +400,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         Some(path) => Config::load(path)?,
         None => Config::parse("").map_err(|(_, what)| anyhow::anyhow!("{what}"))?,
     };
+    check_metrics_addr(args.metrics_addr, args.metrics_public)?;
     crate::os::check_privileges()?;
     // One agent at a time: taken before anything that touches the host.
     let _lock = match InstanceLock::acquire(&args.lock) {
@@ -288,6 +410,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
              (stop the other first, or use `keling status` to talk to it)"
         ),
         Err(e) => return Err(e.into()),
+    };
+    let metrics_listener = match args.metrics_addr {
+        MetricsAddr::At(addr) => Some(bind_metrics(addr)?),
+        MetricsAddr::Off => None,
     };
     let nofile = crate::os::raise_nofile();
     log::debug!("open files limit {nofile}");
@@ -302,12 +428,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             left.continued
         );
     }
-    let mut probes = Probes::load(&LoadOptions::new(
-        &args.gpu,
-        true,
-        args.ringbuf_kib,
-        REQUIRED,
-    )?)?;
+    let mut load = LoadOptions::new(&args.gpu, true, args.ringbuf_kib, REQUIRED)?;
+    // The scheduler needs to know a task works, not each of its switches and calls.
+    load.active_interval_ns = defaults::ACTIVE_INTERVAL_NS;
+    let mut probes = Probes::load(&load)?;
     probes.adopt_existing_fds(None, true)?;
     let gpus = gpu_infos(&args, &file_config);
     if gpus.is_empty() {
@@ -320,6 +444,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         Some((name, gid)) => log::info!("control socket: root and group {name} ({gid})"),
         None => log::info!("control socket: root only (no `keling` group and no [access] group)"),
     }
+    let capacities = gpus.clone();
     let config = SchedConfig {
         gpus,
         slots_per_gpu: args.slots.max(1),
@@ -338,14 +463,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         let (confirm_tx, mut confirm_rx) = mpsc::unbounded_channel::<Confirmation>();
         let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<Wake>();
         let access = file_config.access_policy.clone();
+        let mut logs = Logs::open_bounded(
+            args.sched_log.as_deref(),
+            args.input_log.as_deref(),
+            args.log_max_mib.saturating_mul(1 << 20),
+        )?;
+        logs.input_header(&InputLogHeader {
+            keling_input_log: INPUT_LOG_VERSION,
+            policy: Policy::Hybrid,
+            config: config.clone(),
+        });
         let mut daemon = Daemon::new(
             Scheduler::new(config),
             LatencyRecorder::new(args.timeout_model),
-            Logs::open_bounded(
-                args.sched_log.as_deref(),
-                args.input_log.as_deref(),
-                args.log_max_mib.saturating_mul(1 << 20),
-            )?,
+            logs,
             file_config,
             DaemonSettings {
                 default_priority: args.default_priority,
@@ -356,6 +487,29 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             wake_tx,
         )?;
         daemon.exclude(failsafe.pid());
+        let mut histo = match &args.histo_log {
+            Some(path) => {
+                daemon.latency_mut().keep_intervals();
+                Some(HistoLog::open(path)?)
+            }
+            None => None,
+        };
+        let mut histo_tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(args.histo_interval),
+            Duration::from_secs(args.histo_interval),
+        );
+        let mut metrics = Metrics::new(args.metrics_grace_s.saturating_mul(1_000_000_000));
+        // Kept here, so that with no endpoint the channel stays open and quiet.
+        let (scrape_tx, mut scrapes) = mpsc::channel::<http::Scrape>(http::QUEUE);
+        let metrics_at = match metrics_listener {
+            Some(listener) => {
+                let listener = TcpListener::from_std(listener)?;
+                let at = listener.local_addr()?;
+                http::spawn(listener, scrape_tx.clone());
+                Some(at)
+            }
+            None => None,
+        };
         let (request_tx, mut requests) = mpsc::channel(64);
         server::spawn(bind_socket(&args.socket, &access)?, request_tx, admit(&access));
         let mut events = EventStream::new(probes.take_events()?)?;
@@ -373,8 +527,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         let mut drops_seen = 0u64;
         let mut last_check = Instant::now();
         let mut last_reconcile = Instant::now();
+        let mut outputs = String::new();
+        if let Some(at) = metrics_at {
+            outputs += &format!("; metrics http://{at}/metrics");
+        }
+        if let Some(path) = &args.histo_log {
+            outputs += &format!("; latency histograms to {} every {}s", path.display(), args.histo_interval);
+        }
         eprintln!(
-            "keling: ready: probes attached, watching every process; control socket {} (Ctrl-C to stop)",
+            "keling: ready: probes attached, watching every process; control socket {}{outputs} (Ctrl-C to stop)",
             args.socket.display()
         );
         // Nothing in here ends the agent but a signal to stop, or a fail-safe that
@@ -386,10 +547,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     if let Err(e) = ready {
                         log::warn!("event ring buffer: {e}");
                     }
-                    events.drain(|e| { c.count(e); daemon.on_event(e); });
+                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
                 }
                 _ = tick.tick() => {
-                    events.drain(|e| { c.count(e); daemon.on_event(e); });
+                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
                     daemon.tick();
                     if last_check.elapsed() >= Duration::from_millis(100) {
                         last_check = Instant::now();
@@ -409,7 +570,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 Some(wake) = wake_rx.recv() => {
                     if matches!(wake, Wake::Exited(_)) {
                         // The trace's exit event (with the code) is handled first.
-                        events.drain(|e| { c.count(e); daemon.on_event(e); });
+                        events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
                     }
                     daemon.woken(wake);
                 }
@@ -433,6 +594,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                         }
                     }
                 },
+                Some(scrape) = scrapes.recv() => {
+                    let text = render_metrics(&mut metrics, &probes, &daemon, &capacities, &c, events.decode_errors);
+                    let _ = scrape.reply.send(text);
+                }
+                _ = histo_tick.tick(), if histo.is_some() => {
+                    if let Some(h) = &mut histo {
+                        h.append(daemon.latency_mut());
+                    }
+                }
                 _ = status.tick(), if args.status_interval > 0 => {
                     eprintln!("{}", status_report(&probes, started, &c, events.decode_errors));
                 }
@@ -442,11 +612,59 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             }
         };
         daemon.shutdown();
+        if let Some(h) = &mut histo {
+            h.append(daemon.latency_mut());
+        }
+        drop(scrape_tx);
         let _ = std::fs::remove_file(&args.socket);
         eprintln!("{} (stopped)", status_report(&probes, started, &c, events.decode_errors));
         drop(daemon);
         drop(failsafe);
         result
+    })
+}
+
+/// One decoded event: counted, handed to the scheduler, and an exit noted for `/metrics`.
+fn ingest(e: &Event, c: &mut Counters, daemon: &mut Daemon, metrics: &mut Metrics) {
+    c.count(e);
+    if let Event::Exit(x) = e
+        && x.group_dead != 0
+    {
+        metrics.table.exited(x.header.pid, monotonic_ns());
+    }
+    daemon.on_event(e);
+}
+
+/// The `/metrics` text: the last one when it is recent enough (a burst of scrapes
+/// costs one rendering), else rendered from the maps and the daemon now.
+fn render_metrics(
+    metrics: &mut Metrics,
+    probes: &Probes,
+    daemon: &Daemon,
+    capacities: &[GpuInfo],
+    c: &Counters,
+    decode_errors: u64,
+) -> Arc<String> {
+    let now_ns = monotonic_ns();
+    if let Some(text) = metrics.cached(now_ns) {
+        return text;
+    }
+    let accounting = probes
+        .gpu_accounting()
+        .inspect_err(|e| log::debug!("metrics: GPU accounting unavailable: {e:#}"))
+        .ok();
+    let drops = probes.drops_per_cpu().map(|d| d.iter().sum()).unwrap_or(0);
+    let status = daemon.status();
+    metrics.render(&Sources {
+        accounting: accounting.as_ref(),
+        capacities,
+        events: c.forks + c.execs + c.exits + c.active + c.gpu,
+        drops,
+        decode_errors,
+        status: &status,
+        latency: daemon.latency(),
+        task_of: &|pid| daemon.task_of(pid),
+        now_ns,
     })
 }
 

@@ -30,6 +30,10 @@ pub struct StatusArgs {
     /// The agent's control socket.
     #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
     pub socket: PathBuf,
+    /// Wait up to this long for an agent that is starting to answer (scripts that
+    /// start `keling run` and then use it), s; 0: ask once.
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    pub wait: u64,
 }
 
 /// `--help`'s list of the JSON fields (README "keling status" has the same).
@@ -54,7 +58,17 @@ pub fn status(args: StatusArgs) -> anyhow::Result<i32> {
         (None, Some(id)) => Request::History(id),
         (None, None) => Request::Status(true),
     };
-    let reply = Connection::request(&args.socket, &request, &[])?.one()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.wait);
+    let reply = loop {
+        match Connection::request(&args.socket, &request, &[]) {
+            Ok(c) => break c.one()?,
+            // Not listening yet (no socket, or one nobody accepts on).
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let text = match reply {
         Reply::Export(text) => text,
         Reply::Status(s) if args.json => serde_json::to_string_pretty(&s)? + "\n",

@@ -1,13 +1,17 @@
-//! `keling trace`: trace one command (or one running process) and its descendants.
+//! `keling trace`: trace one command, running processes (`--pid`), or every process
+//! with a name (`--comm`, those running now and those that exec into it later),
+//! with their descendants.
 //!
 //! The pipeline: kernel ring buffer -> [`EventStream`] (decode) -> [`Model`] +
 //! an output [`Sink`]. The trace ends when every tracked process has exited (the
 //! kernel's tracked map is the judge, so dropped events cannot make it hang or end
-//! early) or on a second Ctrl-C.
+//! early; with `--comm` it waits for more), after `--duration`, or on Ctrl-C (the
+//! first one goes to a command Keling started, the next ends the trace); the
+//! summary is written either way.
 use std::{
     ffi::OsString,
     fs::File,
-    io::{BufWriter, Write},
+    io::{BufRead, BufReader, BufWriter, Seek, Write},
     os::fd::OwnedFd,
     path::PathBuf,
     time::Duration,
@@ -25,7 +29,7 @@ use crate::{
     event::{EventStream, decode::ExitStatus, model::Model},
     gpu::{env::GpuArgs, nvml::NvmlCheck, stats::gpu_stats},
     os::{self, monotonic_ns, spawn::HeldChild},
-    output::{self, Format, Sink, Summary},
+    output::{self, Format, Sink, Summary, decision::SchedLogReader},
 };
 
 /// What a trace cannot do without.
@@ -44,6 +48,21 @@ pub struct TraceArgs {
     /// instead of starting a command.
     #[arg(long, conflicts_with = "command")]
     pub pid: Option<u32>,
+    /// Trace every process named NAME (its `comm`, as `ps -o comm` shows it, at
+    /// most 15 characters): those running now and those that exec into that name
+    /// later (caught in the kernel at their exec), and their children. The trace
+    /// then runs until --duration or Ctrl-C. May be given several times.
+    #[arg(long, value_name = "NAME", conflicts_with = "command")]
+    pub comm: Vec<String>,
+    /// Stop tracing after this many seconds (and write the summary). A command
+    /// Keling started goes on untraced.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Follow the running agent's scheduling log (`keling run --sched-log FILE`)
+    /// and show its decisions about the traced processes (freeze, thaw, kill, late
+    /// decisions) in the trace.
+    #[arg(long, value_name = "FILE")]
+    pub sched_log: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -82,11 +101,35 @@ async fn child_readable(child: &Option<Child>) -> std::io::Result<AsyncFdReadyGu
 
 /// Runs the trace; returns the exit code `keling` should exit with.
 pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
-    if args.pid.is_none() && args.command.is_empty() {
+    if args.pid.is_none() && args.command.is_empty() && args.comm.is_empty() {
         anyhow::bail!(
-            "nothing to trace: give a command after `--` or --pid PID (see `keling trace --help`)"
+            "nothing to trace: give a command after `--`, --pid PID or --comm NAME \
+             (see `keling trace --help`)"
         );
     }
+    let duration = match args.duration {
+        Some(d) if !(d.is_finite() && d > 0.0) => {
+            anyhow::bail!("--duration must be a positive number of seconds, not {d}")
+        }
+        d => d.map(Duration::from_secs_f64),
+    };
+    let comms: Vec<String> = args.comm.iter().map(|c| comm_key(c)).collect();
+    if comms.len() > keling_common::MAX_TRACE_COMMS as usize {
+        anyhow::bail!(
+            "at most {} --comm names at once",
+            keling_common::MAX_TRACE_COMMS
+        );
+    }
+    // Opened before anything is loaded: a wrong path is an error, not a silence.
+    let sched_log = match &args.sched_log {
+        Some(path) => {
+            let mut f = File::open(path).with_context(|| format!("open {}", path.display()))?;
+            // Decisions from now on: the trace's events start now too.
+            f.seek(std::io::SeekFrom::End(0))?;
+            Some(BufReader::new(f))
+        }
+        None => None,
+    };
     os::check_privileges()?;
     // Fork first, before the probes and the runtime exist: a child that is only
     // forked (not exec'd) is cheap to throw away if loading fails.
@@ -127,21 +170,127 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             })
         }
         None => {
-            let pid = args.pid.expect("checked above");
-            let stat = os::proc::stat(pid)?;
-            probes.track(pid, pid)?;
-            probes.adopt_existing_fds(Some(&[pid]), false)?;
-            log::info!(
-                "tracing process {pid} ({}) and the children it forks from now on",
-                stat.comm
-            );
-            let tids: Vec<u32> = os::proc::tids(pid)?.into_iter().collect();
-            model.add_process(pid, stat.ppid, stat.comm, &tids);
+            // The kernel follows future execs into these names from here on, so a
+            // process that execs between this and the scan below is not missed.
+            for c in &comms {
+                probes.follow_comm(c)?;
+            }
+            let mut pids: Vec<u32> = args.pid.into_iter().collect();
+            if !comms.is_empty() {
+                let me = std::process::id();
+                for pid in os::proc::pids()? {
+                    if pid != me
+                        && !pids.contains(&pid)
+                        && os::proc::stat(pid).is_ok_and(|s| comms.contains(&s.comm))
+                    {
+                        pids.push(pid);
+                    }
+                }
+                log::info!(
+                    "tracing {} running processes named {} and every process that execs into \
+                     that name from now on, with their children; Ctrl-C{} to stop",
+                    pids.len(),
+                    comms.join(", "),
+                    if duration.is_some() {
+                        " or --duration"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            for &pid in &pids {
+                let stat = match os::proc::stat(pid) {
+                    Ok(s) => s,
+                    // Gone since the scan (a --comm match): nothing to trace.
+                    Err(_) if Some(pid) != args.pid => continue,
+                    Err(e) => return Err(e),
+                };
+                probes.track(pid, pid)?;
+                if Some(pid) == args.pid {
+                    log::info!(
+                        "tracing process {pid} ({}) and the children it forks from now on",
+                        stat.comm
+                    );
+                }
+                let tids: Vec<u32> = os::proc::tids(pid)?.into_iter().collect();
+                model.add_process(pid, stat.ppid, stat.comm, &tids);
+            }
+            if !pids.is_empty() {
+                probes.adopt_existing_fds(Some(&pids), false)?;
+            }
             None
         }
     };
     let sink = output::open(args.format, out, start_ns, args.switches);
-    runtime.block_on(event_loop(probes, model, sink, child, start_ns))
+    let end = End {
+        wait_for_comms: !comms.is_empty(),
+        duration,
+    };
+    runtime.block_on(event_loop(
+        probes, model, sink, child, start_ns, end, sched_log,
+    ))
+}
+
+/// A name as the kernel keeps it in `comm`: at most 15 bytes.
+fn comm_key(name: &str) -> String {
+    let max = keling_common::COMM_LEN - 1;
+    if name.len() <= max {
+        return name.to_owned();
+    }
+    let mut end = max;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    log::warn!(
+        "--comm {name}: the kernel keeps at most {max} bytes of a name; matching {:?}",
+        &name[..end]
+    );
+    name[..end].to_owned()
+}
+
+/// When the trace ends besides Ctrl-C.
+struct End {
+    /// `--comm`: processes may still exec into a followed name, so the trace does
+    /// not end when none is left.
+    wait_for_comms: bool,
+    duration: Option<Duration>,
+}
+
+/// Resolves at `at`; never without one.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The decisions the scheduling log gained since the last call, about processes
+/// the trace follows, to the sink (complete lines only: a line being written is
+/// read on a later call).
+fn follow_sched_log(
+    log: &mut Option<BufReader<File>>,
+    reader: &mut SchedLogReader,
+    pending: &mut String,
+    model: &Model,
+    sink: &mut Box<dyn Sink + Send>,
+) -> anyhow::Result<()> {
+    let Some(log) = log else {
+        return Ok(());
+    };
+    loop {
+        let n = log
+            .read_line(pending)
+            .context("reading the scheduling log")?;
+        if n == 0 || !pending.ends_with('\n') {
+            return Ok(());
+        }
+        if let Some(d) = reader.line(pending.trim_end(), monotonic_ns())
+            && model.has_process(d.pid)
+        {
+            sink.decision(&d).context("writing the trace")?;
+        }
+        pending.clear();
+    }
 }
 
 /// Decodes everything waiting into the model and the sink.
@@ -168,7 +317,13 @@ async fn event_loop(
     mut sink: Box<dyn Sink + Send>,
     child: Option<Child>,
     start_ns: u64,
+    end: End,
+    mut sched_log: Option<BufReader<File>>,
 ) -> anyhow::Result<i32> {
+    let stop_at = end.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut timed_out = false;
+    let mut decisions = SchedLogReader::default();
+    let mut pending_line = String::new();
     let mut events = EventStream::new(probes.take_events()?)?;
     // Detail events (switches, plain ioctls) do not wake us: drain on this tick too.
     let tick_period = Duration::from_millis(defaults::TRACE_TICK_MS);
@@ -200,8 +355,14 @@ async fn event_loop(
                     guard.clear_ready(); // spurious wake-up
                 }
             }
+            _ = until(stop_at) => {
+                log::info!("--duration reached: tracing stops");
+                timed_out = true;
+                break;
+            }
             _ = tick.tick() => {
                 drain(&mut events, &mut model, &mut sink)?;
+                follow_sched_log(&mut sched_log, &mut decisions, &mut pending_line, &model, &mut sink)?;
                 sink.flush()?;
                 ticks += 1;
                 // Every few seconds, when NVML is there: its view next to ours.
@@ -217,7 +378,7 @@ async fn event_loop(
                         sink.drops(monotonic_ns(), &per_cpu)?;
                     }
                 }
-                if !child_running && probes.tracked_processes()? == 0 {
+                if !child_running && !end.wait_for_comms && probes.tracked_processes()? == 0 {
                     // Files the traced processes shared with others may have been
                     // released by them just now.
                     probes.settle_orphans(Duration::from_secs(1)).await?;
@@ -255,6 +416,13 @@ async fn event_loop(
     }
     // Whatever the kernel wrote before we stopped.
     drain(&mut events, &mut model, &mut sink)?;
+    follow_sched_log(
+        &mut sched_log,
+        &mut decisions,
+        &mut pending_line,
+        &model,
+        &mut sink,
+    )?;
     let per_cpu = probes.drops_per_cpu()?;
     let now = monotonic_ns();
     sink.drops(now, &per_cpu)?;
@@ -274,6 +442,11 @@ async fn event_loop(
     sink.flush()?;
     Ok(match (child, child_status) {
         (Some(_), Some(status)) => status.code(),
+        (Some(c), None) if timed_out => {
+            // Traced for as long as asked: it goes on untraced.
+            log::info!("command {} goes on untraced", c.pid);
+            0
+        }
         (Some(c), None) => {
             // Stopped tracing before the command ended: it goes on untraced.
             log::warn!("stopped tracing; command {} is still running", c.pid);

@@ -6,9 +6,9 @@
 //! the contract does not define is a [`DecodeError`], never a guess. Consumers match
 //! on [`Event`] and never look at `header.kind` or a raw code again.
 use keling_common::{
-    self as raw, ALL_GPUS, COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent, ForkEvent,
-    NO_GPU, SwitchEvent, device_file, mem_kind, nvidia::ObjectKind, nvidia::escape, open_how,
-    outcome, ref_how, teardown, undecoded,
+    self as raw, ALL_GPUS, ActiveEvent, COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent,
+    ForkEvent, NO_GPU, SwitchEvent, device_file, mem_kind, nvidia::ObjectKind, nvidia::escape,
+    open_how, outcome, ref_how, teardown, undecoded,
 };
 use thiserror::Error;
 
@@ -39,6 +39,7 @@ pub enum Event {
     Exec(ExecEvent),
     Exit(ExitEvent),
     Switch(SwitchEvent),
+    Active(ActiveEvent),
     GpuOpen(GpuOpenEvent),
     GpuClose(GpuCloseEvent),
     GpuAlloc(GpuAllocEvent),
@@ -58,6 +59,7 @@ impl Event {
             Event::Exec(e) => &e.header,
             Event::Exit(e) => &e.header,
             Event::Switch(e) => &e.header,
+            Event::Active(e) => &e.header,
             Event::GpuOpen(e) => &e.header,
             Event::GpuClose(e) => &e.header,
             Event::GpuAlloc(e) => &e.header,
@@ -78,6 +80,7 @@ impl Event {
             Event::Exec(_) => EventKind::Exec,
             Event::Exit(_) => EventKind::Exit,
             Event::Switch(_) => EventKind::Switch,
+            Event::Active(_) => EventKind::Active,
             Event::GpuOpen(_) => EventKind::GpuOpen,
             Event::GpuClose(_) => EventKind::GpuClose,
             Event::GpuAlloc(_) => EventKind::GpuAlloc,
@@ -95,7 +98,7 @@ impl Event {
     pub fn is_gpu(&self) -> bool {
         !matches!(
             self,
-            Event::Fork(_) | Event::Exec(_) | Event::Exit(_) | Event::Switch(_)
+            Event::Fork(_) | Event::Exec(_) | Event::Exit(_) | Event::Switch(_) | Event::Active(_)
         )
     }
 }
@@ -560,6 +563,8 @@ unsafe impl Plain for ExitEvent {}
 // SAFETY: as above.
 unsafe impl Plain for SwitchEvent {}
 // SAFETY: as above.
+unsafe impl Plain for ActiveEvent {}
+// SAFETY: as above.
 unsafe impl Plain for raw::GpuOpenEvent {}
 // SAFETY: as above.
 unsafe impl Plain for raw::GpuCloseEvent {}
@@ -636,6 +641,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Exec => Event::Exec(exact(kind, bytes)?),
         EventKind::Exit => Event::Exit(exact(kind, bytes)?),
         EventKind::Switch => Event::Switch(exact(kind, bytes)?),
+        EventKind::Active => Event::Active(exact(kind, bytes)?),
         EventKind::GpuOpen => {
             let e: raw::GpuOpenEvent = exact(kind, bytes)?;
             Event::GpuOpen(GpuOpenEvent {
@@ -1316,6 +1322,7 @@ mod tests {
             EventKind::Exec => bytes_of(&filled::<ExecEvent>(fill)),
             EventKind::Exit => bytes_of(&filled::<ExitEvent>(fill)),
             EventKind::Switch => bytes_of(&filled::<SwitchEvent>(fill)),
+            EventKind::Active => bytes_of(&filled::<ActiveEvent>(fill)),
             EventKind::GpuOpen => {
                 let mut e: raw::GpuOpenEvent = filled(fill);
                 e.device = one(&devices, pick);

@@ -77,6 +77,11 @@ impl Model {
         }
     }
 
+    /// Whether the trace has seen process `pid` (registered, forked or exec'd).
+    pub fn has_process(&self, pid: u32) -> bool {
+        self.processes.contains_key(&pid)
+    }
+
     fn add_thread(&mut self, pid: u32, tid: u32, comm: &str) {
         if let Some(p) = self.processes.get_mut(&pid) {
             p.tids.insert(tid);

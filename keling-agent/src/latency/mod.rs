@@ -62,6 +62,10 @@ use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+pub mod intervals;
+pub mod prom;
+pub mod tune;
+
 /// Timeout before the window holds enough data: 12.4 ms + 3 x 3.8 ms.
 pub const DEFAULT_TIMEOUT_NS: u64 = 23_800_000;
 /// A window with fewer observations than this keeps [`DEFAULT_TIMEOUT_NS`].
@@ -74,9 +78,10 @@ pub const WINDOW_MAX_AGE_NS: u64 = 60_000_000_000;
 pub const RECOMPUTE_INTERVAL_NS: u64 = 1_000_000_000;
 /// Static model: mean + `STATIC_SIGMAS` x sigma.
 pub const STATIC_SIGMAS: f64 = 3.0;
-/// Adaptive model: p99 x `ADAPTIVE_FACTOR_NUM / ADAPTIVE_FACTOR_DEN` (= 1.2).
-const ADAPTIVE_FACTOR_NUM: u128 = 6;
-const ADAPTIVE_FACTOR_DEN: u128 = 5;
+/// Adaptive model: p99 x `ADAPTIVE_FACTOR` by default.
+pub const ADAPTIVE_FACTOR: f64 = 1.2;
+/// The adaptive factor is applied in thousandths, in integer arithmetic.
+const ADAPTIVE_FACTOR_DEN_MILLI: u128 = 1000;
 /// Lower bound of any computed timeout.
 pub const MIN_TIMEOUT_NS: u64 = 1_000;
 
@@ -101,7 +106,6 @@ const EXPORT_STAGES: [Stage; 5] = [
     Stage::Actuation,
     Stage::Confirmation,
 ];
-const PROM_QUANTILES: [(f64, &str); 3] = [(0.5, "0.5"), (0.9, "0.9"), (0.99, "0.99")];
 
 /// One stage of a decision's latency.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -223,6 +227,14 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
+    /// The design's multiplier: 3 sigmas (static), p99 x 1.2 (adaptive).
+    pub fn default_multiplier(self) -> f64 {
+        match self {
+            ModelKind::Static => STATIC_SIGMAS,
+            ModelKind::Adaptive => ADAPTIVE_FACTOR,
+        }
+    }
+
     /// "static" or "adaptive".
     pub fn as_str(self) -> &'static str {
         match self {
@@ -237,6 +249,8 @@ impl ModelKind {
 #[derive(Clone, Debug)]
 pub struct TimeoutModel {
     kind: ModelKind,
+    /// Static: sigmas over the mean; adaptive: the factor on p99 (see [`ModelKind::default_multiplier`]).
+    multiplier: f64,
     /// `(observed_at_ns, end_to_end_ns)`, oldest first (by insertion).
     window: VecDeque<(u64, u64)>,
     timeout_ns: u64,
@@ -246,8 +260,19 @@ pub struct TimeoutModel {
 impl TimeoutModel {
     /// A model with an empty window and the default 23.8 ms timeout.
     pub fn new(kind: ModelKind) -> Self {
+        Self::with_multiplier(kind, kind.default_multiplier())
+    }
+
+    /// A model with another multiplier: sigmas over the mean (static), or the factor
+    /// on p99 (adaptive). Negative or non-finite multipliers count as 0.
+    pub fn with_multiplier(kind: ModelKind, multiplier: f64) -> Self {
         TimeoutModel {
             kind,
+            multiplier: if multiplier.is_finite() {
+                multiplier.max(0.0)
+            } else {
+                0.0
+            },
             window: VecDeque::with_capacity(WINDOW_MAX_DECISIONS + 1),
             timeout_ns: DEFAULT_TIMEOUT_NS,
             last_recompute_ns: None,
@@ -257,6 +282,11 @@ impl TimeoutModel {
     /// The model's kind.
     pub fn kind(&self) -> ModelKind {
         self.kind
+    }
+
+    /// The model's multiplier (sigmas, or the factor on p99).
+    pub fn multiplier(&self) -> f64 {
+        self.multiplier
     }
 
     /// Adds one end-to-end latency observed at `now_ns`. Does not change the timeout by itself.
@@ -275,6 +305,14 @@ impl TimeoutModel {
     /// The timeout in force, in ns.
     pub fn timeout_ns(&self) -> u64 {
         self.timeout_ns
+    }
+
+    /// A model whose timeout in force is `timeout_ns` (read back from a log), with an
+    /// empty window.
+    pub fn with_timeout(kind: ModelKind, multiplier: f64, timeout_ns: u64) -> Self {
+        let mut m = Self::with_multiplier(kind, multiplier);
+        m.timeout_ns = timeout_ns;
+        m
     }
 
     /// Observations currently in the window (as of the last eviction).
@@ -307,13 +345,17 @@ impl TimeoutModel {
             return;
         }
         let computed = match self.kind {
-            ModelKind::Static => static_timeout(self.window.iter().map(|&(_, v)| v)),
+            ModelKind::Static => {
+                static_timeout(self.window.iter().map(|&(_, v)| v), self.multiplier)
+            }
             ModelKind::Adaptive => {
                 let mut values: Vec<u64> = self.window.iter().map(|&(_, v)| v).collect();
                 values.sort_unstable();
                 let p99 = nearest_rank(&values, 99);
-                let t = u128::from(p99) * ADAPTIVE_FACTOR_NUM;
-                let t = (t + ADAPTIVE_FACTOR_DEN / 2) / ADAPTIVE_FACTOR_DEN;
+                // In thousandths, in integers: 1.2 gives exactly p99 x 6 / 5, rounded.
+                let milli = (self.multiplier * ADAPTIVE_FACTOR_DEN_MILLI as f64).round() as u128;
+                let t = u128::from(p99) * milli;
+                let t = (t + ADAPTIVE_FACTOR_DEN_MILLI / 2) / ADAPTIVE_FACTOR_DEN_MILLI;
                 u64::try_from(t).unwrap_or(u64::MAX)
             }
         };
@@ -321,8 +363,8 @@ impl TimeoutModel {
     }
 }
 
-/// mean + 3 x population sigma, rounded to ns. `values` must not be empty.
-fn static_timeout(values: impl Iterator<Item = u64> + Clone) -> u64 {
+/// mean + `sigmas` x population sigma, rounded to ns. `values` must not be empty.
+fn static_timeout(values: impl Iterator<Item = u64> + Clone, sigmas: f64) -> u64 {
     let n = values.clone().count() as f64;
     let mean = values.clone().map(|v| v as f64).sum::<f64>() / n;
     let var = values
@@ -332,7 +374,7 @@ fn static_timeout(values: impl Iterator<Item = u64> + Clone) -> u64 {
         })
         .sum::<f64>()
         / n;
-    let t = mean + STATIC_SIGMAS * var.max(0.0).sqrt();
+    let t = mean + sigmas * var.max(0.0).sqrt();
     // `as` saturates for out-of-range floats.
     t.round() as u64
 }
@@ -412,13 +454,55 @@ pub struct LatencyRecorder {
     late: u64,
     /// Latest timestamp seen in a record or a tick.
     last_ns: Option<u64>,
+    /// What was recorded since the last [`LatencyRecorder::take_interval`], when an
+    /// interval log is kept.
+    interval: Option<Interval>,
+}
+
+/// The decisions of one interval of an interval log: histograms keyed by (stage,
+/// action or `None` for all actions), and what the model did with them.
+#[derive(Clone, Debug, Default)]
+pub struct Interval {
+    pub histograms: BTreeMap<(Stage, Option<String>), Histogram<u64>>,
+    pub decisions: u64,
+    pub late: u64,
+}
+
+/// Which histograms an export shows: one stage or all; with an action, only that
+/// action's histograms (without, the all-actions ones, and in JSON and Prometheus
+/// the per-action ones too).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub stage: Option<Stage>,
+    pub action: Option<String>,
+}
+
+impl Selection {
+    fn stage(&self, s: Stage) -> bool {
+        self.stage.is_none_or(|x| x == s)
+    }
+
+    fn action(&self, a: Option<&str>) -> bool {
+        match (&self.action, a) {
+            (None, _) => true,
+            (Some(want), Some(a)) => want == a,
+            (Some(_), None) => false,
+        }
+    }
 }
 
 impl LatencyRecorder {
     /// An empty recorder whose timeout follows `kind`.
     pub fn new(kind: ModelKind) -> Self {
+        Self::with_multiplier(kind, kind.default_multiplier())
+    }
+
+    /// An empty recorder whose timeout follows `kind` with another multiplier (see
+    /// [`TimeoutModel::with_multiplier`]).
+    pub fn with_multiplier(kind: ModelKind, multiplier: f64) -> Self {
         LatencyRecorder {
-            model: TimeoutModel::new(kind),
+            interval: None,
+            model: TimeoutModel::with_multiplier(kind, multiplier),
             all: Stage::ALL.iter().map(|&s| (s, Hist::new())).collect(),
             by_action: BTreeMap::new(),
             late_by_action: BTreeMap::new(),
@@ -454,6 +538,20 @@ impl LatencyRecorder {
         }
         let timeout_ns = self.model.timeout_ns();
         let late = d.end_to_end_ns > timeout_ns;
+        if let Some(iv) = &mut self.interval {
+            for stage in Stage::ALL {
+                if let Some(v) = d.get(stage) {
+                    for key in [(stage, None), (stage, Some(action.clone()))] {
+                        iv.histograms
+                            .entry(key)
+                            .or_insert_with(|| Hist::new().h)
+                            .saturating_record(v);
+                    }
+                }
+            }
+            iv.decisions += 1;
+            iv.late += u64::from(late);
+        }
         self.decisions += 1;
         let late_here = self.late_by_action.entry(action).or_insert(0);
         if late {
@@ -468,6 +566,62 @@ impl LatencyRecorder {
             end_to_end_ns: d.end_to_end_ns,
             timeout_ns,
         }
+    }
+
+    /// Starts keeping what each interval recorded, for an interval log.
+    pub fn keep_intervals(&mut self) {
+        self.interval.get_or_insert_with(Interval::default);
+    }
+
+    /// What was recorded since the last call (or since [`Self::keep_intervals`]);
+    /// `None` when intervals are not kept.
+    pub fn take_interval(&mut self) -> Option<Interval> {
+        self.interval.as_mut().map(std::mem::take)
+    }
+
+    /// The model in force.
+    pub fn model(&self) -> &TimeoutModel {
+        &self.model
+    }
+
+    /// A recorder rebuilt from exported histograms (an interval log): the exports
+    /// then show what the live agent's did. `histograms` are keyed as in
+    /// [`Interval`]; Prometheus sums are estimated from the histograms (mean x count).
+    pub fn from_histograms(
+        model: TimeoutModel,
+        histograms: BTreeMap<(Stage, Option<String>), Histogram<u64>>,
+        decisions: u64,
+        late: u64,
+        late_by_action: BTreeMap<String, u64>,
+    ) -> Self {
+        let mut r = Self::with_multiplier(model.kind(), model.multiplier());
+        r.model = model;
+        r.decisions = decisions;
+        r.late = late;
+        for ((stage, action), h) in histograms {
+            let mut hist = Hist::new();
+            if hist.h.add(&h).is_err() {
+                // Values beyond 60 s: clamp them like a live recording would.
+                for v in h.iter_recorded() {
+                    hist.h
+                        .saturating_record_n(v.value_iterated_to(), v.count_at_value());
+                }
+            }
+            hist.sum_ns = (hist.h.mean() * hist.h.len() as f64).round() as u128;
+            match action {
+                None => {
+                    r.all.insert(stage, hist);
+                }
+                Some(a) => {
+                    r.late_by_action.entry(a.clone()).or_insert(0);
+                    r.by_action.insert((stage, a), hist);
+                }
+            }
+        }
+        for (a, n) in late_by_action {
+            r.late_by_action.insert(a, n);
+        }
+        r
     }
 
     /// Lets the model recompute (at most once per second of `now_ns`).
@@ -486,19 +640,16 @@ impl LatencyRecorder {
     }
 
     /// Decisions called late so far.
-    #[cfg(test)]
     pub fn late_count(&self) -> u64 {
         self.late
     }
 
     /// Decisions recorded so far.
-    #[cfg(test)]
     pub fn decisions(&self) -> u64 {
         self.decisions
     }
 
     /// Late decisions per action kind (every recorded kind appears, possibly with 0).
-    #[cfg(test)]
     pub fn late_by_action(&self) -> &BTreeMap<String, u64> {
         &self.late_by_action
     }
@@ -557,16 +708,52 @@ impl LatencyRecorder {
     /// Every histogram in export order: end-to-end of all actions, the other stages of all
     /// actions, then per (stage, action kind). Items are (stage, action or `None` for all, hist).
     fn export_order(&self) -> Vec<(Stage, Option<&str>, &Hist)> {
+        self.export_selected(&Selection::default())
+    }
+
+    /// [`Self::export_order`], only what `sel` selects.
+    fn export_selected(&self, sel: &Selection) -> Vec<(Stage, Option<&str>, &Hist)> {
         let mut out = Vec::new();
         for stage in EXPORT_STAGES {
             if let Some(h) = self.all.get(&stage) {
-                out.push((stage, None, h));
+                if sel.stage(stage) && sel.action(None) {
+                    out.push((stage, None, h));
+                }
             }
         }
         for ((stage, action), h) in &self.by_action {
-            out.push((*stage, Some(action.as_str()), h));
+            if sel.stage(*stage) && sel.action(Some(action)) {
+                out.push((*stage, Some(action.as_str()), h));
+            }
         }
         out
+    }
+
+    /// Every histogram in export order, for the interval log and Prometheus.
+    pub fn histograms(&self) -> Vec<(Stage, Option<&str>, &Histogram<u64>)> {
+        self.export_order()
+            .into_iter()
+            .map(|(s, a, h)| (s, a, &h.h))
+            .collect()
+    }
+
+    /// The exact sum of what a histogram recorded, ns (estimated for imported ones).
+    pub fn sum_ns(&self, stage: Stage, action: Option<&str>) -> u128 {
+        self.hist(stage, action).map_or(0, |h| h.sum_ns)
+    }
+
+    /// Writes one export format, only the histograms `sel` selects.
+    pub fn write_export(
+        &self,
+        w: &mut impl Write,
+        format: HistoFormat,
+        sel: &Selection,
+    ) -> io::Result<()> {
+        match format {
+            HistoFormat::Hgrm => self.write_percentile_table_selected(w, sel),
+            HistoFormat::Prom => self.write_prometheus_selected(w, sel),
+            HistoFormat::Json => self.write_json_selected(w, sel),
+        }
     }
 
     /// Writes an HdrHistogram interval log (V2, deflate-compressed histograms, readable by
@@ -606,91 +793,53 @@ impl LatencyRecorder {
     /// 1/(1-Percentile)`, 5 ticks per half distance, values in ms) for end-to-end and then each
     /// stage, all actions; each table is preceded by a `#[Stage: ..]` line.
     pub fn write_percentile_table(&self, w: &mut impl Write) -> io::Result<()> {
-        for (i, stage) in EXPORT_STAGES.into_iter().enumerate() {
+        self.write_percentile_table_selected(w, &Selection::default())
+    }
+
+    /// [`Self::write_percentile_table`] for the selected stages, of one action when
+    /// the selection names one.
+    pub fn write_percentile_table_selected(
+        &self,
+        w: &mut impl Write,
+        sel: &Selection,
+    ) -> io::Result<()> {
+        let empty = Hist::new();
+        let stages = EXPORT_STAGES.into_iter().filter(|&s| sel.stage(s));
+        for (i, stage) in stages.enumerate() {
             if i > 0 {
                 writeln!(w)?;
             }
-            writeln!(w, "#[Stage: {stage}, actions: all, values in ms]")?;
-            match self.all.get(&stage) {
-                Some(h) => write_percentile_distribution(w, &h.h)?,
-                None => write_percentile_distribution(w, &Hist::new().h)?,
-            }
+            let actions = sel.action.as_deref().unwrap_or("all");
+            writeln!(w, "#[Stage: {stage}, actions: {actions}, values in ms]")?;
+            let h = self.hist(stage, sel.action.as_deref()).unwrap_or(&empty);
+            write_percentile_distribution(w, &h.h)?;
         }
         Ok(())
     }
 
-    /// Writes the Prometheus text exposition format (0.0.4):
-    /// - `keling_decision_latency_seconds{stage,action}`: summary (quantiles 0.5/0.9/0.99,
-    ///   `_sum`, `_count`) per stage and action kind that has data;
-    /// - `keling_decision_latency_all_actions_seconds{stage}`: the same over all actions, every
-    ///   stage (quantiles NaN while empty), a separate family so sums over `action` do not
-    ///   double count;
-    /// - `keling_decision_timeout_seconds{model}` gauge, `keling_decisions_total` and
-    ///   `keling_decisions_late_total` counters.
+    /// Writes the Prometheus text exposition format (0.0.4) through prometheus-client:
+    /// the families of [`prom`] (histograms per stage and action, per stage over all
+    /// actions, the timeout in force, decisions and late decisions).
     pub fn write_prometheus(&self, w: &mut impl Write) -> io::Result<()> {
-        let name = "keling_decision_latency_seconds";
-        writeln!(
-            w,
-            "# HELP {name} Scheduler decision latency by stage and action kind, from the kernel event to confirmation."
-        )?;
-        writeln!(w, "# TYPE {name} summary")?;
-        for ((stage, action), h) in &self.by_action {
-            let labels = format!(
-                "stage=\"{}\",action=\"{}\"",
-                stage.as_str(),
-                escape_label(action)
-            );
-            write_summary(w, name, &labels, h)?;
-        }
+        self.write_prometheus_selected(w, &Selection::default())
+    }
 
-        let name = "keling_decision_latency_all_actions_seconds";
-        writeln!(
-            w,
-            "# HELP {name} Scheduler decision latency by stage over all action kinds."
-        )?;
-        writeln!(w, "# TYPE {name} summary")?;
-        for stage in Stage::ALL {
-            let labels = format!("stage=\"{}\"", stage.as_str());
-            match self.all.get(&stage) {
-                Some(h) => write_summary(w, name, &labels, h)?,
-                None => write_summary(w, name, &labels, &Hist::new())?,
-            }
-        }
-
-        let name = "keling_decision_timeout_seconds";
-        writeln!(
-            w,
-            "# HELP {name} Decision timeout in force; decisions over it are late."
-        )?;
-        writeln!(w, "# TYPE {name} gauge")?;
-        writeln!(
-            w,
-            "{name}{{model=\"{}\"}} {}",
-            self.model.kind().as_str(),
-            prom_f64(self.timeout_ns() as f64 / NS_PER_S)
-        )?;
-
-        let name = "keling_decisions_total";
-        writeln!(w, "# HELP {name} Scheduler decisions recorded.")?;
-        writeln!(w, "# TYPE {name} counter")?;
-        writeln!(w, "{name} {}", self.decisions)?;
-
-        let name = "keling_decisions_late_total";
-        writeln!(
-            w,
-            "# HELP {name} Decisions whose end-to-end latency exceeded the timeout in force."
-        )?;
-        writeln!(w, "# TYPE {name} counter")?;
-        writeln!(w, "{name} {}", self.late)?;
-        Ok(())
+    /// [`Self::write_prometheus`] with only the histograms `sel` selects.
+    pub fn write_prometheus_selected(&self, w: &mut impl Write, sel: &Selection) -> io::Result<()> {
+        w.write_all(prom::latency_text(self, sel).as_bytes())
     }
 
     /// Writes a JSON document (one line): the status summary plus every histogram with its
     /// statistics (ns) and recorded buckets as `[value_ns, count]` pairs (value = highest value
     /// equivalent to the bucket).
     pub fn write_json(&self, w: &mut impl Write) -> io::Result<()> {
+        self.write_json_selected(w, &Selection::default())
+    }
+
+    /// [`Self::write_json`] with only the histograms `sel` selects.
+    pub fn write_json_selected(&self, w: &mut impl Write, sel: &Selection) -> io::Result<()> {
         let histograms: Vec<Value> = self
-            .export_order()
+            .export_selected(sel)
             .into_iter()
             .map(|(stage, action, h)| {
                 let buckets: Vec<[u64; 2]> =
@@ -787,52 +936,6 @@ fn sanitize_tag(s: &str) -> String {
         .collect()
 }
 
-/// Escapes a Prometheus label value.
-fn escape_label(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Prometheus float: Rust's `Display` never uses exponents; NaN/Inf spelled as Prometheus does.
-fn prom_f64(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".to_owned()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.to_owned()
-    } else {
-        format!("{v}")
-    }
-}
-
-fn write_summary(w: &mut impl Write, name: &str, labels: &str, h: &Hist) -> io::Result<()> {
-    for (q, q_text) in PROM_QUANTILES {
-        let v = if h.h.is_empty() {
-            f64::NAN
-        } else {
-            h.h.value_at_quantile(q) as f64 / NS_PER_S
-        };
-        writeln!(
-            w,
-            "{name}{{{labels},quantile=\"{q_text}\"}} {}",
-            prom_f64(v)
-        )?;
-    }
-    writeln!(
-        w,
-        "{name}_sum{{{labels}}} {}",
-        prom_f64(h.sum_ns as f64 / NS_PER_S)
-    )?;
-    writeln!(w, "{name}_count{{{labels}}} {}", h.h.len())
-}
-
 /// HdrHistogram's `outputPercentileDistribution(out, 5, 1e6)`, as the Java implementation
 /// formats it (values ns -> ms, 3 decimals).
 fn write_percentile_distribution(w: &mut impl Write, h: &Histogram<u64>) -> io::Result<()> {
@@ -889,16 +992,24 @@ pub struct ModelSummary {
     pub decisions: u64,
 }
 
-/// Both models replayed over the same series.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+/// Both models replayed over the same series, at their default multipliers
+/// (`static`, `adaptive`) and over a range of multipliers with a recommendation
+/// ([`tune::Tuning`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TuneReport {
     #[serde(rename = "static")]
     pub static_: ModelSummary,
     pub adaptive: ModelSummary,
+    #[serde(flatten)]
+    pub tuning: tune::Tuning,
 }
 
 impl fmt::Display for TuneReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "The design's settings (static: mean + 3 sigma; adaptive: p99 x 1.2):"
+        )?;
         writeln!(
             f,
             "{:<10} {:>12} {:>10} {:>10}",
@@ -911,40 +1022,49 @@ impl fmt::Display for TuneReport {
                 name, s.timeout_ms, s.late, s.decisions
             )?;
         }
-        Ok(())
+        writeln!(f)?;
+        writeln!(f, "Every setting tried (* recommended):")?;
+        write!(f, "{}", self.tuning)
     }
 }
 
 /// Replays `(ts_ns, end_to_end_ns)` samples, in time order (stable for equal timestamps),
-/// through both models. For each sample: `maybe_recompute(ts)`, judge (late = latency > the
-/// timeout now in force), then `observe(latency, ts)`. The final timeout is a forced
-/// recomputation at the last sample's time, so it reflects the whole final window.
+/// through both models at every multiplier of [`tune`]. For each sample:
+/// `maybe_recompute(ts)`, judge (late = latency > the timeout now in force), then
+/// `observe(latency, ts)`. The final timeout is a forced recomputation at the last sample's
+/// time, so it reflects the whole final window.
 pub fn tune_report(end_to_end_ns: &[(u64, u64)]) -> TuneReport {
-    let mut series = end_to_end_ns.to_vec();
-    series.sort_by_key(|&(ts, _)| ts);
-    let run = |kind: ModelKind| {
-        let mut model = TimeoutModel::new(kind);
-        let mut late = 0;
-        for &(ts, lat) in &series {
-            model.maybe_recompute(ts);
-            if lat > model.timeout_ns() {
-                late += 1;
-            }
-            model.observe(lat, ts);
-        }
-        if let Some(&(last, _)) = series.last() {
-            model.recompute(last);
-        }
+    let tuning = tune::tune(end_to_end_ns);
+    let summary = |kind: ModelKind| {
+        let c = tuning
+            .grid
+            .iter()
+            .find(|c| c.model == kind && c.is_default())
+            .expect("the grid holds both defaults");
         ModelSummary {
-            timeout_ms: model.timeout_ns() as f64 / NS_PER_MS,
-            late,
-            decisions: series.len() as u64,
+            timeout_ms: c.timeout_ms,
+            late: c.late,
+            decisions: c.decisions,
         }
     };
     TuneReport {
-        static_: run(ModelKind::Static),
-        adaptive: run(ModelKind::Adaptive),
+        static_: summary(ModelKind::Static),
+        adaptive: summary(ModelKind::Adaptive),
+        tuning,
     }
+}
+
+/// The formats `keling histo export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HistoFormat {
+    /// HdrHistogram percentile distribution (`.hgrm`), values in ms.
+    #[value(alias = "percentiles")]
+    Hgrm,
+    /// Prometheus text exposition (histograms).
+    #[value(alias = "prometheus")]
+    Prom,
+    /// JSON: a summary and every histogram's buckets.
+    Json,
 }
 
 #[cfg(test)]
@@ -1425,8 +1545,13 @@ mod tests {
             // every sample belongs to the most recently TYPEd family
             let (family, ty) = typed.last().expect("sample before TYPE");
             let ok = name == family
-                || (ty == "summary"
-                    && (name == format!("{family}_sum") || name == format!("{family}_count")));
+                || (ty == "histogram"
+                    && [
+                        format!("{family}_sum"),
+                        format!("{family}_count"),
+                        format!("{family}_bucket"),
+                    ]
+                    .contains(&name.to_owned()));
             assert!(ok, "{name} outside its family {family}");
             samples.push((name.to_owned(), labels, value));
         }
@@ -1440,13 +1565,16 @@ mod tests {
         r.write_prometheus(&mut buf).unwrap();
         let text = String::from_utf8(buf).unwrap();
         for family in [
-            "keling_decision_latency_seconds summary",
-            "keling_decision_latency_all_actions_seconds summary",
+            "keling_decision_latency_seconds histogram",
+            "keling_decision_latency_all_actions_seconds histogram",
             "keling_decision_timeout_seconds gauge",
             "keling_decisions_total counter",
             "keling_decisions_late_total counter",
         ] {
-            assert!(text.contains(&format!("# TYPE {family}\n")), "{family}");
+            assert!(
+                text.contains(&format!("# TYPE {family}\n")),
+                "{family}\n{text}"
+            );
         }
         let samples = parse_prom(&text);
         let find = |name: &str, labels: &[(&str, &str)]| -> f64 {
@@ -1455,26 +1583,48 @@ mod tests {
                 .find(|(n, l, _)| {
                     n == name
                         && l.len() == labels.len()
-                        && labels
-                            .iter()
-                            .all(|(k, v)| l.iter().any(|(k2, v2)| k2 == k && v2 == v))
+                        && labels.iter().all(|(k, v)| {
+                            l.iter().any(|(k2, v2)| {
+                                // A bucket bound is a number, however it is spelled.
+                                k2 == k
+                                    && (v2 == v
+                                        || (*k == "le"
+                                            && v2.parse::<f64>().ok() == v.parse::<f64>().ok()))
+                            })
+                        })
                 })
-                .unwrap_or_else(|| panic!("{name} {labels:?}"))
+                .unwrap_or_else(|| panic!("{name} {labels:?} not in\n{text}"))
                 .2
         };
         let p = r.percentiles(Stage::Actuation, Some("freeze")).unwrap();
         let labels = [("stage", "actuation"), ("action", "freeze")];
-        let q99 = find(
-            "keling_decision_latency_seconds",
-            &[labels[0], labels[1], ("quantile", "0.99")],
-        );
-        assert!((q99 - p.p99_ns as f64 / 1e9).abs() < 1e-12);
         assert_eq!(
             find("keling_decision_latency_seconds_count", &labels),
             p.count as f64
         );
+        assert_eq!(
+            find(
+                "keling_decision_latency_seconds_bucket",
+                &[labels[0], labels[1], ("le", "+Inf")]
+            ),
+            p.count as f64
+        );
+        // Cumulative buckets: what is at most 1 s is every value at most 1 s.
+        let h = r.hist(Stage::Actuation, Some("freeze")).unwrap();
+        let under_1s: u64 =
+            h.h.iter_recorded()
+                .filter(|v| v.value_iterated_to() <= 1_000_000_000)
+                .map(|v| v.count_at_value())
+                .sum();
+        assert_eq!(
+            find(
+                "keling_decision_latency_seconds_bucket",
+                &[labels[0], labels[1], ("le", "1.0")]
+            ),
+            under_1s as f64
+        );
         let sum = find("keling_decision_latency_seconds_sum", &labels);
-        assert!(sum > 0.0 && sum < p.count as f64 * p.max_ns as f64 / 1e9 + 1e-9);
+        assert!((sum - h.sum_ns as f64 / 1e9).abs() < 1e-9);
         // The awkward action name survives escaping.
         let odd = find(
             "keling_decision_latency_seconds_count",
@@ -1624,7 +1774,7 @@ mod tests {
             shown.contains("static") && shown.contains("48.000"),
             "{shown}"
         );
-        let j = serde_json::to_value(r).unwrap();
+        let j = serde_json::to_value(&r).unwrap();
         assert_eq!(j["static"]["late"], 4);
         assert_eq!(j["adaptive"]["timeout_ms"], 48.0);
 

@@ -81,7 +81,13 @@ pub fn name_of_uid(uid: u32) -> Option<String> {
     let mut result = std::ptr::null_mut();
     // SAFETY: every pointer is valid for the call; getpwuid_r writes within `buf`.
     let r = unsafe {
-        libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut result)
+        libc::getpwuid_r(
+            uid,
+            &mut pw,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        )
     };
     if r != 0 || result.is_null() || pw.pw_name.is_null() {
         return None;

@@ -57,6 +57,15 @@ pub fn event_json(event: &Event) -> Value {
             "next_tid": e.next_tid,
             "next_pid": opt_pid(e.next_pid),
         }),
+        Event::Active(e) => json!({
+            "type": "active",
+            "root_pid": e.root_pid,
+            "cause": match e.cause {
+                keling_common::active_cause::SWITCH_IN => "switch_in",
+                keling_common::active_cause::IOCTL => "ioctl",
+                _ => "unknown",
+            },
+        }),
         Event::GpuOpen(e) => {
             let mut v = json!({
                 "type": "gpu_open", "fd": e.fd, "device": names::device(e.device),
@@ -159,6 +168,21 @@ fn undecoded_json(per_reason: &[u64]) -> Value {
     v
 }
 
+/// The `summary` object (the jsonl trace's last line; also in a Perfetto trace).
+pub fn summary_json(s: &Summary) -> Value {
+    json!({
+        "type": "summary",
+        "ts_ns": s.ts_ns,
+        "duration_ns": s.duration_ns,
+        "events": s.events,
+        "drops": s.drops,
+        "decode_errors": s.decode_errors,
+        "undecoded": undecoded_json(s.undecoded),
+        "gpus": s.gpus,
+        "processes": s.processes,
+    })
+}
+
 impl JsonlSink {
     pub fn new(out: Box<dyn Write + Send>) -> Self {
         Self { out }
@@ -210,18 +234,22 @@ impl Sink for JsonlSink {
         self.line(&json!({"type": "nvml_check", "ts_ns": ts_ns, "processes": diffs}))
     }
 
+    fn decision(&mut self, d: &super::decision::Decision) -> io::Result<()> {
+        let mut v = json!({"type": "keling_decision", "ts_ns": d.ts_ns, "pid": d.pid,
+                           "task": d.task, "text": d.text()});
+        if let super::decision::DecisionKind::Transition {
+            from, to, reason, ..
+        } = &d.what
+        {
+            v["from"] = json!(from);
+            v["to"] = json!(to);
+            v["reason"] = json!(reason);
+        }
+        self.line(&v)
+    }
+
     fn summary(&mut self, s: &Summary) -> io::Result<()> {
-        self.line(&json!({
-            "type": "summary",
-            "ts_ns": s.ts_ns,
-            "duration_ns": s.duration_ns,
-            "events": s.events,
-            "drops": s.drops,
-            "decode_errors": s.decode_errors,
-            "undecoded": undecoded_json(s.undecoded),
-            "gpus": s.gpus,
-            "processes": s.processes,
-        }))
+        self.line(&summary_json(s))
     }
 
     fn flush(&mut self) -> io::Result<()> {

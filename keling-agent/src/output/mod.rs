@@ -1,5 +1,6 @@
-//! Trace outputs: one [`Sink`] interface, implemented by the text timeline and JSON
-//! lines today (Perfetto and metrics tomorrow).
+//! Trace outputs: one [`Sink`] interface, implemented by the text timeline, JSON
+//! lines and a Perfetto trace; [`findings`] picks out what usually explains a
+//! misbehaving process, [`decision`] reads Keling's scheduler decisions back.
 //!
 //! A sink receives every decoded event in order, the drop counts, the exact GPU
 //! figures on demand, and the end-of-trace summary. It owns its writer and must not
@@ -14,7 +15,10 @@ use crate::{
     },
 };
 
+pub mod decision;
+pub mod findings;
 pub mod jsonl;
+pub mod perfetto;
 pub mod text;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -23,6 +27,9 @@ pub enum Format {
     Text,
     /// One JSON object per line; the last is `{"type":"summary",...}`.
     Jsonl,
+    /// A trace for the Perfetto UI (Chrome trace-event JSON): thread tracks with
+    /// on-CPU slices, GPU memory counters, GPU and scheduler events. Use --output.
+    Perfetto,
 }
 
 /// The end-of-trace figures.
@@ -55,6 +62,10 @@ pub trait Sink {
     ) -> io::Result<()>;
     /// Keling's per-process bytes next to NVML's (nothing when there are none).
     fn nvml_check(&mut self, ts_ns: u64, diffs: &[NvmlDiff]) -> io::Result<()>;
+    /// A decision of Keling's scheduler about a traced process (`--sched-log`).
+    fn decision(&mut self, _decision: &decision::Decision) -> io::Result<()> {
+        Ok(())
+    }
     /// The end of the trace.
     fn summary(&mut self, summary: &Summary) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
@@ -71,6 +82,7 @@ pub fn open(
     match format {
         Format::Text => Box::new(text::TextSink::new(out, start_ns, switches)),
         Format::Jsonl => Box::new(jsonl::JsonlSink::new(out)),
+        Format::Perfetto => Box::new(perfetto::PerfettoSink::new(out)),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The text timeline: one line per event as it happens, then per-thread and
-//! per-process GPU tables.
+//! per-process GPU tables, and the findings (see [`super::findings`]): what
+//! usually explains a misbehaving process.
 use std::io::{self, Write};
 
-use super::{Sink, Summary};
+use super::{Sink, Summary, decision::Decision, findings::Findings};
 use crate::{
     event::{
         decode::{Event, ExitStatus, IoctlOutcome, OpenHow, RefHow, comm, cstr},
@@ -21,6 +22,7 @@ pub struct TextSink {
     start_ns: u64,
     /// Show context switches (jsonl always has them).
     switches: bool,
+    findings: Findings,
 }
 
 /// sched_switch's one-letter state, as `ps` and the tracepoint print it.
@@ -185,7 +187,9 @@ pub fn gpu_text(event: &Event) -> Option<String> {
             e.handle,
             e.client
         ),
-        Event::Fork(_) | Event::Exec(_) | Event::Exit(_) | Event::Switch(_) => return None,
+        Event::Fork(_) | Event::Exec(_) | Event::Exit(_) | Event::Switch(_) | Event::Active(_) => {
+            return None;
+        }
     })
 }
 
@@ -195,12 +199,14 @@ impl TextSink {
             out,
             start_ns,
             switches,
+            findings: Findings::default(),
         }
     }
 }
 
 impl Sink for TextSink {
     fn event(&mut self, event: &Event) -> io::Result<()> {
+        self.findings.event(event);
         let h = event.header();
         let text = if let Some(t) = gpu_text(event) {
             t
@@ -289,7 +295,22 @@ impl Sink for TextSink {
         Ok(())
     }
 
+    fn decision(&mut self, d: &Decision) -> io::Result<()> {
+        self.findings.decision(d);
+        let secs = d.ts_ns.saturating_sub(self.start_ns) as f64 / 1e9;
+        writeln!(
+            self.out,
+            "{secs:>11.6} {:<5} {:>7}/{:<7} {:<16} {}",
+            "",
+            d.pid,
+            "",
+            "",
+            d.text()
+        )
+    }
+
     fn summary(&mut self, s: &Summary) -> io::Result<()> {
+        let findings = self.findings.report(s.ts_ns);
         let out = &mut self.out;
         writeln!(out)?;
         writeln!(
@@ -359,6 +380,13 @@ impl Sink for TextSink {
                         ""
                     }
                 )?;
+            }
+        }
+        if !findings.is_empty() {
+            writeln!(out)?;
+            writeln!(out, "findings:")?;
+            for f in &findings {
+                writeln!(out, "  {f}")?;
             }
         }
         writeln!(

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 /// The header line `keling replay` reads first when there is one:
 /// `{"keling_input_log":1,"policy":"hybrid","config":{...}}`. Synthetic runs write
-/// it; the agent does not yet (its input log starts with the first input).
+/// it, and so does the agent, at the top of every input-log file it writes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InputLogHeader {
     /// The header's format version: [`INPUT_LOG_VERSION`].

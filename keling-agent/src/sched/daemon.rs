@@ -6,7 +6,8 @@
 //!
 //! "Active" (what the core's `Active` input means here): a task is active when a
 //! process of it made an NVIDIA call (any GPU event of that process) or was switched
-//! onto a CPU; at most one `Active` per task per [`ACTIVE_MIN_INTERVAL_NS`] reaches
+//! onto a CPU; at most one `Active` per task per [`crate::defaults::ACTIVE_INTERVAL_NS`]
+//! (the kernel already limits them per tracked root process: [`Event::Active`]) reaches
 //! the core. It becomes idle after the core's idle timeout without one (a frozen task
 //! is neither, by construction).
 //!
@@ -69,8 +70,6 @@ use crate::{
     },
 };
 
-/// At most one `Active` input per task per this many ns.
-pub const ACTIVE_MIN_INTERVAL_NS: u64 = 5_000_000;
 /// Recent decisions kept for `--export tune`.
 const TUNE_SERIES_MAX: usize = 100_000;
 /// How long the cgroup of a task that ended may take to empty after `cgroup.kill`.
@@ -897,6 +896,11 @@ impl Daemon {
                     self.activity(m.task, h.ts_ns);
                 }
             }
+            Event::Active(_) => {
+                if let Some(&m) = self.pid_task.get(&h.pid) {
+                    self.activity(m.task, h.ts_ns);
+                }
+            }
             _ => {}
         }
         if !event.is_gpu() {
@@ -1058,7 +1062,7 @@ impl Daemon {
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
-        if ts_ns.saturating_sub(t.last_active_ns) < ACTIVE_MIN_INTERVAL_NS {
+        if ts_ns.saturating_sub(t.last_active_ns) < u64::from(crate::defaults::ACTIVE_INTERVAL_NS) {
             return;
         }
         t.last_active_ns = ts_ns;
@@ -1102,6 +1106,21 @@ impl Daemon {
         log::warn!(
             "the fail-safe thawed everything while the agent was stalled; froze {n} task(s) again"
         );
+    }
+
+    /// The decision-latency recorder (`/metrics`, the interval log).
+    pub fn latency(&self) -> &LatencyRecorder {
+        &self.latency
+    }
+
+    /// The decision-latency recorder, to take an interval for the interval log.
+    pub fn latency_mut(&mut self) -> &mut LatencyRecorder {
+        &mut self.latency
+    }
+
+    /// The task a process belongs to, as far as the agent knows (`/metrics` labels).
+    pub fn task_of(&self, pid: u32) -> Option<TaskId> {
+        self.pid_task.get(&pid).map(|m| m.task)
     }
 
     /// What `keling status` shows.
@@ -1182,8 +1201,7 @@ impl Daemon {
                 .map(|c| c.dir.to_string_lossy().into_owned()),
             uid,
             mine: caller.is_some() && uid == caller,
-            state_for_ms: now
-                .saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
+            state_for_ms: now.saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
                 / 1_000_000,
             waiting: history::waiting(views, t, history, now),
             ending_reason: t.ending_reason,
@@ -1245,7 +1263,9 @@ impl Daemon {
         let Some(reason) = view.ending_reason else {
             return;
         };
-        let evicted_for = self.evicting_for.filter(|_| reason == keling_sched::Reason::EvictedForMemory);
+        let evicted_for = self
+            .evicting_for
+            .filter(|_| reason == keling_sched::Reason::EvictedForMemory);
         let requester = evicted_for.and_then(|(rid, _, _)| self.sched.task(rid));
         let Some(c) = self.clients.get_mut(&id) else {
             return;

@@ -16,6 +16,8 @@ use anyhow::Context;
 use keling_sched::{EnforcementRecord, Input, TaskId, Transition};
 use serde::Serialize;
 
+use crate::replay::log::InputLogHeader;
+
 /// One line of the scheduling log that is not a transition.
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -71,6 +73,8 @@ struct Lines {
     max_bytes: u64,
     written: u64,
     failed: bool,
+    /// Written first in every file (the input log's header), again after a rotation.
+    header: Option<Vec<u8>>,
 }
 
 impl Lines {
@@ -83,7 +87,23 @@ impl Lines {
             max_bytes: if regular { max_bytes } else { 0 },
             written: 0,
             failed: false,
+            header: None,
         })
+    }
+
+    /// Makes `v` the first line of this file (written now) and of every file after a
+    /// rotation.
+    fn set_header(&mut self, v: &impl Serialize) {
+        match serde_json::to_vec(v) {
+            Ok(mut line) => {
+                line.push(b'\n');
+                let r = self.out.write_all(&line);
+                self.written += line.len() as u64;
+                self.check(r);
+                self.header = Some(line);
+            }
+            Err(e) => self.check(Err(e.into())),
+        }
     }
 
     fn write(&mut self, v: &impl Serialize) {
@@ -111,6 +131,11 @@ impl Lines {
             Ok(file) => {
                 self.out = BufWriter::new(file);
                 self.written = 0;
+                if let Some(line) = &self.header {
+                    let r = self.out.write_all(line);
+                    self.written = line.len() as u64;
+                    self.check(r);
+                }
             }
             Err(e) => {
                 // Keep writing where we are; try again at the next bound.
@@ -168,6 +193,14 @@ impl Logs {
         })
     }
 
+    /// Starts the input log (and each file after a rotation) with `header`: the
+    /// policy and configuration `keling replay` needs to reproduce the decisions.
+    pub fn input_header(&mut self, header: &InputLogHeader) {
+        if let Some(l) = &mut self.input {
+            l.set_header(header);
+        }
+    }
+
     pub fn input(&mut self, input: &Input) {
         if let Some(l) = &mut self.input {
             l.write(input);
@@ -223,6 +256,40 @@ mod tests {
         assert!(now.len() < 100 && old.len() >= 100, "{now:?} {old:?}");
         assert!(now.lines().last().unwrap().contains("\"i\":49"));
         assert!(!dir.join("sched.jsonl.2").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every input-log file starts with the header, the rotated one and the new one,
+    /// and `keling replay`'s reader finds it there.
+    #[test]
+    fn every_input_log_file_starts_with_its_header() {
+        use crate::replay::log::{INPUT_LOG_VERSION, InputLogReader};
+        let dir = std::env::temp_dir().join(format!("keling-hdr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("input.jsonl");
+        let header = InputLogHeader {
+            keling_input_log: INPUT_LOG_VERSION,
+            policy: keling_sched::Policy::Hybrid,
+            config: keling_sched::SchedConfig {
+                slots_per_gpu: 3,
+                ..Default::default()
+            },
+        };
+        let mut logs = Logs::open_bounded(None, Some(&path), 2000).unwrap();
+        logs.input_header(&header);
+        let mut n = 0u64;
+        while !dir.join("input.jsonl.1").exists() || n < 100 {
+            n += 1;
+            logs.input(&Input::Tick { ts_ns: n });
+        }
+        logs.flush();
+        let mut ticks = 0;
+        for file in [dir.join("input.jsonl.1"), path.clone()] {
+            let (h, inputs) = InputLogReader::open(&file).unwrap().read_all().unwrap();
+            assert_eq!(h.as_ref(), Some(&header), "{}", file.display());
+            ticks += inputs.len() as u64;
+        }
+        assert!(ticks > 0 && ticks <= n);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

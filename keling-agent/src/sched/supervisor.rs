@@ -10,7 +10,9 @@
 //!   everything and exit. No byte for the watchdog time (`--watchdog-ms`, default
 //!   1 s): thaw everything (again each watchdog period while it lasts), and tell
 //!   the agent;
-//! - notices, fail-safe → agent (its fd 4): `T` when it thawed everything because
+//! - notices, fail-safe → agent (its fd 4): `R` once it is armed (named, in its
+//!   class; [`spawn`] waits for it, so an agent that says it is ready has a
+//!   fail-safe), `T` when it thawed everything because
 //!   heartbeats stopped, so the agent, when it runs again, freezes again what its
 //!   scheduler holds frozen; end of file when the fail-safe died, so the agent
 //!   starts another.
@@ -113,6 +115,7 @@ pub fn spawn(settings: Settings) -> anyhow::Result<FailSafe> {
     // Our unreaped child: the pid is still its own.
     let pidfd = Pidfd::open(pid).context("pidfd of the fail-safe")?;
     drop((beat_read, notice_write, child));
+    wait_armed(&notice_read)?;
     Ok(FailSafe {
         child: Some(pidfd),
         heartbeat: Some(beat_write),
@@ -120,6 +123,41 @@ pub fn spawn(settings: Settings) -> anyhow::Result<FailSafe> {
         last_beat: Cell::new(Instant::now()),
         settings,
     })
+}
+
+/// How long a new fail-safe has to say it is armed.
+const ARM_DEADLINE_MS: i32 = 5000;
+
+/// Waits for the new fail-safe's `R` on its notices pipe: it is named and in its
+/// scheduling class, so an agent that says it is ready has one.
+fn wait_armed(notices: &OwnedFd) -> anyhow::Result<()> {
+    let mut pfd = libc::pollfd {
+        fd: notices.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let started = Instant::now();
+    loop {
+        let left = ARM_DEADLINE_MS.saturating_sub(started.elapsed().as_millis() as i32);
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.max(0)) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        anyhow::ensure!(
+            n > 0,
+            "the fail-safe did not start within {ARM_DEADLINE_MS} ms: nothing is frozen without one"
+        );
+        let mut b = [0u8; 1];
+        // SAFETY: reading one byte into a valid buffer.
+        let r = unsafe { libc::read(pfd.fd, b.as_mut_ptr().cast(), 1) };
+        match r {
+            1 if b[0] == b'R' => return Ok(()),
+            0 => anyhow::bail!("the fail-safe exited as it started (see its message above)"),
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock => {}
+            _ => anyhow::bail!("the fail-safe's pipe: {}", io::Error::last_os_error()),
+        }
+    }
 }
 
 impl FailSafe {
@@ -201,6 +239,9 @@ pub fn supervise(settings: Settings) -> ! {
         eprintln!("keling-guard: real-time class refused ({e}); running in the ordinary one");
     }
     let watchdog_ms = settings.watchdog.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // Armed: the agent waits for this before it goes on.
+    // SAFETY: one byte to the notices pipe.
+    unsafe { libc::write(4, b"R".as_ptr().cast(), 1) };
     let mut tripped = false;
     loop {
         let mut pfd = libc::pollfd {

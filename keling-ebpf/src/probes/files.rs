@@ -224,7 +224,16 @@ pub fn add_fd(fd: i32, device: u32, file: u64, how: u32, src_fd: i32) {
         }
     }
     if free >= FD_SLOTS {
+        // The process has more NVIDIA fds than its table holds: the count says so
+        // (the agent reads it per process), and the file, once clients live on it,
+        // is watched by the orphan sweep, which sees its release wherever it
+        // happens. Its calls are still decoded: accounting is by file.
         count_undecoded(pid, undecoded::TABLE_FULL);
+        queue_orphan(pid, tid, file);
+        if how == open_how::FIRST_USE {
+            // Every call on such an fd comes here: report it once, at its open.
+            return;
+        }
     } else {
         // SAFETY: as above.
         unsafe {

@@ -1,5 +1,6 @@
 //! Probes, one module per subsystem.
 pub mod accounting;
+pub mod active;
 pub mod files;
 pub mod nvidia;
 pub mod orphans;

@@ -13,7 +13,7 @@ use aya_ebpf::{
 use keling_common::{
     BATCH_OBJECTS, ClientInfo, EventKind, GpuAllocEvent, GpuExportEvent, GpuFreeEvent,
     GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MemHandle, NO_GPU, ObjectInfo, ObjectKey,
-    device_file, mem_kind,
+    active_cause, device_file, mem_kind,
     nvidia::{
         self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, ctrl, escape,
         nvos00, nvos02, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm, xfer,
@@ -621,11 +621,14 @@ fn report_ioctl(p: &PendingIoctl, report: &Report, reason: u32) {
 }
 
 /// A failed allocation may matter to a decision at once (memory pressure); plain
-/// calls are detail.
+/// calls are detail, and for the long-running agent a call that succeeded and was
+/// decoded is only an activity signal (active.rs).
 #[inline(always)]
 fn emit_quiet_or_not(e: GpuIoctlEvent) {
     if e.requested_bytes != 0 {
         emit(e);
+    } else if e.status == 0 && e.ret == 0 && e.undecoded == 0 && super::active::limited() {
+        super::active::report(e.header.pid, e.header.tid, active_cause::IOCTL);
     } else {
         emit_quiet(e);
     }

@@ -9,14 +9,38 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_task, bpf_probe_read_kernel,
         bpf_probe_read_kernel_str_bytes,
     },
-    macros::{raw_tracepoint, tracepoint},
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::HashMap,
     programs::{RawTracePointContext, TracePointContext},
 };
 use keling_common::{
-    COMM_LEN, EventKind, ExecEvent, ExitEvent, FILENAME_LEN, ForkEvent, TrackedProcess,
+    COMM_LEN, EventKind, ExecEvent, ExitEvent, FILENAME_LEN, ForkEvent, MAX_TRACE_COMMS,
+    TrackedProcess,
 };
 
-use crate::{TRACKED_PIDS, TRACKED_TIDS, current_ids, emit, header, is_tracked_pid};
+use crate::{TRACKED_PIDS, TRACKED_TIDS, current_ids, emit, header, is_tracked_pid, track};
+
+/// Names `keling trace --comm` follows (see `keling_common::MAP_TRACE_COMMS`).
+/// Empty for every other command, so the lookup below never matches there.
+#[map]
+static TRACE_COMMS: HashMap<[u8; COMM_LEN], u32> = HashMap::with_max_entries(MAX_TRACE_COMMS, 0);
+
+/// Whether an untracked process that just exec'd took a name `--comm` follows; if
+/// so it is tracked from here on (before it runs a single instruction of its new
+/// image), and so are its children from their fork.
+#[inline(always)]
+fn follow_by_comm(pid: u32, tid: u32) -> bool {
+    // At sched_process_exec the task already carries its new comm.
+    let Ok(comm) = bpf_get_current_comm() else {
+        return false;
+    };
+    if TRACE_COMMS.get_ptr(&comm).is_none() {
+        return false;
+    }
+    // After exec the process has one thread: the current one.
+    track(pid, tid);
+    is_tracked_pid(pid)
+}
 
 /// Reads a `u32` field of a `task_struct` at a byte offset found in BTF.
 #[inline(always)]
@@ -90,7 +114,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> i32 {
 
 fn try_sched_process_exec(ctx: &TracePointContext) -> Result<(), i64> {
     let (pid, tid) = current_ids();
-    let tracked = is_tracked_pid(pid);
+    let tracked = is_tracked_pid(pid) || follow_by_comm(pid, tid);
     // Tracked or not: an untracked process may hold a traced file (files::watches).
     super::files::on_exec(pid, tid);
     if !tracked && config!(system_wide) == 0 {

@@ -2,8 +2,9 @@
 //!
 //! Filtered in the kernel: a switch is reported only when the thread going off or
 //! coming on the CPU is in `TRACKED_TIDS`; everything else costs two hash lookups.
+//! For the long-running agent a switch-in is only an activity signal (active.rs).
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use keling_common::{EventKind, SwitchEvent, task_state};
+use keling_common::{EventKind, SwitchEvent, active_cause, task_state};
 
 use crate::{TRACKED_TIDS, current_ids, emit_quiet, header, tracked_tid};
 
@@ -40,6 +41,12 @@ fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
     if prev_pid.is_some() && prev_state & task_state::DEAD_MASK != 0 {
         // The thread's last switch: it will never run again.
         let _ = TRACKED_TIDS.remove(prev_tid);
+    }
+    if super::active::limited() {
+        if let Some(next_pid) = next_pid {
+            super::active::report(next_pid, next_tid, active_cause::SWITCH_IN);
+        }
+        return Ok(());
     }
     let (pid, tid) = current_ids();
     emit_quiet(SwitchEvent {

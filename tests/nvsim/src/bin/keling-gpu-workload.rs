@@ -4,7 +4,7 @@
 //! keling-gpu-workload --dev-dir DIR --seed S [--steps N] [--checkpoints]
 //!                     [--checkpoint-every K]
 //!                     [--scenario random|basic|hostile|oom|share|busy|
-//!                                 pass-server|pass-client|pass-holder]
+//!                                 pass-server|pass-client|pass-holder|many-fds]
 //!                     [--socket PATH]
 //! ```
 //! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
@@ -76,7 +76,8 @@
 //! freeing: its file's release tears its client down) and waited for before
 //! the last checkpoint.
 //!
-//! ## `basic`, `hostile`, `oom`, `busy`, `pass-server`, `pass-client`, `pass-holder`
+//! ## `basic`, `hostile`, `oom`, `busy`, `pass-server`, `pass-client`, `pass-holder`,
+//! `many-fds`
 //! As documented on their functions; other tests depend on their exact
 //! behaviour.
 //!
@@ -144,7 +145,7 @@ struct Cli {
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
     /// random (default), basic, hostile, oom, share, busy, pass-server, pass-client,
-    /// pass-holder.
+    /// pass-holder, many-fds.
     #[arg(long, default_value = "random")]
     scenario: String,
     // Internal: continuing as an exec'd child.
@@ -3417,6 +3418,60 @@ fn pass_holder(cli: &Cli, cp: &mut Checkpoints) {
     drop(stream);
 }
 
+/// More NVIDIA fds than Keling's per-process table holds (20, opened with openat):
+/// on each a client, a device and 1 MiB of video memory. Checkpoints: 1 all
+/// allocated; 2 the 12th to 18th fds closed (releasing their files: four held
+/// by Keling's table, two beyond it); then it exits holding the rest, two beyond
+/// the table among them (their release at exit tears them down).
+fn many_fds(env: &Env, cp: &mut Checkpoints) {
+    let mut fds = Vec::new();
+    for _ in 0..20 {
+        let ctl = env.open("nvidiactl", false);
+        let (st, c) = ok_or_die(
+            "client",
+            env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+        );
+        expect_ok("client", st);
+        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+        let (st, d) = ok_or_die(
+            "device",
+            env.alloc(
+                ctl,
+                false,
+                false,
+                c,
+                c,
+                0,
+                class::NV01_DEVICE_0,
+                Some(&mut dp),
+            ),
+        );
+        expect_ok("device", st);
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, MIB);
+        let (st, _) = ok_or_die(
+            "alloc",
+            env.alloc(
+                ctl,
+                false,
+                false,
+                c,
+                d,
+                0,
+                class::NV01_MEMORY_LOCAL_USER,
+                Some(&mut p),
+            ),
+        );
+        expect_ok("alloc", st);
+        fds.push(ctl);
+    }
+    cp.emit();
+    for fd in fds.drain(12..18) {
+        close(fd);
+    }
+    cp.emit();
+}
+
 fn main() {
     let cli = Cli::parse();
     let env = Env::discover(&cli.dev_dir);
@@ -3450,6 +3505,7 @@ fn main() {
         "pass-server" => pass_server(&env, &cli, &mut cp),
         "pass-client" => pass_client(&env, &cli, &mut cp),
         "pass-holder" => pass_holder(&cli, &mut cp),
+        "many-fds" => many_fds(&env, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }

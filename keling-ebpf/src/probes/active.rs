@@ -1,0 +1,61 @@
+//! The long-running agent's "this process is working" signal.
+//!
+//! The scheduler only needs to know that a task is active (a thread of it got a
+//! CPU, or it made an NVIDIA call), not each switch and call: at 100 000 calls a
+//! second an event per call costs the traced process and the agent for nothing.
+//! When `active_interval_ns` is set (`keling run`), such switches and plain calls
+//! are not reported; instead at most one [`ActiveEvent`] per tracked root process
+//! per interval is, decided here with a compare-and-swap on the root's last report
+//! time, so concurrent CPUs cannot both report one interval.
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::LruHashMap};
+use keling_common::{ActiveEvent, EventKind, MAX_TRACKED_PIDS};
+
+use crate::{TRACKED_PIDS, atomic_cas, emit_quiet, header};
+
+/// Tracked root pid -> when it was last reported active (ns). LRU: roots that are
+/// gone fall out by themselves.
+#[map]
+static ACTIVE_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
+
+const BPF_NOEXIST: u64 = 1;
+
+/// Whether switches and plain calls are replaced by activity signals.
+#[inline(always)]
+pub fn limited() -> bool {
+    config!(active_interval_ns) != 0
+}
+
+/// Reports that thread `tid` of `pid` was active (`cause`: an `active_cause`),
+/// unless its tracked root was reported within the interval.
+#[inline(never)]
+pub fn report(pid: u32, tid: u32, cause: u32) {
+    // SAFETY: copied out at once.
+    let root = unsafe { TRACKED_PIDS.get(pid) }.map_or(pid, |t| t.root_pid);
+    // SAFETY: no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let interval = config!(active_interval_ns) as u64;
+    match ACTIVE_LAST.get_ptr_mut(root) {
+        Some(last) => {
+            // SAFETY: a map value pointer; other CPUs change it only atomically.
+            let seen = unsafe { core::ptr::read_volatile(last) };
+            if now.wrapping_sub(seen) < interval {
+                return;
+            }
+            // SAFETY: as above; an 8-byte aligned map value.
+            if !unsafe { atomic_cas(last, seen, now) }.1 {
+                // Another CPU reported this interval.
+                return;
+            }
+        }
+        None => {
+            if ACTIVE_LAST.insert(root, now, BPF_NOEXIST).is_err() {
+                return;
+            }
+        }
+    }
+    emit_quiet(ActiveEvent {
+        header: header(EventKind::Active, pid, tid),
+        root_pid: root,
+        cause,
+    });
+}

@@ -1,0 +1,692 @@
+//! What operators see of a running agent (root, real eBPF, the simulated driver):
+//! Prometheus `/metrics` scraped by a real HTTP client (curl) and checked by
+//! `promtool`, its figures against the simulator's ground truth and the agent's
+//! own status; the latency interval log read back by the hdrhistogram crate's own
+//! reader after the agent is gone, and by `keling histo`; the README's commands.
+//!
+//! They share the one-agent lock and the host's cgroup tree: one at a time.
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    os::unix::process::CommandExt,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::Mutex,
+    time::Duration,
+};
+
+use base64::Engine;
+use hdrhistogram::{
+    Histogram,
+    serialization::{
+        Deserializer,
+        interval_log::{IntervalLogIterator, LogEntry},
+    },
+};
+use keling_tests::{
+    Nvsim,
+    agent::{Agent, cleanup_cgroups, progress, sched_ready, task_pid, wait_for},
+    keling_bin, skip, tempdir,
+};
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `promtool` (Debian package `prometheus`, which `cargo xtask setup` installs).
+fn promtool(test: &str) -> bool {
+    let ok = Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        skip(
+            test,
+            "no promtool (`cargo xtask setup` installs the Debian package prometheus)",
+        );
+    }
+    ok
+}
+
+/// `promtool check metrics` on `text`: (passed, what it said).
+fn promtool_check(text: &str) -> (bool, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The address the agent said it serves `/metrics` on.
+fn metrics_url(agent: &Agent) -> String {
+    agent
+        .stderr()
+        .iter()
+        .find_map(|l| {
+            let at = l.split("metrics http://").nth(1)?;
+            Some(format!("http://{}", at.split_whitespace().next()?))
+        })
+        .expect("the ready line names the metrics address")
+}
+
+/// One scrape with curl: (response headers, body).
+fn scrape(url: &str) -> (String, String) {
+    let dir = tempdir();
+    let headers = dir.join("headers");
+    let out = Command::new("curl")
+        .args(["--silent", "--show-error", "--fail", "--max-time", "10"])
+        .arg("--dump-header")
+        .arg(&headers)
+        .arg(url)
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "curl {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h = std::fs::read_to_string(&headers).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (h, String::from_utf8(out.stdout).expect("UTF-8 exposition"))
+}
+
+/// A sample of the text exposition: name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// Parses the text exposition format's samples (comments skipped).
+fn samples(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let (name_labels, value) = line.rsplit_once(' ').expect("NAME VALUE");
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("value of {line}")),
+        };
+        let (name, mut rest) = match name_labels.split_once('{') {
+            Some((n, r)) => (
+                n.to_owned(),
+                r.strip_suffix('}').expect("labels end with }"),
+            ),
+            None => (name_labels.to_owned(), ""),
+        };
+        let mut labels = BTreeMap::new();
+        while !rest.is_empty() {
+            let (k, r) = rest.split_once("=\"").expect("label=\"value\"");
+            let mut v = String::new();
+            let mut chars = r.char_indices();
+            let end = loop {
+                match chars.next().expect("a closing quote") {
+                    (_, '\\') => match chars.next().unwrap().1 {
+                        'n' => v.push('\n'),
+                        c => v.push(c),
+                    },
+                    (i, '"') => break i,
+                    (_, c) => v.push(c),
+                }
+            };
+            labels.insert(k.to_owned(), v);
+            rest = r[end + 1..].trim_start_matches(',');
+        }
+        out.push((name, labels, value));
+    }
+    out
+}
+
+/// The one sample named `name` whose labels include `want`.
+fn value(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> Option<f64> {
+    let found: Vec<&Sample> = samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name
+                && want
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect();
+    assert!(found.len() <= 1, "{name} {want:?}: {found:?}");
+    found.first().map(|s| s.2)
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The endpoint during a simulated workload: served to curl with the text format's
+/// content type, valid for promtool, per-process figures equal to the simulator's
+/// ground truth and labelled with the agent's task, task states and decisions equal
+/// to `keling status`; an exited process leaves after the grace period.
+#[test]
+fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
+    let _serial = serial();
+    let test = "metrics_pass_promtool_and_equal_the_truth_and_the_agents_state";
+    if !sched_ready(test) || !promtool(test) {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let agent = Agent::start(
+        &sim,
+        &["--metrics-addr", "127.0.0.1:0", "--metrics-grace-s", "1"],
+    );
+    let url = format!("{}/metrics", metrics_url(&agent));
+    let dir = tempdir();
+    let (pa, pb) = (dir.join("a"), dir.join("b"));
+    // A long background task holding 64 MiB, then a short interactive one that
+    // preempts it (decisions to count), exits, and must leave the endpoint.
+    let _a = agent.launch(
+        &["--priority", "10", "--gpu", "0"],
+        &sim,
+        1_000_000,
+        64,
+        &pa,
+    );
+    let pid_a = task_pid(&agent, &pa);
+    let b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 300, 32, &pb);
+    let pid_b = {
+        let mut pid = 0;
+        wait_for("the second task", Duration::from_secs(20), || {
+            pid = agent.status()["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|t| t["pid"].as_u64())
+                .find(|&p| p != u64::from(pid_a))
+                .unwrap_or(0) as u32;
+            pid != 0 && progress(&pb) > 0
+        });
+        pid
+    };
+    let (headers, text) = scrape(&url);
+    assert!(
+        headers
+            .to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{headers}"
+    );
+    let (ok, said) = promtool_check(&text);
+    assert!(ok, "promtool check metrics: {said}\n{text}");
+
+    // Every figure against a truth Keling did not compute.
+    let truth = sim.state();
+    let s = samples(&text);
+    let status = agent.status();
+    let task_of = |pid: u32| -> String {
+        status["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["pid"] == pid)
+            .map(|t| t["id"].to_string())
+            .unwrap_or_default()
+    };
+    for (pid, mib) in [(pid_a, 64), (pid_b, 32)] {
+        let p = pid.to_string();
+        let sim_bytes = truth["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["pid"] == pid)
+            .and_then(|q| {
+                q["gpus"]
+                    .as_array()?
+                    .iter()
+                    .find(|g| g["gpu"] == 0)
+                    .cloned()
+            })
+            .map(|g| g["bytes"].as_u64().unwrap())
+            .unwrap_or_else(|| panic!("pid {pid} in the simulator's state: {truth}"));
+        assert_eq!(sim_bytes, mib * MIB, "the simulator holds what was asked");
+        let labels = [
+            ("pid", p.as_str()),
+            ("gpu", "0"),
+            ("memory", "video"),
+            ("comm", "keling-gpu-work"),
+            ("user", "root"),
+        ];
+        assert_eq!(
+            value(&s, "keling_process_gpu_memory_bytes", &labels),
+            Some(sim_bytes as f64),
+            "pid {pid}\n{text}"
+        );
+        let task = s
+            .iter()
+            .find(|(n, l, _)| n == "keling_process_gpu_memory_bytes" && l["pid"] == p)
+            .map(|(_, l, _)| l["task"].clone())
+            .unwrap();
+        assert_eq!(task, task_of(pid), "pid {pid}'s task label");
+        assert!(
+            value(
+                &s,
+                "keling_process_gpu_allocations_total",
+                &[("pid", &p), ("gpu", "0")]
+            )
+            .is_some_and(|v| v >= 1.0),
+            "{text}"
+        );
+    }
+    let capacity = truth["gpus"][0]["capacity_bytes"].as_u64().unwrap();
+    assert_eq!(
+        value(&s, "keling_gpu_capacity_bytes", &[("gpu", "0")]),
+        Some(capacity as f64)
+    );
+    // Task states and decisions: the agent's own state, read just after.
+    let mut by_state: BTreeMap<String, f64> = BTreeMap::new();
+    for t in status["tasks"].as_array().unwrap() {
+        *by_state
+            .entry(t["state"].as_str().unwrap().into())
+            .or_default() += 1.0;
+    }
+    for state in ["RUNNING", "PREEMPTED", "PENDING"] {
+        // The states can move between the scrape and the status: scrape again
+        // until both agree (a bounded wait on two live readings).
+        let want = by_state.get(state).copied().unwrap_or(0.0);
+        let got = value(&s, "keling_tasks", &[("state", state)]);
+        if got != Some(want) {
+            let mut last = None;
+            wait_for(
+                "/metrics and status to agree on task states",
+                Duration::from_secs(5),
+                || {
+                    let now = agent.status();
+                    let n = now["tasks"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|t| t["state"] == state)
+                        .count() as f64;
+                    last = value(
+                        &samples(&scrape(&url).1),
+                        "keling_tasks",
+                        &[("state", state)],
+                    );
+                    last == Some(n)
+                },
+            );
+        }
+    }
+    drop(b);
+    // Decisions: the scrape's counters equal status's once nothing is in flight.
+    wait_for("the short task to exit", Duration::from_secs(30), || {
+        std::fs::metadata(format!("/proc/{pid_b}")).is_err()
+    });
+    wait_for(
+        "decision counters to agree",
+        Duration::from_secs(10),
+        || {
+            let st = agent.status();
+            let text = scrape(&url).1;
+            let s = samples(&text);
+            value(&s, "keling_decisions_total", &[]) == st["latency"]["decisions"].as_f64()
+                && value(&s, "keling_decisions_late_total", &[]) == st["latency"]["late"].as_f64()
+                && value(
+                    &s,
+                    "keling_decision_latency_all_actions_seconds_count",
+                    &[("stage", "end_to_end")],
+                ) == st["latency"]["decisions"].as_f64()
+        },
+    );
+    let st = agent.status();
+    assert!(
+        st["latency"]["decisions"].as_u64().unwrap() >= 2,
+        "placements and a preemption were decided: {st}"
+    );
+    // Bounded labels: the exited process (which freed everything) leaves after
+    // the grace period; the living one stays.
+    let pb_label = pid_b.to_string();
+    wait_for(
+        "the exited process to leave /metrics",
+        Duration::from_secs(10),
+        || {
+            let s = samples(&scrape(&url).1);
+            !s.iter().any(|(_, l, _)| l.get("pid") == Some(&pb_label))
+        },
+    );
+    let s = samples(&scrape(&url).1);
+    assert!(
+        s.iter()
+            .any(|(_, l, _)| l.get("pid") == Some(&pid_a.to_string())),
+        "the living task stays"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A non-loopback `--metrics-addr` needs `--metrics-public`; a port in use stops
+/// the agent at once with a clear word. Neither touches the host.
+#[test]
+fn metrics_address_is_checked_before_anything_starts() {
+    let _serial = serial();
+    let test = "metrics_address_is_checked_before_anything_starts";
+    if !sched_ready(test) {
+        return;
+    }
+    let dir = tempdir();
+    let run = |addr: &str| {
+        Command::new(keling_bin())
+            .args(["run", "--metrics-addr", addr, "--lock"])
+            .arg(dir.join("lock"))
+            .arg("--socket")
+            .arg(dir.join("sock"))
+            .output()
+            .unwrap()
+    };
+    let out = run("0.0.0.0:0");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("--metrics-public"), "{said}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = run(&taken.local_addr().unwrap().to_string());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("serve /metrics on 127.0.0.1:"), "{said}");
+    assert!(!dir.join("sock").exists(), "no control socket was made");
+    let out = Command::new(keling_bin())
+        .args(["run", "--metrics-addr", "nonsense"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("IP:PORT"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// (tag, histogram) of every interval of an interval log, read by the
+/// hdrhistogram crate's own reader (it knows nothing of Keling's comments).
+fn crate_read(log: &[u8]) -> Vec<(Option<String>, Histogram<u64>)> {
+    let mut de = Deserializer::new();
+    IntervalLogIterator::new(log)
+        .filter_map(|e| match e.expect("the crate reads every line") {
+            LogEntry::Interval(h) => Some(h),
+            _ => None,
+        })
+        .map(|h| {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(h.encoded_histogram())
+                .unwrap();
+            let hist: Histogram<u64> = de.deserialize(&mut &bytes[..]).unwrap();
+            (h.tag().map(|t| t.as_str().to_owned()), hist)
+        })
+        .collect()
+}
+
+/// Stops the agent with SIGINT, as an operator would, and waits for it to exit.
+fn stop(agent: &mut Agent) {
+    agent.signal(libc::SIGINT);
+    wait_for("the agent to stop", Duration::from_secs(15), || {
+        !agent.alive()
+    });
+}
+
+/// The interval log outlives the agent: the hdrhistogram crate reads it back with
+/// the counts the agent reported; `keling histo export` keeps every count in each
+/// format (promtool accepts its Prometheus text); `keling histo tune` recommends;
+/// a corrupt line is named.
+#[test]
+fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
+    let _serial = serial();
+    let test = "histogram_log_outlives_the_agent_and_reads_back_exactly";
+    if !sched_ready(test) || !promtool(test) {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let dir = tempdir();
+    let hlog = dir.join("latency.hlog");
+    // An earlier run's header and intervals stay: the log is appended to.
+    std::fs::write(&hlog, "#[an earlier line]\n").unwrap();
+    let mut agent = Agent::start(
+        &sim,
+        &[
+            "--histo-log",
+            hlog.to_str().unwrap(),
+            "--histo-interval",
+            "1",
+            "--metrics-addr",
+            "off",
+        ],
+    );
+    let (pa, pb) = (dir.join("a"), dir.join("b"));
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _ = task_pid(&agent, &pa);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 200, 0, &pb);
+    assert!(b.0.wait().unwrap().success(), "the interactive task ran");
+    // At least one interval is written while the agent runs.
+    wait_for("an interval in the log", Duration::from_secs(5), || {
+        std::fs::read_to_string(&hlog).is_ok_and(|t| t.contains("#[Keling interval: "))
+    });
+    let live = agent.status();
+    stop(&mut agent);
+    let bytes = std::fs::read(&hlog).unwrap();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(
+        text.starts_with("#[an earlier line]\n#[Logged with Keling"),
+        "{text}"
+    );
+    assert!(text.contains("#[Histogram log format version 1.3]"));
+    let read = crate_read(&bytes);
+    let total = |tag: Option<&str>| -> u64 {
+        read.iter()
+            .filter(|(t, _)| t.as_deref() == tag)
+            .map(|(_, h)| h.len())
+            .sum()
+    };
+    let decisions: u64 = text
+        .lines()
+        .filter_map(|l| {
+            l.split("decisions=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    let e2e = total(None);
+    assert!(
+        e2e >= live["latency"]["decisions"].as_u64().unwrap() && e2e >= 2,
+        "{e2e} decisions in the log, status said {}",
+        live["latency"]
+    );
+    assert_eq!(
+        e2e, decisions,
+        "the untagged histograms hold every decision"
+    );
+    // Per action, end to end: the actions add up to all of them.
+    let by_action: u64 = read
+        .iter()
+        .filter(|(t, _)| t.as_deref().is_some_and(|t| t.starts_with("end_to_end/")))
+        .map(|(_, h)| h.len())
+        .sum();
+    assert_eq!(by_action, e2e);
+
+    let keling = |args: &[&str]| {
+        Command::new(keling_bin())
+            .arg("histo")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let h = hlog.to_str().unwrap();
+    let out = keling(&["export", h, "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hists = json["histograms"].as_array().unwrap();
+    for (stage, action, tag) in [
+        ("end_to_end", Value::Null, None),
+        ("delivery", Value::Null, Some("delivery".to_owned())),
+        ("actuation", Value::Null, Some("actuation".to_owned())),
+    ] {
+        let count = hists
+            .iter()
+            .find(|x| x["stage"] == stage && x["action"] == action)
+            .map_or(0, |x| x["count"].as_u64().unwrap());
+        assert_eq!(
+            count,
+            total(tag.as_deref()),
+            "{stage}: export keeps every count"
+        );
+    }
+    let per_action: Vec<&Value> = hists
+        .iter()
+        .filter(|x| x["stage"] == "end_to_end" && x["action"].is_string())
+        .collect();
+    for x in &per_action {
+        let tag = format!("end_to_end/{}", x["action"].as_str().unwrap());
+        assert_eq!(x["count"].as_u64().unwrap(), total(Some(&tag)), "{tag}");
+    }
+    let out = keling(&["export", h, "--format", "prom"]);
+    assert!(out.status.success());
+    let prom = String::from_utf8(out.stdout).unwrap();
+    let (ok, said) = promtool_check(&prom);
+    assert!(ok, "promtool: {said}\n{prom}");
+    assert_eq!(
+        value(
+            &samples(&prom),
+            "keling_decision_latency_all_actions_seconds_count",
+            &[("stage", "end_to_end")]
+        ),
+        Some(e2e as f64)
+    );
+    let out = keling(&["export", h, "--stage", "actuation"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Percentile"));
+    let out = keling(&["tune", h]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("recommend"), "{said}");
+    let out = keling(&["tune", h, "--json"]);
+    assert!(out.status.success());
+    let tune: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(tune.is_object(), "{tune}");
+
+    // A corrupt histogram is named by its line.
+    let lines: Vec<&str> = text.lines().collect();
+    let victim = lines
+        .iter()
+        .rposition(|l| l.starts_with("Tag=") || l.starts_with(|c: char| c.is_ascii_digit()))
+        .unwrap();
+    let mut broken: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    let (head, _) = broken[victim].rsplit_once(',').unwrap();
+    broken[victim] = format!("{head},HISTFAAAAnot-base64!");
+    let bad = dir.join("bad.hlog");
+    std::fs::write(&bad, broken.join("\n") + "\n").unwrap();
+    let out = keling(&["export", bad.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.contains(&format!("line {}", victim + 1)), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Stops what a README block started: its process group (the shell we started
+/// leads it), then whatever task cgroups and mount it left, even on failure.
+struct Cleanup {
+    pgid: u32,
+    nvsim: PathBuf,
+    mount: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        // SAFETY: signalling the process group we created, by its id.
+        unsafe { libc::kill(-(self.pgid as i32), libc::SIGKILL) };
+        cleanup_cgroups();
+        let _ = Command::new(&self.nvsim)
+            .arg("umount")
+            .arg(&self.mount)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// README's "Latency histograms" block for a host without a GPU, run as written
+/// (one shell script): `target/debug/` is where the test's binaries are,
+/// `/tmp/keling-nvsim` a fresh directory, the working directory a fresh one.
+#[test]
+fn readme_latency_histograms_commands_work() {
+    let _serial = serial();
+    let test = "readme_latency_histograms_commands_work";
+    if !sched_ready(test) {
+        return;
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## Latency histograms for tuning\n")
+        .nth(1)
+        .expect("README has a \"Latency histograms for tuning\" section");
+    let section = section.split("\n## ").next().unwrap();
+    let block = section
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.starts_with("# Without a GPU"))
+        .expect("a code block starting with \"# Without a GPU\"");
+    let bin_dir = keling_bin().parent().unwrap().to_owned();
+    let work = tempdir();
+    let dev = work.join("nvsim");
+    std::fs::create_dir_all(&dev).unwrap();
+    let script: String = block
+        .lines()
+        .filter(|l| !l.starts_with("cargo xtask build"))
+        .map(|l| {
+            l.replace("target/debug/", &format!("{}/", bin_dir.display()))
+                .replace("/tmp/keling-nvsim", dev.to_str().unwrap())
+                + "\n"
+        })
+        .collect();
+    eprintln!("{script}");
+    let child = Command::new("sh")
+        .args(["-e", "-c", &script])
+        .current_dir(&work)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let _cleanup = Cleanup {
+        pgid: child.id(),
+        nvsim: bin_dir.join("keling-nvsim"),
+        mount: dev.clone(),
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hlog = std::fs::read(work.join("latency.hlog")).expect("latency.hlog written");
+    assert!(
+        crate_read(&hlog).iter().map(|(_, h)| h.len()).sum::<u64>() > 0,
+        "decisions in the log"
+    );
+    assert!(stdout.contains("Percentile"), "the export ran:\n{stdout}");
+    assert!(
+        stdout.contains("recommend"),
+        "the tuning report ran:\n{stdout}"
+    );
+    drop(_cleanup);
+    let _ = std::fs::remove_dir_all(&work);
+}
