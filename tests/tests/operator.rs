@@ -188,7 +188,7 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
         &sim,
         &["--metrics-addr", "127.0.0.1:0", "--metrics-grace-s", "1"],
     );
-    let url = format!("{}/metrics", metrics_url(&agent));
+    let url = metrics_url(&agent);
     let dir = tempdir();
     let (pa, pb) = (dir.join("a"), dir.join("b"));
     // A long background task holding 64 MiB, then a short interactive one that
@@ -201,7 +201,7 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
         &pa,
     );
     let pid_a = task_pid(&agent, &pa);
-    let b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 300, 32, &pb);
+    let b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 1500, 32, &pb);
     let pid_b = {
         let mut pid = 0;
         wait_for("the second task", Duration::from_secs(20), || {
@@ -689,4 +689,105 @@ fn readme_latency_histograms_commands_work() {
     );
     drop(_cleanup);
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// `KELING_MAX_DURATION_MS=1500 KELING_GRACE_PERIOD_MS=500 keling launch [FLAGS] --
+/// job`: (exit code, Keling's `keling: ` lines on its standard error, the rest).
+fn launch_limited(
+    agent: &Agent,
+    sim: &Nvsim,
+    flags: &[&str],
+) -> (Option<i32>, Vec<String>, String) {
+    let out = Command::new(keling_bin())
+        .arg("launch")
+        .arg("--socket")
+        .arg(&agent.socket)
+        .args(flags)
+        .args(["--priority", "5", "--"])
+        .arg(keling_tests::gpu_workload_bin())
+        .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+        .args(["--iterations", "1000000"])
+        .env("KELING_MAX_DURATION_MS", "1500")
+        .env("KELING_GRACE_PERIOD_MS", "500")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let (ours, rest): (Vec<&str>, Vec<&str>) = err.lines().partition(|l| l.starts_with("keling: "));
+    (
+        out.status.code(),
+        ours.iter()
+            .map(|l| l["keling: ".len()..].to_owned())
+            .collect(),
+        rest.join("\n"),
+    )
+}
+
+/// The person at the terminal hears what happens to their job, in order and
+/// before `keling launch` exits with the job's own code: placement, the duration
+/// warning, the 4003 record (with `--json` exactly the one the scheduling log
+/// holds), and why Keling ended it; `--quiet` prints none of it.
+#[test]
+fn launch_tells_the_user_of_the_warning_and_the_4003_record_in_order() {
+    let _serial = serial();
+    let test = "launch_tells_the_user_of_the_warning_and_the_4003_record_in_order";
+    if !sched_ready(test) {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let agent = Agent::start(&sim, &["--metrics-addr", "off"]);
+
+    let (code, lines, _) = launch_limited(&agent, &sim, &[]);
+    assert_eq!(code, Some(128 + 9), "killed at the limit: {lines:?}");
+    let at = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("{what:?} in {lines:#?}"))
+    };
+    let placed = at("placed on GPU 0 at priority 5");
+    let warning = at("reaches its session limit of 1.50 s in");
+    let enforced = at("ran past its session limit");
+    assert!(placed < warning && warning < enforced, "{lines:#?}");
+    assert!(
+        lines[enforced].contains("of 1500 ms allowed (4003"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[warning].contains("it will then be killed"),
+        "{lines:#?}"
+    );
+
+    let (code, lines, _) = launch_limited(&agent, &sim, &["--json"]);
+    assert_eq!(code, Some(128 + 9));
+    let notices: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let record = notices
+        .iter()
+        .find(|n| n["code"] == 4003)
+        .unwrap_or_else(|| panic!("the 4003 record in {notices:#?}"));
+    // Exactly the record the scheduling log holds for that task (the second one).
+    let logged: Vec<Value> = agent
+        .log()
+        .into_iter()
+        .filter(|l| l["type"] == "enforcement")
+        .map(|l| l["record"].clone())
+        .collect();
+    assert_eq!(logged.len(), 2, "{logged:#?}");
+    assert_eq!(record, &logged[1]);
+    let keys: Vec<&String> = record.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["code", "data", "message"]);
+    let first_warning = notices
+        .iter()
+        .position(|n| n.to_string().contains("remaining_ms"))
+        .expect("the warning as JSON");
+    let record_at = notices.iter().position(|n| n["code"] == 4003).unwrap();
+    assert!(first_warning < record_at, "{notices:#?}");
+
+    let (code, lines, rest) = launch_limited(&agent, &sim, &["--quiet"]);
+    assert_eq!(code, Some(128 + 9), "the exit code stays the job's");
+    assert!(lines.is_empty(), "--quiet: {lines:#?}");
+    assert!(!rest.contains("keling"), "--quiet: {rest}");
 }

@@ -320,7 +320,7 @@ fn interactive_task_preempts_background_and_it_resumes() {
     };
     let prom = export("prometheus");
     assert!(
-        prom.contains("# TYPE keling_decision_latency_seconds summary"),
+        prom.contains("# TYPE keling_decision_latency_seconds histogram"),
         "{prom}"
     );
     assert!(prom.contains("action=\"freeze\""), "{prom}");
