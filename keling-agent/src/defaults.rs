@@ -15,14 +15,14 @@ pub const NVML_CHECK_EVERY_S: u64 = 5;
 /// Priority of tasks nobody gives one.
 pub const PRIORITY: u8 = 8;
 /// Session duration limit, ms.
-pub const MAX_DURATION_MS: u64 = 3_600_000;
+pub const MAX_DURATION_MS: u64 = keling_sched::DEFAULT_MAX_DURATION_MS;
 /// Warning window before the duration limit, ms.
-pub const GRACE_PERIOD_MS: u64 = 30_000;
+pub const GRACE_PERIOD_MS: u64 = keling_sched::DEFAULT_GRACE_MS;
 /// `keling run`: at most one "active" signal per task per this many ns, limited in
 /// the kernel (per tracked root process) and again in the agent (per task).
 pub const ACTIVE_INTERVAL_NS: u32 = 5_000_000;
 /// A task is idle after this long without GPU calls or CPU time, ms.
-pub const IDLE_TIMEOUT_MS: u64 = 300;
+pub const IDLE_TIMEOUT_MS: u64 = keling_sched::DEFAULT_IDLE_TIMEOUT_MS;
 /// Tasks that may run at once on one GPU.
 pub const SLOTS_PER_GPU: u32 = 1;
 /// The group whose members (besides root) may use the control socket.

@@ -13,9 +13,18 @@ pub struct GpuInfo {
     pub capacity_bytes: u64,
 }
 
-/// The policy's numbers. [`Default`] gives the values the core's tests use; the
-/// agent sets its own where it has a flag for one (its `--idle-timeout-ms`, for
-/// instance, defaults to 300 ms).
+/// How long a running task may show no activity before it stops wanting the GPU.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 300;
+/// Session duration limit of tasks nobody gives one: 1 hour.
+pub const DEFAULT_MAX_DURATION_MS: u64 = 3_600_000;
+/// Warning window before the duration limit: 30 s.
+pub const DEFAULT_GRACE_MS: u64 = 30_000;
+/// Terminate with grace: SIGKILL this long after SIGTERM.
+pub const DEFAULT_KILL_GRACE_MS: u64 = 5_000;
+
+/// The policy's numbers. [`Default`] gives the `DEFAULT_*` constants above, which
+/// are also the agent's flag defaults (its `defaults` module names these), so a
+/// configuration that leaves a field out means the same to the agent and to replay.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SchedConfig {
@@ -24,7 +33,7 @@ pub struct SchedConfig {
     /// Tasks that may run at once on one GPU (0 is treated as 1). Default: 1.
     pub slots_per_gpu: u32,
     /// A running task without `Active` for this long stops wanting the GPU.
-    /// Default: 500 ms.
+    /// Default: [`DEFAULT_IDLE_TIMEOUT_MS`].
     pub idle_timeout_ms: u64,
     /// Session duration limit of tasks whose spec sets none. Default: 1 hour.
     pub default_max_duration_ms: u64,
@@ -42,11 +51,11 @@ impl Default for SchedConfig {
         SchedConfig {
             gpus: Vec::new(),
             slots_per_gpu: 1,
-            idle_timeout_ms: 500,
-            default_max_duration_ms: 3_600_000,
-            default_grace_ms: 30_000,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
+            default_max_duration_ms: DEFAULT_MAX_DURATION_MS,
+            default_grace_ms: DEFAULT_GRACE_MS,
             default_hard_kill: true,
-            kill_grace_ms: 5_000,
+            kill_grace_ms: DEFAULT_KILL_GRACE_MS,
         }
     }
 }
@@ -76,7 +85,7 @@ mod tests {
 
     #[test]
     fn serialized_config_is_as_before_less_tick_ms() {
-        let json = r#"{"gpus":[],"slots_per_gpu":1,"idle_timeout_ms":500,"default_max_duration_ms":3600000,"default_grace_ms":30000,"default_hard_kill":true,"kill_grace_ms":5000}"#;
+        let json = r#"{"gpus":[],"slots_per_gpu":1,"idle_timeout_ms":300,"default_max_duration_ms":3600000,"default_grace_ms":30000,"default_hard_kill":true,"kill_grace_ms":5000}"#;
         assert_eq!(
             serde_json::to_string(&SchedConfig::default()).unwrap(),
             json
@@ -91,6 +100,7 @@ mod tests {
                     capacity_bytes: 5
                 }],
                 slots_per_gpu: 2,
+                idle_timeout_ms: 500,
                 ..SchedConfig::default()
             }
         );

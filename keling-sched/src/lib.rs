@@ -236,7 +236,10 @@ mod task;
 mod tests;
 
 pub use action::{Action, ActionKind, DURATION_EXCEEDED_CODE, EnforcementData, EnforcementRecord};
-pub use config::{GpuInfo, SchedConfig};
+pub use config::{
+    DEFAULT_GRACE_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_MAX_DURATION_MS,
+    GpuInfo, SchedConfig,
+};
 pub use input::{Input, TaskSpec};
 pub use placement::{
     ALLOC_SUCCESS_WINDOW_S, PLACEMENT_ALLOC_SUCCESS_WEIGHT, PLACEMENT_FREE_MEMORY_WEIGHT,

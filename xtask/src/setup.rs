@@ -64,7 +64,13 @@ pub fn setup() -> anyhow::Result<()> {
             BPF_LINKER_VERSION,
         ]))?;
     }
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    debian_packages(DEBIAN_PACKAGES)
+}
+
+/// Installs the Debian packages of `wanted` that are missing (root only; others are
+/// told the command to run).
+pub fn debian_packages(wanted: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = wanted
         .iter()
         .copied()
         .filter(|p| {

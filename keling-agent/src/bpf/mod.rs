@@ -431,7 +431,7 @@ impl Probes {
         let mut count = 0;
         for pid in all {
             for fd in crate::os::proc::fds(pid) {
-                let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/fd/{}", fd.fd)) else {
+                let Some(meta) = crate::os::proc::fd_metadata(pid, fd.fd) else {
                     continue;
                 };
                 let Some(device) = files.device_of(&meta) else {

@@ -67,17 +67,17 @@ impl GpuArgs {
         if let Some(v) = &self.driver_version {
             return DriverVersion::parse(v).map(Some);
         }
-        for path in [
-            self.dev_dir.join("version"),
-            PathBuf::from("/proc/driver/nvidia/version"),
-        ] {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                return DriverVersion::from_proc_text(&text)
-                    .with_context(|| format!("{}", path.display()))
-                    .map(Some);
-            }
+        let dir_file = self.dev_dir.join("version");
+        let found = std::fs::read_to_string(&dir_file)
+            .ok()
+            .map(|text| (dir_file, text))
+            .or_else(crate::os::proc::nvidia_driver_version_text);
+        match found {
+            Some((path, text)) => DriverVersion::from_proc_text(&text)
+                .with_context(|| format!("{}", path.display()))
+                .map(Some),
+            None => Ok(None),
         }
-        Ok(None)
     }
 
     /// The driver major version for the probes; without any driver the newest

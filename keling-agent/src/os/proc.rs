@@ -170,6 +170,29 @@ pub fn fds(pid: u32) -> Vec<OpenFd> {
     .collect()
 }
 
+/// What the open file behind `pid`'s `fd` is (its `stat`, following the
+/// `/proc/PID/fd/N` link), or `None` when it is gone.
+pub fn fd_metadata(pid: u32, fd: i32) -> Option<fs::Metadata> {
+    fs::metadata(format!("/proc/{pid}/fd/{fd}")).ok()
+}
+
+/// Whether `pid`'s cgroup v2 path (`/proc/PID/cgroup`'s `0::` line, from the
+/// hierarchy's root) is `rel`. Compared as bytes: a path need not be UTF-8.
+pub fn in_cgroup(pid: u32, rel: &[u8]) -> bool {
+    fs::read(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
+        text.split(|&b| b == b'\n')
+            .any(|l| l.strip_prefix(b"0::") == Some(rel))
+    })
+}
+
+/// The NVIDIA kernel module's version text (`/proc/driver/nvidia/version`), with
+/// the path it came from; `None` without the module.
+pub fn nvidia_driver_version_text() -> Option<(PathBuf, String)> {
+    let path = PathBuf::from("/proc/driver/nvidia/version");
+    let text = fs::read_to_string(&path).ok()?;
+    Some((path, text))
+}
+
 /// The major number of a character device driver from `/proc/devices`.
 pub fn char_major(name: &str) -> Option<u32> {
     let text = fs::read_to_string("/proc/devices").ok()?;

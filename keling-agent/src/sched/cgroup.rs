@@ -144,10 +144,7 @@ impl TaskCgroup {
 
     /// Whether `pid` is in this cgroup now.
     fn contains(&self, pid: u32) -> bool {
-        fs::read(format!("/proc/{pid}/cgroup")).is_ok_and(|text| {
-            text.split(|&b| b == b'\n')
-                .any(|l| l.strip_prefix(b"0::") == Some(self.rel.as_bytes()))
-        })
+        crate::os::proc::in_cgroup(pid, self.rel.as_bytes())
     }
 
     /// The processes in the cgroup, each by a pidfd opened while it was in it.

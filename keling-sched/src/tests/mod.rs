@@ -43,6 +43,8 @@ fn config(gpus: u32, slots: u32) -> SchedConfig {
             })
             .collect(),
         slots_per_gpu: slots,
+        // What these tests were written for (the agent's default is 300 ms).
+        idle_timeout_ms: 500,
         ..SchedConfig::default()
     }
 }
