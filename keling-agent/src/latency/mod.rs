@@ -715,10 +715,11 @@ impl LatencyRecorder {
     fn export_selected(&self, sel: &Selection) -> Vec<(Stage, Option<&str>, &Hist)> {
         let mut out = Vec::new();
         for stage in EXPORT_STAGES {
-            if let Some(h) = self.all.get(&stage) {
-                if sel.stage(stage) && sel.action(None) {
-                    out.push((stage, None, h));
-                }
+            if let Some(h) = self.all.get(&stage)
+                && sel.stage(stage)
+                && sel.action(None)
+            {
+                out.push((stage, None, h));
             }
         }
         for ((stage, action), h) in &self.by_action {

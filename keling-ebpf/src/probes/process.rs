@@ -34,7 +34,7 @@ fn follow_by_comm(pid: u32, tid: u32) -> bool {
     let Ok(comm) = bpf_get_current_comm() else {
         return false;
     };
-    if TRACE_COMMS.get_ptr(&comm).is_none() {
+    if TRACE_COMMS.get_ptr(comm).is_none() {
         return false;
     }
     // After exec the process has one thread: the current one.

@@ -18,9 +18,12 @@ fn usage() -> ! {
          syscalls N          N getppid calls; prints ns per call\n\
          ioctls N            N ioctl(FIONREAD) calls on a pipe; prints ns per call\n\
          rmctl DIR N         N RM_CONTROL ioctls on DIR/nvidiactl; prints ns per call\n\
+         rmctl-rate DIR RATE SECS  RATE RM_CONTROL ioctls a second on DIR/nvidiactl for SECS s\n\
          pingpong N          two processes bounce a byte N times over pipes; prints round trips/s\n\
          \n\
-         KELING_WL_CPU=N pins the process to CPU N first."
+         KELING_WL_CPU=N pins the process to CPU N first; pingpong's second process\n\
+         goes to KELING_WL_CHILD_CPU=M when set, and KELING_WL_RATE=R paces it to R round\n\
+         trips a second."
     );
     std::process::exit(2)
 }
@@ -111,10 +114,19 @@ fn pingpong(n: u64) {
             std::fs::File::from_raw_fd(b[1]),
         )
     };
+    let rate: Option<f64> = std::env::var("KELING_WL_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok());
     let start = Instant::now();
     let child = fork();
     let mut byte = [0u8];
     if child == 0 {
+        if let Some(cpu) = std::env::var("KELING_WL_CHILD_CPU")
+            .ok()
+            .and_then(|c| c.parse().ok())
+        {
+            pin_to_cpu(cpu);
+        }
         for _ in 0..n {
             a_r.read_exact(&mut byte).unwrap();
             b_w.write_all(&byte).unwrap();
@@ -122,7 +134,14 @@ fn pingpong(n: u64) {
         // SAFETY: exiting the child.
         unsafe { libc::_exit(0) };
     }
-    for _ in 0..n {
+    for i in 0..n {
+        if let Some(rate) = rate {
+            // Ahead of the pace: wait (in 1 ms steps, so the pace holds on average).
+            let due = Duration::from_secs_f64(i as f64 / rate);
+            if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(ahead.max(Duration::from_millis(1)));
+            }
+        }
         a_w.write_all(&byte).unwrap();
         b_r.read_exact(&mut byte).unwrap();
     }
@@ -224,6 +243,30 @@ fn main() {
                 black_box(libc::ioctl(fd, RM_CONTROL, params.as_mut_ptr()));
             });
             println!("{ns:.1}");
+        }
+        Some("rmctl-rate") => {
+            let dir: String = arg(&args, 2);
+            let (rate, secs): (u64, u64) = (arg(&args, 3), arg(&args, 4));
+            let path = std::ffi::CString::new(format!("{dir}/nvidiactl")).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
+            assert!(fd >= 0, "open {dir}/nvidiactl");
+            let mut params = [0u8; 32];
+            const RM_CONTROL: u64 = 0xC020_462A;
+            let start = Instant::now();
+            let end = start + Duration::from_secs(secs);
+            let mut done = 0u64;
+            while Instant::now() < end {
+                // Catch up to the pace, then sleep a millisecond.
+                let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                while done < due {
+                    // SAFETY: the kernel reads/writes at most 32 bytes of params.
+                    black_box(unsafe { libc::ioctl(fd, RM_CONTROL, params.as_mut_ptr()) });
+                    done += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            println!("{done}");
         }
         Some("pingpong") => pingpong(arg(&args, 2)),
         _ => usage(),
