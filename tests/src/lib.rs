@@ -107,6 +107,11 @@ pub fn trace(extra: &[&str], cmd: &[&str]) -> Trace {
         .args(cmd);
     let Output { status, stderr, .. } = c.output().expect("run keling");
     let stderr = String::from_utf8_lossy(&stderr).into_owned();
+    // The kernel writes only records the contract defines, whatever the workload.
+    assert!(
+        !stderr.contains("undecodable event from the kernel"),
+        "keling could not decode what the probes wrote:\n{stderr}"
+    );
     let text = std::fs::read_to_string(&out_path)
         .unwrap_or_else(|e| panic!("no trace output ({e}); keling said:\n{stderr}"));
     let lines = text

@@ -235,6 +235,10 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
         summary["undecoded"]
     );
     assert_eq!(summary["drops"], 0);
+    assert_eq!(
+        summary["decode_errors"], 0,
+        "the probes wrote records the contract does not define"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     summary
 }

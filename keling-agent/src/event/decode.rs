@@ -515,7 +515,9 @@ pub struct GpuRefEvent {
     pub handle: u32,
     pub how: RefHow,
     pub gpu: Option<u32>,
-    pub mem_kind: MemKind,
+    /// `None`: the object referred to holds no memory (a 0-byte object, such as
+    /// the framebuffer-size query of ALLOC_MEMORY class 0x40).
+    pub mem_kind: Option<MemKind>,
     /// The memory's bytes (charged elsewhere: a reference adds none).
     pub bytes: u64,
 }
@@ -761,7 +763,10 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
                     RefHow::from_raw(e.how, e.src_client, e.src_handle),
                 )?,
                 gpu: f.gpu(e.gpu)?,
-                mem_kind: f.mem_kind(e.mem_kind)?,
+                mem_kind: match (e.mem_kind, e.bytes) {
+                    (0, 0) => None,
+                    (k, _) => Some(f.mem_kind(k)?),
+                },
                 bytes: e.bytes,
             })
         }
@@ -1374,7 +1379,10 @@ mod tests {
                 let mut e: raw::GpuRefEvent = filled(fill);
                 e.how = one(&[1, 2], pick);
                 e.gpu = one(&gpus, pick / 3);
-                e.mem_kind = one(&kinds, pick / 5);
+                e.mem_kind = one(&[0, 1, 2, 3], pick / 5);
+                if e.mem_kind == 0 {
+                    e.bytes = 0;
+                }
                 bytes_of(&e)
             }
             EventKind::GpuExport => {

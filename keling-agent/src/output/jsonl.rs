@@ -114,7 +114,7 @@ pub fn event_json(event: &Event) -> Value {
             json!({
                 "type": "gpu_ref", "client": e.client, "parent": e.parent, "handle": e.handle,
                 "how": names::ref_how(e.how), "src_client": src_client, "src_handle": src_handle,
-                "gpu": e.gpu, "mem_kind": names::mem_kind(e.mem_kind), "bytes": e.bytes,
+                "gpu": e.gpu, "mem_kind": e.mem_kind.map(names::mem_kind), "bytes": e.bytes,
             })
         }
         Event::GpuExport(e) => json!({

@@ -279,7 +279,7 @@ pub(crate) mod test_events {
             handle: 0xc1d0_0020,
             how,
             gpu: Some(0),
-            mem_kind: MemKind::Video,
+            mem_kind: Some(MemKind::Video),
             bytes: 2 << 20,
         })
     }

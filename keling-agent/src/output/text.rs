@@ -164,7 +164,7 @@ pub fn gpu_text(event: &Event) -> Option<String> {
                 e.handle,
                 e.parent,
                 e.bytes,
-                names::mem_kind(e.mem_kind),
+                e.mem_kind.map_or("(no memory)", names::mem_kind),
                 names::gpu(e.gpu)
             )
         }
