@@ -32,7 +32,7 @@ IPC_MIB = 64
 TIMEOUT_S = 90  # each wait for another process; the whole job ends within 5x
 PID_ENV = "KELING_GPU_CHECK_PID"
 TRACE_ENV = "KELING_GPU_CHECK_TRACE"
-SNAPSHOT = b'"type":"gpu_snapshot"'
+SNAPSHOT = b'"gpu_snapshot"'  # the type field's value; serde writes no spaces, others may
 
 
 def emit(obj):
@@ -71,7 +71,8 @@ def keling_pid():
 
 
 def wait_for_snapshot(path, offset, deadline_s=10.0):
-    """True once a gpu_snapshot line appears in the trace after `offset`."""
+    """True once a gpu_snapshot line appears in the trace after `offset`, False
+    after the deadline, None when the trace cannot be read."""
     tail = b""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
@@ -80,7 +81,8 @@ def wait_for_snapshot(path, offset, deadline_s=10.0):
                 f.seek(offset)
                 data = f.read()
         except OSError:
-            return False
+            time.sleep(1.0)  # cannot watch the trace: give keling time instead
+            return None
         if SNAPSHOT in tail + data:
             return True
         offset += len(data)
@@ -181,10 +183,16 @@ def caching(torch, role, sizes_mib, pinned):
          host_cache_emptied=empty_host is not None)
 
 
-def ipc_consumer(t, consumed, release, expect):
-    """Spawned: maps the producer's tensor, writes to it, marks, releases."""
+def ipc_consumer(queue, consumed, release, expect):
+    """Spawned: maps the producer's tensor, writes to it, marks, releases. The tensor
+    comes through a queue, not as an argument: the Process object would keep an
+    argument alive until exit."""
     faulthandler.dump_traceback_later(3 * TIMEOUT_S, exit=True)
     import torch
+    try:
+        t = queue.get(timeout=TIMEOUT_S)
+    except Exception as e:
+        fail(f"ipc consumer: no tensor from the producer: {e!r}")
     t.add_(1.0)
     torch.cuda.synchronize()
     ok = float(t[0].item()) == expect
@@ -206,10 +214,11 @@ def ipc_producer(torch, role):
     n = IPC_MIB * MIB // 4
     t = torch.full((n,), 1.0, dtype=torch.float32, device="cuda")
     mark(torch, "ipc: producer allocated", role, requested_bytes=IPC_MIB * MIB)
-    consumed, release = ctx.Event(), ctx.Event()
+    queue, consumed, release = ctx.Queue(), ctx.Event(), ctx.Event()
     sys.stdout.flush()
-    p = ctx.Process(target=ipc_consumer, args=(t, consumed, release, 2.0))
+    p = ctx.Process(target=ipc_consumer, args=(queue, consumed, release, 2.0))
     p.start()
+    queue.put(t)  # pickled by torch's reductions: a CUDA IPC handle, not the data
     if not consumed.wait(TIMEOUT_S):
         p.kill()
         fail("ipc: the consumer did not map the tensor in time")

@@ -87,8 +87,9 @@ def table(out, head, rows):
     out.append("")
 
 
-def read_lines(path, what):
-    """JSON objects of a file, the count of lines that were not, and an error."""
+def read_lines(path, what, keep=None):
+    """JSON objects of a file (those `keep` accepts), the count of lines that were
+    not objects, and an error."""
     objs, bad = [], 0
     try:
         with open(path, errors="replace") as f:
@@ -102,7 +103,8 @@ def read_lines(path, what):
                     bad += 1
                     continue
                 if isinstance(v, dict):
-                    objs.append(v)
+                    if keep is None or keep(v):
+                        objs.append(v)
                 else:
                     bad += 1
     except OSError as e:
@@ -449,7 +451,10 @@ def main(argv):
         return None, "usage: report.py TRACE.jsonl JOB.out [--stderr F] [--rc N] [--info F]..."
     miss = Missing()
     out = ["# Keling gpu-check\n"]
-    lines, bad_trace, err_trace = read_lines(args[0], "trace")
+    # Scheduler events (switches, forks, ...) are most of a trace and not used here.
+    lines, bad_trace, err_trace = read_lines(
+        args[0], "trace", lambda v: str(v.get("type", "")).startswith("gpu_")
+        or v.get("type") in ("nvml_check", "exit", "summary"))
     job, bad_job, err_job = read_lines(args[1], "job output")
     tr = Trace(lines, miss)
     marks = [j for j in job if "mark" in j]
@@ -477,7 +482,8 @@ def main(argv):
         out.append(f"- {bad_trace} trace lines were not JSON objects (a cut-off last line?)")
     if bad_job:
         out.append(f"- {bad_job} job.out lines were not JSON objects")
-    out.append(f"- {len(lines)} trace lines, {len(tr.snapshots)} gpu_snapshot, "
+    out.append(f"- {len(lines)} GPU, exit and summary lines in the trace, "
+               f"{len(tr.snapshots)} gpu_snapshot, "
                f"{len(tr.nvml)} nvml_check, {len(marks)} marks")
     if tr.summary is None:
         out.append("- **the trace has no summary line** (keling trace did not end cleanly?)")
@@ -522,6 +528,9 @@ def main(argv):
 
     out.append("## Verdict\n")
     und_lines = sum(n for k, n in seen.items() if k[3] == UNDECODED)
+    if not seen:
+        out.append("- **no NVIDIA call was seen in the trace**: Keling saw no GPU device, "
+                   "or the job made no GPU call; nothing below is a result")
     reasons = tr.summary.get("undecoded") if tr.summary else None
     if isinstance(reasons, dict):
         total = sum(v for v in reasons.values() if is_int(v))
@@ -574,6 +583,8 @@ def main(argv):
         job_checks.append("IPC: no marks")
     for c in job_checks:
         out.append(f"- {c}")
+    if not seen and und_ok:
+        und_ok = None
     overall = "PASS" if und_ok and nv_ok and not errors else "FAIL" if (
         und_ok is False or nv_ok is False or errors) else "INCOMPLETE"
     out.append(f"\n**Overall: {overall}**\n")
@@ -581,7 +592,7 @@ def main(argv):
     out.append("## Missing from the trace or job output\n")
     if miss.seen:
         for (where, key), n in sorted(miss.seen.items()):
-            out.append(f"- `{key}` in {where} lines: missing {n} times")
+            out.append(f"- `{key}` in {where} lines: missing ({n} reads)")
     else:
         out.append("nothing")
     out.append("")
