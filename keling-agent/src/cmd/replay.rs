@@ -277,7 +277,8 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<i32> {
     let reproduced = result
         .comparison
         .as_ref()
-        .is_none_or(|c| c.match_rate == 1.0);
+        // Every decision, in the recorded order: a reordering is not a reproduction.
+        .is_none_or(|c| c.match_rate == 1.0 && c.first_difference.is_none());
     Ok(if reproduced { 0 } else { 2 })
 }
 
