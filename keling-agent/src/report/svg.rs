@@ -49,6 +49,14 @@ fn heat_colour(ms: f64) -> String {
 /// Most columns a heatmap draws; longer logs merge windows (max of each group).
 pub const MAX_DRAWN_COLUMNS: usize = 480;
 
+/// Room for the longest of `labels` at `font_px` (about 0.6 em a character in the
+/// sans-serif fonts browsers use), and never less than `min`: row names are never
+/// cut off at the left edge.
+fn label_width<'a>(labels: impl Iterator<Item = &'a str>, font_px: f64, min: f64) -> f64 {
+    let longest = labels.map(|l| l.chars().count()).max().unwrap_or(0);
+    (longest as f64 * font_px * 0.62 + 12.0).max(min)
+}
+
 /// The heatmap: a row per GPU or task, a column per window (merged when there
 /// are more than [`MAX_DRAWN_COLUMNS`]); hot cells are outlined.
 pub fn heatmap(grid: &Grid, id: &str) -> String {
@@ -56,7 +64,7 @@ pub fn heatmap(grid: &Grid, id: &str) -> String {
     let per_col = windows.div_ceil(MAX_DRAWN_COLUMNS).max(1);
     let cols = windows.div_ceil(per_col);
     let (label_w, cell_w, cell_h, top) = (
-        170.0,
+        label_width(grid.rows.iter().map(String::as_str), 11.0, 170.0),
         (900.0 / cols.max(1) as f64).clamp(2.0, 24.0),
         18.0,
         24.0,
@@ -148,7 +156,12 @@ pub struct Timeline {
 /// A row per task: its PENDING, RUNNING and PREEMPTED spans, and a mark where it
 /// completed or failed.
 pub fn timelines(rows: &[Timeline], start_ns: u64, end_ns: u64) -> String {
-    let (label_w, plot_w, row_h, top) = (220.0, 880.0, 14.0, 10.0);
+    let (label_w, plot_w, row_h, top) = (
+        label_width(rows.iter().map(|r| r.label.as_str()), 10.0, 220.0),
+        880.0,
+        14.0,
+        10.0,
+    );
     let span = end_ns.saturating_sub(start_ns).max(1) as f64;
     let x = |ns: u64| label_w + plot_w * (ns.saturating_sub(start_ns) as f64 / span);
     let width = label_w + plot_w + 20.0;
@@ -332,6 +345,18 @@ pub fn latency_histogram(values: &[(u64, u64)], timeout_ns: Option<u64>, title: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_get_room_for_the_longest_and_never_less_than_the_minimum() {
+        assert_eq!(
+            label_width(["GPU 0", "GPU 1"].into_iter(), 11.0, 170.0),
+            170.0
+        );
+        let long = "sched.jsonl: task 12 (batch-transcode)";
+        let w = label_width([long, "x"].into_iter(), 11.0, 170.0);
+        // About 0.6 em a character, plus the gap before the plot.
+        assert!(w > 170.0 && w >= long.len() as f64 * 11.0 * 0.6, "{w}");
+    }
 
     #[test]
     fn text_is_escaped_and_times_are_clock_like() {
