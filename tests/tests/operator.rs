@@ -791,3 +791,72 @@ fn launch_tells_the_user_of_the_warning_and_the_4003_record_in_order() {
     assert!(lines.is_empty(), "--quiet: {lines:#?}");
     assert!(!rest.contains("keling"), "--quiet: {rest}");
 }
+
+/// `keling run` hears that a task works, not each of its calls: at most one
+/// activity signal per tracked root process per 5 ms, decided in the kernel, so
+/// 30 000 RM_CONTROLs reach the agent as a few hundred signals (and no GPU events).
+#[test]
+fn the_agent_gets_rate_limited_activity_not_an_event_per_call() {
+    let _serial = serial();
+    let test = "the_agent_gets_rate_limited_activity_not_an_event_per_call";
+    if !sched_ready(test) {
+        return;
+    }
+    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let started = std::time::Instant::now();
+    let mut agent = Agent::start(&sim, &["--metrics-addr", "off"]);
+    const CALLS: u64 = 300 * 100;
+    let out = Command::new(keling_bin())
+        .arg("launch")
+        .arg("--socket")
+        .arg(&agent.socket)
+        .args(["--quiet", "--"])
+        .arg(keling_tests::gpu_workload_bin())
+        .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+        .args(["--iterations", "300", "--calls-per-iteration", "100"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stop(&mut agent);
+    let up_ms = started.elapsed().as_millis() as u64;
+    let mut last = None;
+    wait_for(
+        "the agent's final status line",
+        Duration::from_secs(5),
+        || {
+            last = agent
+                .stderr()
+                .into_iter()
+                .rev()
+                .find(|l| l.contains("(stopped)"));
+            last.is_some()
+        },
+    );
+    let line = last.unwrap();
+    let count_before = |what: &str| -> u64 {
+        let head = line.split(what).next().unwrap();
+        head.rsplit(' ')
+            .find(|w| !w.is_empty())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let active = count_before(" activity signals");
+    let gpu = count_before(" GPU events traced");
+    // One root (the task), one signal per 5 ms at most while the agent ran.
+    let bound = up_ms / 5 + 1;
+    assert!(
+        active <= bound,
+        "{active} activity signals in {up_ms} ms for {CALLS} calls (at most {bound}): {line}"
+    );
+    assert!(active > 0, "the task's work was seen: {line}");
+    // The calls changed no memory: none of them is a GPU event of its own.
+    assert!(
+        gpu < CALLS / 100,
+        "{gpu} GPU events for {CALLS} plain calls: {line}"
+    );
+}

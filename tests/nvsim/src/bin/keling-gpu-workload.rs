@@ -164,6 +164,9 @@ struct Cli {
     /// busy: iterations of GPU work (an RM_CONTROL and a 2 ms sleep each).
     #[arg(long, default_value_t = 500)]
     iterations: u64,
+    /// busy: RM_CONTROLs per iteration, back to back.
+    #[arg(long, default_value_t = 1)]
+    calls_per_iteration: u64,
     /// busy: video memory to hold while working, in MiB (retried every 20 ms
     /// while the driver says NV_ERR_NO_MEMORY).
     #[arg(long, default_value_t = 0)]
@@ -3270,7 +3273,9 @@ fn busy(env: &Env, cli: &Cli) {
         }
     }
     for i in 1..=cli.iterations {
-        env.control(ctl, c, d, 0x0080_0101, None);
+        for _ in 0..cli.calls_per_iteration.max(1) {
+            env.control(ctl, c, d, 0x0080_0101, None);
+        }
         std::thread::sleep(std::time::Duration::from_millis(2));
         if let Some(p) = &cli.progress
             && (i.is_multiple_of(5) || i == cli.iterations)
