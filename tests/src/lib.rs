@@ -335,3 +335,22 @@ pub fn converge(
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// The ```sh block of README.md's section `## TITLE` that starts with `first`
+/// (the commands a test runs as written).
+pub fn readme_block(title: &str, first: &str) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let section = readme
+        .split(&format!("\n## {title}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has a {title:?} section"));
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.starts_with(first))
+        .unwrap_or_else(|| panic!("a code block starting with {first:?} in {title:?}"))
+        .to_owned()
+}

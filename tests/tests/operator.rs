@@ -629,19 +629,8 @@ fn readme_latency_histograms_commands_work() {
     if !sched_ready(test) {
         return;
     }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("\n## Latency histograms for tuning\n")
-        .nth(1)
-        .expect("README has a \"Latency histograms for tuning\" section");
-    let section = section.split("\n## ").next().unwrap();
-    let block = section
-        .split("```sh\n")
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap())
-        .find(|b| b.starts_with("# Without a GPU"))
-        .expect("a code block starting with \"# Without a GPU\"");
+    let block = keling_tests::readme_block("Latency histograms for tuning", "# Without a GPU");
+    let block = block.as_str();
     let bin_dir = keling_bin().parent().unwrap().to_owned();
     let work = tempdir();
     let dev = work.join("nvsim");

@@ -509,19 +509,8 @@ fn readme_trace_a_misbehaving_process_commands_work() {
     if !ready("readme_trace_a_misbehaving_process_commands_work") {
         return;
     }
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("\n## Trace a misbehaving process\n")
-        .nth(1)
-        .expect("README has a \"Trace a misbehaving process\" section");
-    let section = section.split("\n## ").next().unwrap();
-    let block = section
-        .split("```sh\n")
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap())
-        .find(|b| b.starts_with("# Without a GPU"))
-        .expect("a code block starting with \"# Without a GPU\"");
+    let block = keling_tests::readme_block("Trace a misbehaving process", "# Without a GPU");
+    let block = block.as_str();
     let bin_dir = keling_bin().parent().unwrap().to_owned();
     let work = tempdir();
     let dev = work.join("nvsim");

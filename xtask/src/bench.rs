@@ -72,8 +72,9 @@ impl Drop for Tracer {
     }
 }
 
-/// `keling run` on `dev_dir` (metrics off, so nothing else may hold its port).
-fn agent(keling: &Path, dev_dir: &Path) -> anyhow::Result<Tracer> {
+/// `keling run` on `dev_dir` (metrics off, so nothing else may hold its port),
+/// with `extra` arguments.
+fn agent(keling: &Path, dev_dir: &Path, extra: &[&std::ffi::OsStr]) -> anyhow::Result<Tracer> {
     let mut c = Command::new(keling);
     c.args([
         "run",
@@ -83,7 +84,8 @@ fn agent(keling: &Path, dev_dir: &Path) -> anyhow::Result<Tracer> {
         "off",
         "--dev-dir",
     ])
-    .arg(dev_dir);
+    .arg(dev_dir)
+    .args(extra);
     Tracer::start(c, "ready", false)
 }
 
@@ -247,7 +249,7 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
                 Under::Bare => None,
                 Under::Floor => Some(bpftrace(FLOOR)?),
                 Under::Bpftrace => Some(bpftrace(&script)?),
-                Under::Keling => Some(agent(&keling, &dev)?),
+                Under::Keling => Some(agent(&keling, &dev, &[])?),
             };
             for (name, args) in [
                 ("getppid", vec!["syscalls", CALLS]),
@@ -487,19 +489,11 @@ fn decision_latency(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::R
     let dev = base.join("dev");
     let socket = base.join("keling.sock");
     let sim = crate::demo::Simulator::mount(&dir.join("keling-nvsim"), &dev)?;
-    let mut c = Command::new(dir.join("keling"));
-    c.args([
-        "run",
-        "--status-interval",
-        "0",
-        "--metrics-addr",
-        "off",
-        "--dev-dir",
-    ])
-    .arg(&dev)
-    .arg("--socket")
-    .arg(&socket);
-    let agent = Tracer::start(c, "ready", false)?;
+    let agent = agent(
+        &dir.join("keling"),
+        &dev,
+        &["--socket".as_ref(), socket.as_os_str()],
+    )?;
     let agent_pid = agent.pid();
     let keling = dir.join("keling");
     let launch = |prio: &str, cmd: &[&str]| {
@@ -673,7 +667,7 @@ fn footprint(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
     let dev = std::env::temp_dir().join(format!("keling-bench-fp-{}", std::process::id()));
     std::fs::create_dir_all(&dev)?;
     std::fs::write(dev.join("nvidiactl"), b"")?;
-    let a = agent(&dir.join("keling"), &dev)?;
+    let a = agent(&dir.join("keling"), &dev, &[])?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     std::thread::sleep(Duration::from_secs(2)); // settle after start-up
