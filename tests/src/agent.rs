@@ -252,6 +252,15 @@ impl Agent {
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// Stops the agent with SIGINT, as an operator would, and waits (bounded) for
+    /// it to exit; its directory and logs stay until drop.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGINT);
+        wait_for("the agent to stop", Duration::from_secs(15), || {
+            !self.alive()
+        });
+    }
+
     pub fn sigkill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();

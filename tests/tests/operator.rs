@@ -427,14 +427,6 @@ fn crate_read(log: &[u8]) -> Vec<(Option<String>, Histogram<u64>)> {
         .collect()
 }
 
-/// Stops the agent with SIGINT, as an operator would, and waits for it to exit.
-fn stop(agent: &mut Agent) {
-    agent.signal(libc::SIGINT);
-    wait_for("the agent to stop", Duration::from_secs(15), || {
-        !agent.alive()
-    });
-}
-
 /// The interval log outlives the agent: the hdrhistogram crate reads it back with
 /// the counts the agent reported; `keling histo export` keeps every count in each
 /// format (promtool accepts its Prometheus text); `keling histo tune` recommends;
@@ -472,7 +464,7 @@ fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
         std::fs::read_to_string(&hlog).is_ok_and(|t| t.contains("#[Keling interval: "))
     });
     let live = agent.status();
-    stop(&mut agent);
+    agent.stop();
     let bytes = std::fs::read(&hlog).unwrap();
     let text = String::from_utf8(bytes.clone()).unwrap();
     assert!(
@@ -810,7 +802,7 @@ fn the_agent_gets_rate_limited_activity_not_an_event_per_call() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stop(&mut agent);
+    agent.stop();
     let up_ms = started.elapsed().as_millis() as u64;
     let mut last = None;
     wait_for(
