@@ -171,7 +171,7 @@ fn cmd_run(args: Vec<String>) -> anyhow::Result<()> {
     };
     let wants_demo = args.first().map(String::as_str) == Some("run")
         && !args.iter().any(|a| a.starts_with("--dev-dir"))
-        && !Path::new("/dev/nvidiactl").exists();
+        && !host_has_driver();
     if wants_demo {
         return demo::run_with_simulated_driver(&dir, &args);
     }
@@ -179,6 +179,36 @@ fn cmd_run(args: Vec<String>) -> anyhow::Result<()> {
         .status()
         .context("start keling")?;
     std::process::exit(status.code().unwrap_or(1));
+}
+
+/// Whether an NVIDIA driver serves `/dev/nvidiactl`: the node exists, opens,
+/// and the module's version file is there. A node without a driver (libcuda run
+/// as root on a host without one creates 195:255) is said and counts as none.
+fn host_has_driver() -> bool {
+    let ctl = Path::new("/dev/nvidiactl");
+    if std::fs::symlink_metadata(ctl).is_err() {
+        return false;
+    }
+    let opened = std::fs::OpenOptions::new().read(true).write(true).open(ctl);
+    let version = Path::new("/proc/driver/nvidia/version").exists();
+    match (opened, version) {
+        (Ok(_), true) => {
+            eprintln!("xtask: NVIDIA driver found (/dev/nvidiactl opens, /proc/driver/nvidia/version)");
+            true
+        }
+        (opened, _) => {
+            let why = match opened {
+                Err(e) => format!("open: {e}"),
+                Ok(_) => "/proc/driver/nvidia/version is absent".to_string(),
+            };
+            eprintln!(
+                "xtask: /dev/nvidiactl is a node with no NVIDIA driver behind it ({why}); probably \
+                 left by libcuda run as root on a host without the driver (remove it if no driver is \
+                 expected). Running against the simulated driver instead."
+            );
+            false
+        }
+    }
 }
 
 /// Totals parsed from `cargo test` output.

@@ -81,19 +81,27 @@ impl GpuArgs {
     }
 
     /// The driver major version for the probes; without any driver the newest
-    /// layout is assumed (there is nothing to decode anyway).
+    /// layout is assumed (there is nothing to decode anyway). Says which driver
+    /// it found (see [`driver_found`]).
     pub fn driver_major(&self) -> anyhow::Result<u32> {
         let v = self.driver_version()?;
-        match &v {
-            Some(v) => log::info!(
-                "NVIDIA driver {} (device files in {})",
-                v.text,
-                self.dev_dir.display()
+        let dir = self.dev_dir.display();
+        let text = v.as_ref().map_or("of unknown version", |v| v.text.as_str());
+        match driver_found(&self.dev_dir) {
+            DriverFound::Kernel => {
+                log::info!("NVIDIA driver {text}: the kernel module (device files in {dir})")
+            }
+            DriverFound::Simulated => log::info!(
+                "NVIDIA driver {text}: simulated (keling-nvsim's files in {dir}, regular files)"
             ),
-            None => log::info!(
-                "no NVIDIA driver found ({} has no nvidiactl and /proc/driver/nvidia/version is absent); \
-                 GPU tracing is armed for when one appears",
-                self.dev_dir.display()
+            DriverFound::DeadNode(why) => log::warn!(
+                "{dir}/nvidiactl is a device node with no NVIDIA driver behind it ({why}); it is \
+                 likely left by libcuda run as root on a host without the driver: remove it if no \
+                 driver is expected. GPU tracing is armed for when one appears"
+            ),
+            DriverFound::Absent => log::info!(
+                "no NVIDIA driver found ({dir} has no nvidiactl and /proc/driver/nvidia/version is \
+                 absent); GPU tracing is armed for when one appears"
             ),
         }
         Ok(v.map_or(u32::MAX, |v| v.major))
@@ -136,6 +144,48 @@ impl GpuArgs {
             );
         }
         Ok(files)
+    }
+}
+
+/// What serves `DIR/nvidiactl`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DriverFound {
+    /// A character device that opens, and the module's
+    /// `/proc/driver/nvidia/version` is there.
+    Kernel,
+    /// A regular file: keling-nvsim's simulated driver.
+    Simulated,
+    /// A character device with no driver behind it (why, in words). libcuda run
+    /// as root on a host without the driver makes one (195:255).
+    DeadNode(String),
+    /// No `nvidiactl`.
+    Absent,
+}
+
+/// Tells a driver from a dead node by opening `DIR/nvidiactl` (a node whose
+/// driver is not loaded gives ENXIO or ENODEV) and reading the module's
+/// version file. Opening the control device has no effect on the driver.
+pub fn driver_found(dev_dir: &Path) -> DriverFound {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let ctl = dev_dir.join("nvidiactl");
+    let Ok(meta) = std::fs::symlink_metadata(&ctl) else {
+        return DriverFound::Absent;
+    };
+    if meta.file_type().is_file() {
+        return DriverFound::Simulated;
+    }
+    if !meta.file_type().is_char_device() {
+        return DriverFound::DeadNode("not a character device".into());
+    }
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&ctl);
+    match (opened, crate::os::proc::nvidia_driver_version_text()) {
+        (Ok(_), Some(_)) => DriverFound::Kernel,
+        (Err(e), _) => DriverFound::DeadNode(format!("open: {e}")),
+        (Ok(_), None) => DriverFound::DeadNode("/proc/driver/nvidia/version is absent".into()),
     }
 }
 
@@ -225,6 +275,19 @@ mod tests {
         assert_eq!(DriverVersion::parse("530.30.02").unwrap().major, 530);
         assert!(DriverVersion::parse("abc").is_err());
         assert!(DriverVersion::from_proc_text("nothing here").is_err());
+    }
+
+    #[test]
+    fn tells_a_simulated_driver_and_no_driver_apart() {
+        let dir = std::env::temp_dir().join(format!("keling-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(driver_found(&dir), DriverFound::Absent);
+        std::fs::write(dir.join("nvidiactl"), b"").unwrap();
+        assert_eq!(driver_found(&dir), DriverFound::Simulated);
+        std::fs::remove_file(dir.join("nvidiactl")).unwrap();
+        std::os::unix::fs::symlink("/nonexistent", dir.join("nvidiactl")).unwrap();
+        assert!(matches!(driver_found(&dir), DriverFound::DeadNode(_)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

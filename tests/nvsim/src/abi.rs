@@ -483,6 +483,13 @@ pub mod class {
     pub const HOPPER_COMPUTE_A: u32 = 0xCBC0;
     pub const COPY: [u32; 2] = [0xC7B5, 0xC8B5];
     pub const HOPPER_DMA_COPY_A: u32 = 0xC8B5;
+    /// Event classes, the only ones escape.c lets RM_ALLOC create through an
+    /// `nvidiaN` file: NV01_EVENT 0x5, NV01_EVENT_KERNEL_CALLBACK 0x78,
+    /// NV01_EVENT_OS_EVENT 0x79, NV01_EVENT_KERNEL_CALLBACK_EX 0x7E.
+    pub const EVENTS: [u32; 4] = [0x5, 0x78, 0x79, 0x7E];
+    /// The usermode (doorbell) classes: VOLTA 0xC361, TURING 0xC461, AMPERE
+    /// 0xC561, HOPPER 0xC661 (`g_allclasses.h`).
+    pub const USERMODE: [u32; 4] = [0xC361, 0xC461, 0xC561, 0xC661];
 }
 
 /// `NV_STATUS` codes, from `src/common/sdk/nvidia/inc/nvstatuscodes.h`.
@@ -627,5 +634,48 @@ pub mod le {
         if let Some(s) = b.get_mut(off..off + 2) {
             s.copy_from_slice(&v.to_le_bytes());
         }
+    }
+}
+
+/// The simulated GPUs' identity, shared by CARD_INFO, the controls that report
+/// it (GPU_GET_GID_INFO, GPU_GET_NAME_STRING, BUS_GET_PCI_INFO) and the
+/// sandbox's `/proc/driver/nvidia/gpus/*/information`.
+pub mod gpu_id {
+    /// Marketing name the controls and `/proc` report.
+    pub const NAME: &str = "NVIDIA H200";
+    /// PCI vendor (NVIDIA).
+    pub const PCI_VENDOR: u16 = 0x10de;
+    /// PCI device id of an H200 SXM.
+    pub const PCI_DEVICE: u16 = 0x2335;
+
+    /// PCI bus of simulated GPU `i` (domain 0, device 0, function 0).
+    pub const fn pci_bus(i: u32) -> u32 {
+        0x18 + i
+    }
+
+    /// The RM gpuId of GPU `i` (CARD_INFO, PROBED/ATTACHED_IDS): the driver
+    /// derives it from the PCI location, bus << 8.
+    pub const fn gpu_id(i: u32) -> u32 {
+        pci_bus(i) << 8
+    }
+
+    /// A stable 16-byte UUID for GPU `i`.
+    pub fn uuid(i: u32) -> [u8; 16] {
+        let mut u = *b"Keling-nvsim\0\0\0\0";
+        u[12..].copy_from_slice(&i.to_be_bytes());
+        u
+    }
+
+    /// The UUID as NVIDIA prints it after "GPU-": 8-4-4-4-12 hex digits.
+    pub fn uuid_text(i: u32) -> String {
+        let h: String = uuid(i).iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
     }
 }

@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::abi::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 use crate::abi::{self, class, esc, size, status::*, unix_ctrl as ux};
+use crate::controls;
 
 /// The caller's memory, for pointers inside ioctl params.
 pub trait UserMem {
@@ -233,6 +234,7 @@ pub struct Driver {
     exports: HashMap<u64, ExportFile>,
     ioctl_total: u64,
     ioctl_failed: u64,
+    received: BTreeMap<u32, Received>,
 }
 
 /// `nvsim-state.json`.
@@ -247,6 +249,9 @@ pub struct State {
     /// Live RM clients, by handle.
     pub clients: Vec<ClientState>,
     pub ioctls: IoctlCounts,
+    /// Every call received, by process (tgid) and kind: an independent
+    /// count to compare a tracer's with. Sorted by pid.
+    pub received: Vec<Received>,
     /// Extra (not in the brief's schema): UVM external ranges currently known.
     pub uvm_ranges: u64,
     /// Extra: every live memory (0-byte ones included), in creation order.
@@ -320,6 +325,18 @@ pub struct IoctlCounts {
     pub total: u64,
     /// Those that returned an errno or wrote a non-zero RM/UVM status.
     pub failed: u64,
+}
+
+/// Calls received, by kind. Keys are hexadecimal numbers: `rm_escapes` by
+/// escape nr (an XFER_CMD counts as the escape it carries, as a tracer that
+/// follows it sees it), `uvm` by command, `controls` by RM_CONTROL command
+/// (directly or through XFER_CMD). Every call is counted, failed ones too.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct Received {
+    pub pid: u32,
+    pub rm_escapes: BTreeMap<String, u64>,
+    pub uvm: BTreeMap<String, u64>,
+    pub controls: BTreeMap<String, u64>,
 }
 
 /// One live memory.
@@ -423,11 +440,19 @@ impl Driver {
             exports: HashMap::new(),
             ioctl_total: 0,
             ioctl_failed: 0,
+            received: BTreeMap::new(),
         }
     }
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    fn received_by(&mut self, pid: u32) -> &mut Received {
+        self.received.entry(pid).or_insert_with(|| Received {
+            pid,
+            ..Received::default()
+        })
     }
 
     /// True for drivers before 535 (legacy NVOS21 / 40-byte NVOS64).
@@ -482,7 +507,14 @@ impl Driver {
         self.ioctl_total += 1;
         self.files.entry(fh).or_insert(file);
         let r = match file {
-            FileKind::Uvm => self.uvm_ioctl(fh, cmd, arg, mem).map(|st| (st, Vec::new())),
+            FileKind::Uvm => {
+                *self
+                    .received_by(pid)
+                    .uvm
+                    .entry(format!("{cmd:#x}"))
+                    .or_default() += 1;
+                self.uvm_ioctl(fh, cmd, arg, mem).map(|st| (st, Vec::new()))
+            }
             FileKind::Ctl | FileKind::Gpu(_) => {
                 self.rm_ioctl(fh, file, pid, cmd, arg, in_data, out_size, mem, fds)
             }
@@ -594,6 +626,27 @@ impl Driver {
     fn escape(&mut self, call: &Call, nr: u8, p: &mut [u8], in_xfer: bool) -> EscResult {
         let (fh, file, pid, mem) = (call.fh, call.file, call.pid, call.mem);
         let ctl = file == FileKind::Ctl;
+        if nr != esc::IOCTL_XFER_CMD || in_xfer {
+            *self
+                .received_by(pid)
+                .rm_escapes
+                .entry(format!("{nr:#x}"))
+                .or_default() += 1;
+        }
+        if nr == esc::RM_CONTROL && p.len() == size::NVOS54 {
+            let cmd = u32_at(p, abi::nvos54::CMD);
+            log::debug!(
+                "pid {pid} RM_CONTROL {cmd:#x} size {}",
+                u32_at(p, abi::nvos54::PARAMS_SIZE)
+            );
+            *self
+                .received_by(pid)
+                .controls
+                .entry(format!("{cmd:#x}"))
+                .or_default() += 1;
+        } else {
+            log::debug!("pid {pid} escape {nr:#x} size {} on {file:?}", p.len());
+        }
         let need = |ok: bool| if ok { Ok(()) } else { Err(libc::EINVAL) };
         match nr {
             esc::IOCTL_XFER_CMD => {
@@ -679,8 +732,21 @@ impl Driver {
                 Ok(Some(st))
             }
             esc::RM_ALLOC => {
-                need(ctl)?;
-                self.rm_alloc(fh, pid, p, mem)
+                // escape.c: on nvidiaN only the event classes may be allocated;
+                // they name a client of the nvidiactl file the process uses.
+                let h_class = u32_at(p, abi::nvos21::H_CLASS);
+                if ctl {
+                    self.rm_alloc(fh, pid, p, mem)
+                } else {
+                    need(class::EVENTS.contains(&h_class))?;
+                    let h_root = u32_at(p, abi::nvos21::H_ROOT);
+                    match self.clients.get(&h_root).map(|c| (c.fh, c.creator_pid)) {
+                        Some((client_fh, creator)) if creator == pid => {
+                            self.rm_alloc(client_fh, pid, p, mem)
+                        }
+                        _ => self.rm_alloc(fh, pid, p, mem),
+                    }
+                }
             }
             esc::RM_CONTROL => {
                 need(ctl && p.len() == size::NVOS54)?;
@@ -1233,6 +1299,8 @@ impl Driver {
                 | class::KEPLER_CHANNEL_GROUP_A
                 | class::FERMI_CONTEXT_SHARE_A
         ) || is_memory_class(h_class)
+            || class::EVENTS.contains(&h_class)
+            || class::USERMODE.contains(&h_class)
             || class::CHANNELS.contains(&h_class)
             || class::COMPUTE.contains(&h_class)
             || class::COPY.contains(&h_class);
@@ -1288,6 +1356,14 @@ impl Driver {
                     Ok((kind, bytes)) => NewObj::Memory { gpu, kind, bytes },
                     Err(st) => return Ok(Err(st)),
                 }
+            }
+            c if class::EVENTS.contains(&c) => NewObj::Plain(ObjKind::Other),
+            c if class::USERMODE.contains(&c) => {
+                // Allocated under the subdevice (the doorbell/usermode page).
+                if parent_kind != Some(ObjKind::Subdevice) {
+                    return Ok(Err(NV_ERR_INVALID_OBJECT_PARENT));
+                }
+                NewObj::Plain(ObjKind::Other)
             }
             _ => {
                 if dev_gpu.is_none() {
@@ -1587,13 +1663,24 @@ impl Driver {
             ux::IMPORT_OBJECT_FROM_FD => size::IMPORT_OBJECT_FROM_FD,
             ux::IMPORT_OBJECTS_FROM_FD => size::IMPORT_OBJECTS_FROM_FD,
             _ => {
-                return Ok(
-                    if h_object == h_client || c.objects.contains_key(&h_object) {
-                        NV_OK
-                    } else {
-                        NV_ERR_INVALID_OBJECT_HANDLE
-                    },
-                );
+                let target = if h_object == h_client {
+                    controls::Target::Client
+                } else {
+                    match c.objects.get(&h_object) {
+                        None => return Ok(NV_ERR_INVALID_OBJECT_HANDLE),
+                        Some(o) => match o.kind {
+                            ObjKind::Device { gpu } => controls::Target::Device { gpu },
+                            ObjKind::Subdevice => controls::Target::Subdevice {
+                                gpu: Self::device_gpu(c, h_object).unwrap_or(0),
+                            },
+                            _ => controls::Target::Other {
+                                class: o.class,
+                                gpu: Self::device_gpu(c, h_object),
+                            },
+                        },
+                    }
+                };
+                return self.answer_control(call, target, cmd, p);
             }
         };
         if h_object != h_client {
@@ -1623,6 +1710,39 @@ impl Driver {
             return Err(libc::EFAULT);
         }
         Ok(r.err().unwrap_or(NV_OK))
+    }
+
+    /// A control of [`crate::controls`]: NV_ERR_NOT_SUPPORTED unless that
+    /// module answers it, NV_ERR_INVALID_PARAM_STRUCT for a wrong paramsSize,
+    /// the params copied back only on success.
+    fn answer_control(
+        &mut self,
+        call: &Call,
+        target: controls::Target,
+        cmd: u32,
+        p: &[u8],
+    ) -> Result<u32, Errno> {
+        use abi::nvos54;
+        let Some(want) = controls::params_size(cmd) else {
+            return Ok(NV_ERR_NOT_SUPPORTED);
+        };
+        if u32_at(p, nvos54::FLAGS) & nvos54::FLAGS_FINN_SERIALIZED != 0 {
+            return Ok(NV_ERR_NOT_SUPPORTED);
+        }
+        let ptr = u64_at(p, nvos54::PARAMS);
+        if u32_at(p, nvos54::PARAMS_SIZE) as usize != want || (want > 0 && ptr == 0) {
+            return Ok(controls::NV_ERR_INVALID_PARAM_STRUCT);
+        }
+        let mut b = if want == 0 {
+            Vec::new()
+        } else {
+            call.mem.read(ptr, want).ok_or(libc::EFAULT)?
+        };
+        let st = controls::answer(&*self, target, cmd, &mut b, call.mem)?;
+        if st == NV_OK && want > 0 && !call.mem.write(ptr, &b) {
+            return Err(libc::EFAULT);
+        }
+        Ok(st)
     }
 
     /// The nvidiactl open file that `fd` (in the caller) refers to.
@@ -2062,6 +2182,7 @@ impl Driver {
                 total: self.ioctl_total,
                 failed: self.ioctl_failed,
             },
+            received: self.received.values().cloned().collect(),
             uvm_ranges: self.uvm.values().map(|u| u.ranges.len() as u64).sum(),
             memories: self
                 .memories
@@ -2155,3 +2276,37 @@ struct AllocReq {
 #[cfg(test)]
 #[path = "driver_tests.rs"]
 mod tests;
+
+/// What the answers of [`crate::controls`] need to know of the driver state.
+impl controls::View for Driver {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Creators of the clients that hold an object of `class` under a device
+    /// of `gpu` (GPU_GET_PIDS by class: the 535 driver walks every client and
+    /// lists the process of each that owns such an object).
+    fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .clients
+            .values()
+            .filter(|c| {
+                c.objects
+                    .iter()
+                    .any(|(h, o)| o.class == class && Self::device_gpu(c, *h) == Some(gpu))
+            })
+            .map(|c| c.creator_pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64 {
+        self.proc_gpu(pid, gpu).map_or(0, |p| p.driver_video_bytes)
+    }
+
+    fn free_bytes(&self, gpu: u32) -> u64 {
+        self.cfg.mem_per_gpu.saturating_sub(self.gpu_used(gpu))
+    }
+}

@@ -865,10 +865,12 @@ fn control_map_dup_share() {
     let mut c = vec![0u8; 32];
     w32(&mut c, 0, cl);
     w32(&mut c, 4, dev);
-    w32(&mut c, 8, 0x2080_0110);
+    // A command no driver defines (category 0xff of NV2080): the driver's
+    // own refusal, never a silent success with the buffer untouched.
+    w32(&mut c, 8, 0x2080_ff7e);
     w32(&mut c, 28, 0xffff_ffff);
     call(&mut d, &m, CTL_FH, PID, 0xC020_462A, &mut c).unwrap();
-    assert_eq!(r32(&c, 28), 0, "any cmd, null params: status 0");
+    assert_eq!(r32(&c, 28), 0x56, "unknown cmd: NV_ERR_NOT_SUPPORTED");
     w32(&mut c, 4, 0x4040);
     call(&mut d, &m, CTL_FH, PID, 0xC020_462A, &mut c).unwrap();
     assert_eq!(

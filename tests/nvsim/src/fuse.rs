@@ -8,7 +8,7 @@
 //! params itself at `fuse_ioctl_in.arg` with `process_vm_readv/writev`. RM
 //! escapes need the same for the pointers inside their params. The protocol
 //! subset we need is small, so it is spoken here directly (`linux/fuse.h`):
-//! INIT, LOOKUP, FORGET/BATCH_FORGET, GETATTR, OPEN, READ, RELEASE, FLUSH,
+//! INIT, LOOKUP, FORGET/BATCH_FORGET, GETATTR, OPEN, READ, WRITE, RELEASE, FLUSH,
 //! OPENDIR/READDIR/RELEASEDIR, STATFS, ACCESS, IOCTL, INTERRUPT, DESTROY;
 //! everything else gets ENOSYS.
 //!
@@ -55,6 +55,7 @@ const FUSE_FORGET: u32 = 2;
 const FUSE_GETATTR: u32 = 3;
 const FUSE_OPEN: u32 = 14;
 const FUSE_READ: u32 = 15;
+const FUSE_WRITE: u32 = 16;
 const FUSE_STATFS: u32 = 17;
 const FUSE_RELEASE: u32 = 18;
 const FUSE_FLUSH: u32 = 25;
@@ -69,6 +70,8 @@ const FUSE_IOCTL: u32 = 39;
 const FUSE_BATCH_FORGET: u32 = 42;
 
 const FOPEN_DIRECT_IO: u32 = 1 << 0;
+/// The size device files report: room for any mapping offset the driver hands out.
+const DEVICE_FILE_SIZE: u64 = 1 << 40;
 const FUSE_IOCTL_DIR: u32 = 1 << 4;
 
 /// Minor protocol version we speak (7.31: everything we use is older).
@@ -264,7 +267,10 @@ impl Server {
             Node::Root => (libc::S_IFDIR | 0o755, 2, 0),
             Node::Version => (libc::S_IFREG | 0o444, 1, self.version_text.len() as u64),
             Node::State => (libc::S_IFREG | 0o444, 1, 0),
-            Node::Device(_) => (libc::S_IFREG | 0o666, 1, 0),
+            // A size, so that a mapping of a device file can be faulted in
+            // (pages past the end of a file raise SIGBUS); reads return
+            // nothing (zero-filled pages), writes are taken and dropped.
+            Node::Device(_) => (libc::S_IFREG | 0o666, 1, DEVICE_FILE_SIZE),
         };
         out.u64(ino).u64(size).u64(0); // ino, size, blocks
         out.u64(self.mtime).u64(self.mtime).u64(self.mtime);
@@ -464,8 +470,16 @@ impl Server {
                     self.driver.open(fh, k);
                 }
                 self.files.insert(fh, OpenFile { node, snapshot });
+                // Device files go through the page cache so that they can be
+                // mmapped (libcuda maps the usermode page of nvidiaN with
+                // MAP_SHARED, PROT_WRITE, which FOPEN_DIRECT_IO refuses with
+                // ENODEV); the generated files stay direct.
+                let open_flags = match node {
+                    Node::Device(_) => 0,
+                    _ => FOPEN_DIRECT_IO,
+                };
                 let mut o = Out::default();
-                o.u64(fh).u32(FOPEN_DIRECT_IO).u32(0);
+                o.u64(fh).u32(open_flags).u32(0);
                 self.ok(unique, &o.0)?;
             }
             FUSE_READ => {
@@ -483,12 +497,34 @@ impl Server {
                         }
                         self.files[&fh].snapshot.clone()
                     }
-                    Some(_) => Vec::new(),
+                    // Zeros as far as asked: a short read would make the
+                    // kernel shrink the file to it and fault a mapping.
+                    Some(_) => {
+                        let end = offset.saturating_add(size).min(DEVICE_FILE_SIZE as usize);
+                        return self
+                            .ok(unique, &vec![0; end.saturating_sub(offset)])
+                            .map(|_| false);
+                    }
                     None => return self.err(unique, libc::EBADF).map(|_| false),
                 };
                 let start = offset.min(data.len());
                 let end = offset.saturating_add(size).min(data.len());
                 self.ok(unique, &data[start..end])?;
+            }
+            FUSE_WRITE => {
+                // Write-back of a shared mapping of a device file: accepted
+                // and dropped (the simulator has no registers behind it).
+                let fh = r.u64(0);
+                let size = r.u32(16);
+                match self.files.get(&fh).map(|f| f.node) {
+                    Some(Node::Device(_)) => {
+                        let mut o = Out::default();
+                        o.u32(size).u32(0);
+                        self.ok(unique, &o.0)?;
+                    }
+                    Some(_) => self.err(unique, libc::EACCES)?,
+                    None => self.err(unique, libc::EBADF)?,
+                }
             }
             FUSE_RELEASE => {
                 let fh = r.u64(0);

@@ -4,7 +4,9 @@
 //! documentation (`src/main.rs`) for what is simulated.
 
 pub mod abi;
+pub mod controls;
 pub mod driver;
 pub mod fuse;
 pub mod mount;
 pub mod procmem;
+pub mod sandbox;

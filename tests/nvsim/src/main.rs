@@ -13,7 +13,10 @@
 //! keling-nvsim mount DIR [--gpus N] [--mem-per-gpu BYTES] [--driver-version V]
 //!                        [--foreground] [--force]
 //! keling-nvsim umount DIR
+//! keling-nvsim sandbox DIR [--nvidia DIR] -- CMD [ARGS]
 //! ```
+//! `sandbox` runs CMD where NVIDIA's real userspace sees the simulator (see
+//! `src/sandbox.rs`).
 //! `mount` prints `nvsim: mounted DIR (N GPUs, B bytes each, driver V)` on
 //! stderr once the mount is live and serves until SIGTERM/SIGINT/SIGHUP, then
 //! unmounts and exits 0. Without `--foreground` it forks: the parent exits 0
@@ -241,6 +244,24 @@ enum Cmd {
     },
     /// Unmount DIR.
     Umount { dir: PathBuf },
+    /// Run CMD where NVIDIA's real userspace (libcuda, NVML, nvidia-smi) sees the
+    /// simulated driver mounted at DIR: a private mount namespace with DIR's files
+    /// as /dev/nvidia*, /sys/module/nvidia and /proc/driver/nvidia as the 535
+    /// driver has them, and the unpacked Debian libraries found by their sonames.
+    /// The one thing faked outside the ABI: stat(2) of the device files says
+    /// "character device 195:N" (a preload shim). Exits with CMD's code; leaves
+    /// nothing mounted and no node on the host. Needs root.
+    Sandbox {
+        /// A live `keling-nvsim mount` directory.
+        dir: PathBuf,
+        /// The unpacked packages (default: $KELING_NVIDIA_USERSPACE, else
+        /// target/nvidia-userspace/535.261.03, which `cargo xtask setup` fills).
+        #[arg(long, value_name = "DIR")]
+        nvidia: Option<PathBuf>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<std::ffi::OsString>,
+    },
 }
 
 /// Writes to stderr, ignoring errors (a closed pipe must not kill us).
@@ -261,6 +282,9 @@ fn main() {
             force,
         } => cmd_mount(&dir, gpus, mem_per_gpu, driver_version, foreground, force),
         Cmd::Umount { dir } => cmd_umount(&dir),
+        Cmd::Sandbox { dir, nvidia, cmd } => {
+            keling_nvsim::sandbox::run(&dir, nvidia.as_deref(), &cmd).map(|never| match never {})
+        }
     };
     if let Err(e) = r {
         say(&format!("nvsim: error: {e:#}"));

@@ -898,7 +898,11 @@ impl<'e> Actor<'e> {
             self.env
                 .control(self.ctl, self.client, obj, cmd, Some(&mut p))
         };
-        expect_ok("RM_CONTROL", st);
+        // Random commands and sizes: the driver answers, refuses the command
+        // (NV_ERR_NOT_SUPPORTED), the params' size (INVALID_PARAM_STRUCT) or
+        // their contents; none of it changes what anyone holds, which is what
+        // the tracer is checked on. The status is not the point.
+        let _ = st;
     }
 
     /// NVOS32 with hRoot, hObjectParent (the device) and the function.
