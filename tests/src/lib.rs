@@ -354,3 +354,40 @@ pub fn readme_block(title: &str, first: &str) -> String {
         .unwrap_or_else(|| panic!("a code block starting with {first:?} in {title:?}"))
         .to_owned()
 }
+
+/// The unpacked NVIDIA userspace (`cargo xtask setup` puts Debian's 535 packages
+/// in `target/nvidia-userspace/VERSION`), if there; records a skip if not.
+pub fn nvidia_userspace(test: &str) -> Option<PathBuf> {
+    let dir = sibling_bin("keling-nvsim")
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .join("nvidia-userspace/535.261.03");
+    if dir
+        .join("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1")
+        .exists()
+    {
+        return Some(dir);
+    }
+    skip(
+        test,
+        &format!(
+            "NVIDIA's userspace is not unpacked in {} (`cargo xtask setup` fetches it on Debian bookworm)",
+            dir.display()
+        ),
+    );
+    None
+}
+
+/// `keling-nvsim sandbox DIR -- cmd...`: `cmd` runs where NVIDIA's real userspace
+/// sees the simulator mounted at DIR.
+pub fn sandbox(sim: &Nvsim, cmd: &[&str]) -> Command {
+    let mut c = Command::new(nvsim_bin());
+    c.arg("sandbox").arg(&sim.dir).arg("--").args(cmd);
+    c
+}
+
+/// The CUDA driver-API probe (a binary of the keling-nvsim crate).
+pub fn cuda_probe_bin() -> PathBuf {
+    sibling_bin("keling-cuda-probe")
+}

@@ -1723,6 +1723,20 @@ impl Driver {
         p: &[u8],
     ) -> Result<u32, Errno> {
         use abi::nvos54;
+        // resserv looks the command up in the target's class table first:
+        // a client, device or subdevice command (its upper 16 bits: 0x0000,
+        // 0x0080, 0x2080) is in that class's table only. Other objects
+        // inherit tables (memory takes NV0041 commands, channels NV906F):
+        // they are left to `controls`, which answers none of theirs.
+        let class_of_target = match target {
+            controls::Target::Client => Some(0x0000),
+            controls::Target::Device { .. } => Some(class::NV01_DEVICE_0),
+            controls::Target::Subdevice { .. } => Some(class::NV20_SUBDEVICE_0),
+            controls::Target::Other { .. } => None,
+        };
+        if class_of_target.is_some_and(|c| cmd >> 16 != c) {
+            return Ok(NV_ERR_NOT_SUPPORTED);
+        }
         let Some(want) = controls::params_size(cmd) else {
             return Ok(NV_ERR_NOT_SUPPORTED);
         };

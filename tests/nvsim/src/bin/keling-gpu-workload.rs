@@ -144,8 +144,8 @@ struct Cli {
     checkpoints: bool,
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
-    /// random (default), basic, hostile, oom, share, busy, pass-server, pass-client,
-    /// pass-holder, many-fds.
+    /// random (default), basic, hostile, oom, share, busy, compute, pass-server,
+    /// pass-client, pass-holder, many-fds.
     #[arg(long, default_value = "random")]
     scenario: String,
     // Internal: continuing as an exec'd child.
@@ -3126,9 +3126,12 @@ fn hostile(env: &Env, cp: &mut Checkpoints) {
     // A flood of controls.
     for i in 0..10_000u32 {
         let obj = if i % 2 == 0 { c } else { d };
-        expect_ok(
+        // NV2080 commands sent to the client and the device: not in those
+        // classes' command tables, so the driver refuses every one.
+        expect_status(
             "control flood",
             env.control(ctl, c, obj, 0x2080_0000 | (i & 0xffff), None),
+            status::NV_ERR_NOT_SUPPORTED,
         );
         if i % 1000 == 999 {
             cp.step();
@@ -3224,6 +3227,54 @@ fn oom(env: &Env, cp: &mut Checkpoints) {
 
 /// A task that keeps a GPU busy: the scheduler tests watch its progress stop
 /// while Keling has it frozen.
+/// compute: what a CUDA process holds once its context exists, as far as
+/// the driver sees it: a client, the device of `--use-gpu` (default 0) with a
+/// subdevice, `--alloc-mib` of video memory, a VA space, a channel group with a
+/// context share and a Hopper channel carrying a compute object (what
+/// GPU_GET_PIDS lists by class). Sends one control no driver defines and
+/// prints `unknown_control_status 0x..`, then `ready <pid>`, and holds until
+/// stdin closes or sends a line.
+fn compute(env: &Env, cli: &Cli) {
+    let gpu = cli.use_gpu.unwrap_or(0);
+    let ctl = env.open("nvidiactl", false);
+    let obj = |root: u32, parent: u32, cls: u32, params: Option<&mut [u8]>, what: &str| {
+        let (st, h) = ok_or_die(what, env.alloc(ctl, false, false, root, parent, 0, cls, params));
+        expect_ok(what, st);
+        h
+    };
+    let c = obj(0, 0, class::NV01_ROOT_CLIENT, None, "client");
+    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+    put_u32(&mut dp, 0, gpu);
+    let d = obj(c, c, class::NV01_DEVICE_0, Some(&mut dp), "device");
+    let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
+    let sub = obj(c, d, class::NV20_SUBDEVICE_0, Some(&mut sp), "subdevice");
+    if cli.alloc_mib > 0 {
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, cli.alloc_mib * MIB);
+        obj(c, d, class::NV01_MEMORY_LOCAL_USER, Some(&mut p), "video memory");
+    }
+    let vas = obj(c, d, class::FERMI_VASPACE_A, None, "VA space");
+    let mut tp = vec![0u8; abi::size::TSG_ALLOC];
+    put_u32(&mut tp, 8, vas);
+    put_u32(&mut tp, 12, 1);
+    let tsg = obj(c, d, class::KEPLER_CHANNEL_GROUP_A, Some(&mut tp), "channel group");
+    let ctx = obj(c, tsg, class::FERMI_CONTEXT_SHARE_A, None, "context share");
+    let mut chp = vec![0u8; abi::size::CHANNEL_ALLOC];
+    put_u64(&mut chp, 16, 1024);
+    put_u32(&mut chp, 24, ctx);
+    put_u32(&mut chp, 28, vas);
+    put_u32(&mut chp, 128, 1);
+    let ch = obj(c, tsg, class::HOPPER_CHANNEL_GPFIFO_A, Some(&mut chp), "channel");
+    obj(c, ch, class::HOPPER_COMPUTE_A, None, "compute object");
+    let mut junk = [0u8; 16];
+    let st = env.control(ctl, c, sub, 0x2080_ff7e, Some(&mut junk));
+    println!("unknown_control_status {st:#x}");
+    println!("ready {}", std::process::id());
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
 fn busy(env: &Env, cli: &Cli) {
     let gpu = cli.use_gpu.unwrap_or_else(|| {
         std::env::var("CUDA_VISIBLE_DEVICES")
@@ -3511,6 +3562,7 @@ fn main() {
         "oom" => oom(&env, &mut cp),
         "share" => share(&env, &mut cp),
         "busy" => busy(&env, &cli),
+        "compute" => compute(&env, &cli),
         "pass-server" => pass_server(&env, &cli, &mut cp),
         "pass-client" => pass_client(&env, &cli, &mut cp),
         "pass-holder" => pass_holder(&cli, &mut cp),
