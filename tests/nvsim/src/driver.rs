@@ -751,6 +751,7 @@ impl Driver {
             esc::RM_CONTROL => {
                 need(ctl && p.len() == size::NVOS54)?;
                 let st = self.rm_control(call, p)?;
+                log::debug!("  -> {st:#x}");
                 put_u32(p, abi::nvos54::STATUS, st);
                 Ok(Some(st))
             }
@@ -762,11 +763,22 @@ impl Driver {
             }
             esc::RM_MAP_MEMORY => {
                 need(ctl && p.len() == size::NVOS33_WITH_FD)?;
-                let st = self.check_memory(
-                    fh,
+                let (h_client, h_memory) = (
                     u32_at(p, abi::nvos33::H_CLIENT),
                     u32_at(p, abi::nvos33::H_MEMORY),
                 );
+                // Memory, or the usermode (doorbell) page libcuda maps at start;
+                // the mapping itself is the mmap of the fd that follows.
+                let usermode = self.owned_client(fh, h_client).is_ok_and(|c| {
+                    c.objects
+                        .get(&h_memory)
+                        .is_some_and(|o| class::USERMODE.contains(&o.class))
+                });
+                let st = if usermode {
+                    NV_OK
+                } else {
+                    self.check_memory(fh, h_client, h_memory)
+                };
                 put_u32(p, abi::nvos33::STATUS, st);
                 Ok(Some(st))
             }
@@ -1254,6 +1266,7 @@ impl Driver {
             }
             Err(st) => st,
         };
+        log::debug!("  class {:#x} -> {st:#x}", req.h_class);
         put_u32(p, status_off, st);
         Ok(Some(st))
     }
@@ -1662,26 +1675,7 @@ impl Driver {
             ux::EXPORT_OBJECTS_TO_FD => size::EXPORT_OBJECTS_TO_FD,
             ux::IMPORT_OBJECT_FROM_FD => size::IMPORT_OBJECT_FROM_FD,
             ux::IMPORT_OBJECTS_FROM_FD => size::IMPORT_OBJECTS_FROM_FD,
-            _ => {
-                let target = if h_object == h_client {
-                    controls::Target::Client
-                } else {
-                    match c.objects.get(&h_object) {
-                        None => return Ok(NV_ERR_INVALID_OBJECT_HANDLE),
-                        Some(o) => match o.kind {
-                            ObjKind::Device { gpu } => controls::Target::Device { gpu },
-                            ObjKind::Subdevice => controls::Target::Subdevice {
-                                gpu: Self::device_gpu(c, h_object).unwrap_or(0),
-                            },
-                            _ => controls::Target::Other {
-                                class: o.class,
-                                gpu: Self::device_gpu(c, h_object),
-                            },
-                        },
-                    }
-                };
-                return self.answer_control(call, target, cmd, p);
-            }
+            _ => return self.answer_control(call, h_client, cmd, p),
         };
         if h_object != h_client {
             // Class 0x0000 controls: not in the command table of other classes.
@@ -1712,47 +1706,73 @@ impl Driver {
         Ok(r.err().unwrap_or(NV_OK))
     }
 
-    /// A control of [`crate::controls`]: NV_ERR_NOT_SUPPORTED unless that
-    /// module answers it, NV_ERR_INVALID_PARAM_STRUCT for a wrong paramsSize,
-    /// the params copied back only on success.
+    /// A control of [`crate::controls`], in the driver's order (see that
+    /// module's doc): a known command with the wrong paramsSize (or params
+    /// NULL with a size) is refused before the object is looked up; an
+    /// unknown object is NV_ERR_INVALID_OBJECT_HANDLE; a command the module
+    /// does not answer, or one outside the target's class, is
+    /// NV_ERR_NOT_SUPPORTED. The params are copied back only on success.
     fn answer_control(
         &mut self,
         call: &Call,
-        target: controls::Target,
+        h_client: u32,
         cmd: u32,
         p: &[u8],
     ) -> Result<u32, Errno> {
         use abi::nvos54;
-        // resserv looks the command up in the target's class table first:
-        // a client, device or subdevice command (its upper 16 bits: 0x0000,
-        // 0x0080, 0x2080) is in that class's table only. Other objects
-        // inherit tables (memory takes NV0041 commands, channels NV906F):
-        // they are left to `controls`, which answers none of theirs.
-        let class_of_target = match target {
-            controls::Target::Client => Some(0x0000),
-            controls::Target::Device { .. } => Some(class::NV01_DEVICE_0),
-            controls::Target::Subdevice { .. } => Some(class::NV20_SUBDEVICE_0),
-            controls::Target::Other { .. } => None,
-        };
-        if class_of_target.is_some_and(|c| cmd >> 16 != c) {
-            return Ok(NV_ERR_NOT_SUPPORTED);
+        let h_object = u32_at(p, nvos54::H_OBJECT);
+        let ptr = u64_at(p, nvos54::PARAMS);
+        let given = u32_at(p, nvos54::PARAMS_SIZE) as usize;
+        if cmd & 0xffff == 0 {
+            // Category and index 0: the driver's "null command", NV_OK.
+            return Ok(NV_OK);
         }
-        let Some(want) = controls::params_size(cmd) else {
+        let want = controls::params_size(cmd);
+        if let Some(want) = want
+            && controls::checks_params_size(cmd)
+            && (given != want || (ptr == 0) != (want == 0))
+        {
+            return Ok(controls::PARAMS_SIZE_MISMATCH);
+        }
+        let Some(c) = self.clients.get(&h_client) else {
+            return Ok(NV_ERR_INVALID_CLIENT);
+        };
+        let target = if h_object == h_client {
+            controls::Target::Client
+        } else {
+            match c.objects.get(&h_object) {
+                None => return Ok(NV_ERR_INVALID_OBJECT_HANDLE),
+                Some(o) => match o.kind {
+                    ObjKind::Device { gpu } => controls::Target::Device { gpu },
+                    ObjKind::Subdevice => controls::Target::Subdevice {
+                        gpu: Self::device_gpu(c, h_object).unwrap_or(0),
+                    },
+                    _ => controls::Target::Other {
+                        class: o.class,
+                        gpu: Self::device_gpu(c, h_object),
+                    },
+                },
+            }
+        };
+        let Some(want) = want else {
             return Ok(NV_ERR_NOT_SUPPORTED);
         };
         if u32_at(p, nvos54::FLAGS) & nvos54::FLAGS_FINN_SERIALIZED != 0 {
             return Ok(NV_ERR_NOT_SUPPORTED);
         }
-        let ptr = u64_at(p, nvos54::PARAMS);
-        if u32_at(p, nvos54::PARAMS_SIZE) as usize != want || (want > 0 && ptr == 0) {
-            return Ok(controls::NV_ERR_INVALID_PARAM_STRUCT);
+        if ptr == 0 && want > 0 {
+            return Ok(NV_ERR_INVALID_ARGUMENT);
         }
         let mut b = if want == 0 {
             Vec::new()
         } else {
             call.mem.read(ptr, want).ok_or(libc::EFAULT)?
         };
-        let st = controls::answer(&*self, target, cmd, &mut b, call.mem)?;
+        let view = ClientView {
+            driver: self,
+            client: h_client,
+        };
+        let st = controls::answer(&view, target, cmd, &mut b, call.mem)?;
         if st == NV_OK && want > 0 && !call.mem.write(ptr, &b) {
             return Err(libc::EFAULT);
         }
@@ -2291,23 +2311,30 @@ struct AllocReq {
 #[path = "driver_tests.rs"]
 mod tests;
 
-/// What the answers of [`crate::controls`] need to know of the driver state.
-impl controls::View for Driver {
+/// What the answers of [`crate::controls`] need to know of the driver state,
+/// seen from the client a control was sent to.
+struct ClientView<'d> {
+    driver: &'d Driver,
+    client: u32,
+}
+
+impl controls::View for ClientView<'_> {
     fn config(&self) -> &Config {
-        &self.cfg
+        &self.driver.cfg
     }
 
     /// Creators of the clients that hold an object of `class` under a device
-    /// of `gpu` (GPU_GET_PIDS by class: the 535 driver walks every client and
+    /// of `gpu` (GPU_GET_PIDS by class: the driver walks every client and
     /// lists the process of each that owns such an object).
     fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32> {
         let mut pids: Vec<u32> = self
+            .driver
             .clients
             .values()
             .filter(|c| {
                 c.objects
                     .iter()
-                    .any(|(h, o)| o.class == class && Self::device_gpu(c, *h) == Some(gpu))
+                    .any(|(h, o)| o.class == class && Driver::device_gpu(c, *h) == Some(gpu))
             })
             .map(|c| c.creator_pid)
             .collect();
@@ -2317,10 +2344,23 @@ impl controls::View for Driver {
     }
 
     fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64 {
-        self.proc_gpu(pid, gpu).map_or(0, |p| p.driver_video_bytes)
+        self.driver
+            .proc_gpu(pid, gpu)
+            .map_or(0, |p| p.driver_video_bytes)
     }
 
     fn free_bytes(&self, gpu: u32) -> u64 {
-        self.cfg.mem_per_gpu.saturating_sub(self.gpu_used(gpu))
+        self.driver
+            .cfg
+            .mem_per_gpu
+            .saturating_sub(self.driver.gpu_used(gpu))
+    }
+
+    fn object_class(&self, handle: u32) -> Option<u32> {
+        let c = self.driver.clients.get(&self.client)?;
+        if handle == self.client {
+            return Some(class::NV01_ROOT_CLIENT);
+        }
+        c.objects.get(&handle).map(|o| o.class)
     }
 }

@@ -3238,7 +3238,10 @@ fn compute(env: &Env, cli: &Cli) {
     let gpu = cli.use_gpu.unwrap_or(0);
     let ctl = env.open("nvidiactl", false);
     let obj = |root: u32, parent: u32, cls: u32, params: Option<&mut [u8]>, what: &str| {
-        let (st, h) = ok_or_die(what, env.alloc(ctl, false, false, root, parent, 0, cls, params));
+        let (st, h) = ok_or_die(
+            what,
+            env.alloc(ctl, false, false, root, parent, 0, cls, params),
+        );
         expect_ok(what, st);
         h
     };
@@ -3251,20 +3254,38 @@ fn compute(env: &Env, cli: &Cli) {
     if cli.alloc_mib > 0 {
         let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
         put_u64(&mut p, 64, cli.alloc_mib * MIB);
-        obj(c, d, class::NV01_MEMORY_LOCAL_USER, Some(&mut p), "video memory");
+        obj(
+            c,
+            d,
+            class::NV01_MEMORY_LOCAL_USER,
+            Some(&mut p),
+            "video memory",
+        );
     }
     let vas = obj(c, d, class::FERMI_VASPACE_A, None, "VA space");
     let mut tp = vec![0u8; abi::size::TSG_ALLOC];
     put_u32(&mut tp, 8, vas);
     put_u32(&mut tp, 12, 1);
-    let tsg = obj(c, d, class::KEPLER_CHANNEL_GROUP_A, Some(&mut tp), "channel group");
+    let tsg = obj(
+        c,
+        d,
+        class::KEPLER_CHANNEL_GROUP_A,
+        Some(&mut tp),
+        "channel group",
+    );
     let ctx = obj(c, tsg, class::FERMI_CONTEXT_SHARE_A, None, "context share");
     let mut chp = vec![0u8; abi::size::CHANNEL_ALLOC];
     put_u64(&mut chp, 16, 1024);
     put_u32(&mut chp, 24, ctx);
     put_u32(&mut chp, 28, vas);
     put_u32(&mut chp, 128, 1);
-    let ch = obj(c, tsg, class::HOPPER_CHANNEL_GPFIFO_A, Some(&mut chp), "channel");
+    let ch = obj(
+        c,
+        tsg,
+        class::HOPPER_CHANNEL_GPFIFO_A,
+        Some(&mut chp),
+        "channel",
+    );
     obj(c, ch, class::HOPPER_COMPUTE_A, None, "compute object");
     let mut junk = [0u8; 16];
     let st = env.control(ctl, c, sub, 0x2080_ff7e, Some(&mut junk));
