@@ -2077,3 +2077,101 @@ fn state_json_has_the_new_fields() {
         assert!(mems[0][k].is_u64(), "{k}");
     }
 }
+
+/// NVOS54 control on (cl, obj) with `params` placed in fake memory; returns
+/// (status, the params as the caller sees them after the call).
+fn ctl_call(
+    d: &mut Driver,
+    m: &FakeMem,
+    cl: u32,
+    obj: u32,
+    cmd: u32,
+    params: &[u8],
+) -> (u32, Vec<u8>) {
+    let a = if params.is_empty() {
+        0
+    } else {
+        m.place(params)
+    };
+    let mut c = vec![0u8; 32];
+    w32(&mut c, 0, cl);
+    w32(&mut c, 4, obj);
+    w32(&mut c, 8, cmd);
+    w64(&mut c, 16, a);
+    w32(&mut c, 24, params.len() as u32);
+    w32(&mut c, 28, 0xffff_ffff);
+    call(d, m, CTL_FH, PID, 0xC020_462A, &mut c).unwrap();
+    (r32(&c, 28), if a == 0 { Vec::new() } else { m.get(a) })
+}
+
+#[test]
+fn controls_are_dispatched_in_the_drivers_order() {
+    let m = FakeMem::new();
+    let mut d = drv(2, 80 * GIB, "535.261.03");
+    let (cl, dev) = setup(&mut d, &m, 1);
+    let mut sp = vec![0u8; 4];
+    let spa = m.place(&sp);
+    let (st, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0xd1, 0x2080, spa, 4);
+    assert_eq!(st, 0);
+    // GPU_GET_NAME_STRING {flags@0, name@4 (128)}: 132 bytes, on the subdevice.
+    let (st, p) = ctl_call(&mut d, &m, cl, sub, 0x2080_0110, &[0u8; 132]);
+    assert_eq!(st, 0);
+    assert_eq!(&p[4..15], b"NVIDIA H200");
+    // The same command with a wrong size: INVALID_ARGUMENT, even on an object
+    // that does not exist (the size is checked first).
+    let (st, _) = ctl_call(&mut d, &m, cl, 0x4040, 0x2080_0110, &[0u8; 8]);
+    assert_eq!(st, 0x1f);
+    // Right size, unknown object: INVALID_OBJECT_HANDLE.
+    let (st, _) = ctl_call(&mut d, &m, cl, 0x4040, 0x2080_0110, &[0u8; 132]);
+    assert_eq!(st, 0x33);
+    // A subdevice command sent to the device: not in its class table.
+    let (st, _) = ctl_call(&mut d, &m, cl, dev, 0x2080_0110, &[0u8; 132]);
+    assert_eq!(st, 0x56);
+    // FB_GET_INFO_V2 {entryCount@0, entries[]@4 of {index, data}}: total RAM
+    // (index 8) in KiB, from the configuration.
+    let mut fb = vec![0u8; 436];
+    w32(&mut fb, 0, 1);
+    w32(&mut fb, 4, 8);
+    let (st, p) = ctl_call(&mut d, &m, cl, sub, 0x2080_1303, &fb);
+    assert_eq!(st, 0);
+    assert_eq!(r32(&p, 8) as u64, 80 * GIB / 1024);
+    // The null command (category and index 0) succeeds and does nothing.
+    let (st, _) = ctl_call(&mut d, &m, cl, sub, 0x2080_0000, &[]);
+    assert_eq!(st, 0);
+    // Every control was counted for this process, failed ones too.
+    let r = &d.state().received[0];
+    assert_eq!((r.pid, r.controls["0x20800110"]), (PID, 4));
+}
+
+#[test]
+fn events_on_nvidia_n_usermode_and_unknown_classes() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 80 * GIB, "535.261.03");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let spa = m.place(&[0u8; 4]);
+    let (_, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0xd1, 0x2080, spa, 4);
+    // NV01_EVENT_OS_EVENT (0x79) through nvidia0 (escape.c allows the event
+    // classes there), naming the client of the nvidiactl file.
+    let (st, ev) = alloc21(&mut d, &m, GPU0_FH, PID, cl, sub, 0, 0x79, 0, 0);
+    assert_eq!(st, 0);
+    assert_ne!(ev, 0);
+    // Any other class through nvidia0 is refused by the escape itself.
+    let mut b = nvos21(cl, dev, 0, 0x40, 0, 0);
+    assert_eq!(
+        call(&mut d, &m, GPU0_FH, PID, 0xC020_462B, &mut b),
+        Err(libc::EINVAL)
+    );
+    // HOPPER_USERMODE_A under the subdevice, then mapped (NVOS33 + fd).
+    let (st, um) = alloc21(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0xC661, 0, 0);
+    assert_eq!(st, 0);
+    let mut mm = vec![0u8; 56];
+    w32(&mut mm, 0, cl);
+    w32(&mut mm, 4, sub);
+    w32(&mut mm, 8, um);
+    w32(&mut mm, 40, 0xffff_ffff);
+    call(&mut d, &m, CTL_FH, PID, 0xC038_464E, &mut mm).unwrap();
+    assert_eq!(r32(&mm, 40), 0);
+    // A class the driver does not know: INVALID_CLASS.
+    let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xBEEF, 0, 0);
+    assert_eq!(st, 0x22);
+}

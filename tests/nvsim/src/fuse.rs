@@ -591,6 +591,7 @@ impl Server {
         let in_size = r.u32(24) as usize;
         let out_size = r.u32(28) as usize;
         let in_data = body.get(32..32 + in_size).unwrap_or(&[]);
+        log::debug!("ioctl {cmd:#x} fh {fh} in {in_size} out {out_size} flags {flags:#x}");
         if cmd == WHICH_FILE_CMD && flags & FUSE_IOCTL_DIR == 0 {
             // From one of our helper threads: this fh is the file it holds.
             let token = crate::abi::le::u64_at(in_data, 0);
