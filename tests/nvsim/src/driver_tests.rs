@@ -2109,8 +2109,7 @@ fn controls_are_dispatched_in_the_drivers_order() {
     let m = FakeMem::new();
     let mut d = drv(2, 80 * GIB, "535.261.03");
     let (cl, dev) = setup(&mut d, &m, 1);
-    let mut sp = vec![0u8; 4];
-    let spa = m.place(&sp);
+    let spa = m.place(&[0u8; 4]);
     let (st, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0xd1, 0x2080, spa, 4);
     assert_eq!(st, 0);
     // GPU_GET_NAME_STRING {flags@0, name@4 (128)}: 132 bytes, on the subdevice.

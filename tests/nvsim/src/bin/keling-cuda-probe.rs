@@ -96,19 +96,23 @@ fn main() {
         )
     };
     let mut out = serde_json::json!({"ok": true, "pid": std::process::id()});
-    // SAFETY (every call below): out-pointers to live locals, buffer lengths
-    // that match the buffers.
+    // SAFETY: a libcuda entry point with out-pointers to live locals and
+    // the lengths of their buffers.
     let r = unsafe { init(0) };
     if r != 0 {
         fail("cuInit", r, &out);
     }
     let mut v: c_int = 0;
+    // SAFETY: a libcuda entry point with out-pointers to live locals and
+    // the lengths of their buffers.
     let r = unsafe { version(&mut v) };
     if r != 0 {
         fail("cuDriverGetVersion", r, &out);
     }
     out["driver_version"] = v.into();
     let mut n: c_int = 0;
+    // SAFETY: a libcuda entry point with out-pointers to live locals and
+    // the lengths of their buffers.
     let r = unsafe { count(&mut n) };
     if r != 0 {
         fail("cuDeviceGetCount", r, &out);
@@ -117,11 +121,15 @@ fn main() {
     let mut devices = Vec::new();
     for ordinal in 0..n {
         let mut dev: c_int = 0;
+        // SAFETY: a libcuda entry point with out-pointers to live locals and
+        // the lengths of their buffers.
         let r = unsafe { get(&mut dev, ordinal) };
         if r != 0 {
             fail("cuDeviceGet", r, &out);
         }
         let mut buf = [0 as c_char; 256];
+        // SAFETY: a libcuda entry point with out-pointers to live locals and
+        // the lengths of their buffers.
         let r = unsafe { name(buf.as_mut_ptr(), buf.len() as c_int, dev) };
         if r != 0 {
             fail("cuDeviceGetName", r, &out);
@@ -131,11 +139,15 @@ fn main() {
             .to_string_lossy()
             .into_owned();
         let mut bytes: usize = 0;
+        // SAFETY: a libcuda entry point with out-pointers to live locals and
+        // the lengths of their buffers.
         let r = unsafe { total(&mut bytes, dev) };
         if r != 0 {
             fail("cuDeviceTotalMem_v2", r, &out);
         }
         let mut bus = [0 as c_char; 64];
+        // SAFETY: a libcuda entry point with out-pointers to live locals and
+        // the lengths of their buffers.
         let r = unsafe { pci(bus.as_mut_ptr(), bus.len() as c_int, dev) };
         if r != 0 {
             fail("cuDeviceGetPCIBusId", r, &out);
@@ -147,6 +159,8 @@ fn main() {
         let mut attributes = serde_json::Map::new();
         for (label, a) in ATTRIBUTES {
             let mut x: c_int = 0;
+            // SAFETY: a libcuda entry point with out-pointers to live locals and
+            // the lengths of their buffers.
             let r = unsafe { attr(&mut x, *a, dev) };
             if r != 0 {
                 fail(&format!("cuDeviceGetAttribute({label})"), r, &out);
