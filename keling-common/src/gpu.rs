@@ -28,8 +28,12 @@
 //!   the driver's own per-process figure; `gpu` [`ALL_GPUS`] is the process total and
 //!   pid 0 the device total.
 //!
-//! These maps are updated at syscall exit, from what the driver returned, so they
-//! stay exact when the ring buffer drops detail events.
+//! - `CALL_COUNTS[call_key(kind, number)]` counts the calls the followed processes
+//!   made, by RM escape, UVM command and RM_CONTROL command (see [`call_kind`]), at
+//!   sys_enter: what was sent, whatever the driver then answered.
+//!
+//! These maps are updated in the kernel (the accounting at syscall exit, from what
+//! the driver returned), so they stay exact when the ring buffer drops detail events.
 use crate::EventHeader;
 
 /// `gpu` of a process-wide total in `TOTALS`.
@@ -76,6 +80,10 @@ pub const MAX_TOTALS: u32 = 65536;
 /// Syscalls in flight between sys_enter and sys_exit, one per thread, per kind.
 pub const MAX_PENDING: u32 = 16384;
 
+/// Distinct (kind, number) pairs `CALL_COUNTS` holds; calls of a pair that finds it
+/// full are counted in `CALLS_UNCOUNTED` instead.
+pub const MAX_CALL_KEYS: u32 = 8192;
+
 pub const MAP_PROC_FDS: &str = "PROC_FDS";
 pub const MAP_FILES: &str = "FILES";
 pub const MAP_CLIENTS: &str = "CLIENTS";
@@ -86,6 +94,37 @@ pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
 pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
+pub const MAP_CALL_COUNTS: &str = "CALL_COUNTS";
+pub const MAP_CALLS_UNCOUNTED: &str = "CALLS_UNCOUNTED";
+
+/// What a key of `CALL_COUNTS` counts: the kind in the key's high 32 bits, the
+/// number in the low 32 ([`call_key`]). Counted at sys_enter for followed processes:
+/// each ioctl once as its escape (an XFER_CMD as the escape it carries, as the
+/// driver runs it; as XFER_CMD only when its own 16 bytes are unreadable or
+/// mis-sized) or UVM command, and each RM_CONTROL once more by its command.
+pub mod call_kind {
+    /// An RM escape on nvidiactl / nvidiaN, by `nr`.
+    pub const RM_ESCAPE: u32 = 1;
+    /// A command on nvidia-uvm, by its number (whatever its shape).
+    pub const UVM: u32 = 2;
+    /// An RM_CONTROL, by its command (`NVOS54.cmd`). An RM_CONTROL whose NVOS54
+    /// could not be read (wrong size, bad pointer) has none: it is counted as an
+    /// escape and as undecoded only.
+    pub const RM_CONTROL: u32 = 3;
+    /// An ioctl on nvidiactl / nvidiaN that is no RM escape (`_IOC_TYPE` not 'F'),
+    /// by its whole command.
+    pub const NOT_RM: u32 = 4;
+}
+
+/// The `CALL_COUNTS` key of a call.
+pub const fn call_key(kind: u32, number: u32) -> u64 {
+    ((kind as u64) << 32) | number as u64
+}
+
+/// A `CALL_COUNTS` key's (kind, number).
+pub const fn split_call_key(key: u64) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
 
 /// Why an ioctl (or part of the accounting) could not be decoded with certainty.
 /// Index into the per-CPU `UNDECODED` array; `UNDECODED_PID` sums them per process.
@@ -554,4 +593,25 @@ pub struct GpuIoctlEvent {
     pub ret: i64,
     /// A failed video-memory allocation: the bytes asked for.
     pub requested_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_keys_round_trip() {
+        for (kind, number) in [
+            (call_kind::RM_ESCAPE, 0xca),
+            (call_kind::UVM, 0x3000_0001),
+            (call_kind::RM_CONTROL, 0x2080_0110),
+            (call_kind::NOT_RM, u32::MAX),
+        ] {
+            assert_eq!(split_call_key(call_key(kind, number)), (kind, number));
+        }
+        assert_ne!(
+            call_key(call_kind::RM_ESCAPE, 0x2A),
+            call_key(call_kind::UVM, 0x2A)
+        );
+    }
 }

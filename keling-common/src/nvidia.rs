@@ -27,51 +27,128 @@ pub const fn rm_type(cmd: u32) -> u32 {
 /// The `_IOC_TYPE` of RM escapes ('F').
 pub const RM_IOCTL_TYPE: u32 = 0x46;
 
-/// RM escape numbers (`nr` of the command).
+/// RM escape numbers (`nr` of the command): every `NV_ESC_*` of driver 535
+/// (open-gpu-kernel-modules 535.261.03: `src/nvidia/arch/nvalloc/unix/include/nv_escape.h`
+/// for the `RM_*` ones, `kernel-open/common/inc/nv-ioctl-numbers.h` and
+/// `nv-ioctl-numa.h` for those from 200 on), plus WAIT_OPEN_COMPLETE (550 on) and
+/// ENV_INFO (older drivers). Numbers the 535 driver does not handle
+/// (`escape.c`'s `RmIoctl` and `nv.c`'s `nvidia_ioctl` refuse them) are named too,
+/// since programs still send them.
 pub mod escape {
     pub const ALLOC_MEMORY: u32 = 0x27;
+    /// NVOS05 (20 bytes): an object of a class that takes no parameters.
+    pub const ALLOC_OBJECT: u32 = 0x28;
     pub const FREE: u32 = 0x29;
     pub const CONTROL: u32 = 0x2A;
     pub const ALLOC: u32 = 0x2B;
+    /// Not built into 535 (`RMCFG_API_NV_ESC_RM_CONFIG_*` 0 in `rmconfig.h`).
+    pub const CONFIG_GET: u32 = 0x32;
+    pub const CONFIG_SET: u32 = 0x33;
     pub const DUP_OBJECT: u32 = 0x34;
     pub const SHARE: u32 = 0x35;
+    pub const CONFIG_GET_EX: u32 = 0x37;
+    pub const CONFIG_SET_EX: u32 = 0x38;
+    pub const I2C_ACCESS: u32 = 0x39;
+    pub const IDLE_CHANNELS: u32 = 0x41;
     pub const VID_HEAP_CONTROL: u32 = 0x4A;
+    pub const ACCESS_REGISTRY: u32 = 0x4D;
     pub const MAP_MEMORY: u32 = 0x4E;
     pub const UNMAP_MEMORY: u32 = 0x4F;
+    pub const GET_EVENT_DATA: u32 = 0x52;
     pub const ALLOC_CONTEXT_DMA2: u32 = 0x54;
+    pub const ADD_VBLANK_CALLBACK: u32 = 0x56;
     pub const MAP_MEMORY_DMA: u32 = 0x57;
     pub const UNMAP_MEMORY_DMA: u32 = 0x58;
+    pub const BIND_CONTEXT_DMA: u32 = 0x59;
+    /// The escape forms of export/import (the driver uses the NV0000 controls;
+    /// 535's `RmIoctl` refuses these).
+    pub const EXPORT_OBJECT_TO_FD: u32 = 0x5C;
+    pub const IMPORT_OBJECT_FROM_FD: u32 = 0x5D;
+    pub const UPDATE_DEVICE_MAPPING_INFO: u32 = 0x5E;
+    /// NVLOG_CTRL up to 580; LOCKLESS_DIAGNOSTIC in 595.
+    pub const NVLOG_CTRL: u32 = 0x5F;
     pub const CARD_INFO: u32 = 200;
     pub const REGISTER_FD: u32 = 201;
+    /// `NV_IOCTL_BASE + 2` in older drivers' `nv.h` (4 bytes); the API is still
+    /// listed in 535's `rmconfig.h` but no 535 header defines the number and the
+    /// driver refuses it (libcuda 535 sends it at cuInit and carries on).
+    pub const ENV_INFO: u32 = 202;
+    pub const ALLOC_OS_EVENT: u32 = 206;
+    pub const FREE_OS_EVENT: u32 = 207;
+    pub const STATUS_CODE: u32 = 209;
     pub const CHECK_VERSION_STR: u32 = 210;
     pub const XFER_CMD: u32 = 211;
     pub const ATTACH_GPUS_TO_FD: u32 = 212;
-    pub const ALLOC_OS_EVENT: u32 = 206;
-    pub const FREE_OS_EVENT: u32 = 207;
+    pub const QUERY_DEVICE_INTR: u32 = 213;
     pub const SYS_PARAMS: u32 = 214;
     pub const NUMA_INFO: u32 = 215;
+    pub const SET_NUMA_STATUS: u32 = 216;
+    /// A dma-buf of memory handles: the driver dups them into its own internal
+    /// client, so the memory may outlive the caller's handles, billed to no process
+    /// (as the driver's per-process figure does).
+    pub const EXPORT_TO_DMABUF_FD: u32 = 217;
+    /// Driver 550 and later.
     pub const WAIT_OPEN_COMPLETE: u32 = 218;
-    pub const UPDATE_DEVICE_MAPPING_INFO: u32 = 0x5E;
 
-    /// Escapes that every CUDA process sends and that carry no memory: decoded as
-    /// such, whatever their parameters (nvproxy's compute allowlist).
+    /// Escapes that neither allocate nor free memory, whatever their parameters:
+    /// decoded as such (nvproxy's compute allowlist for those CUDA sends; for the
+    /// rest the driver's own handlers). Every escape Keling names is either here or
+    /// decoded field by field (ALLOC, ALLOC_OBJECT, ALLOC_MEMORY, FREE, CONTROL,
+    /// DUP_OBJECT, VID_HEAP_CONTROL, MAP/UNMAP_MEMORY, REGISTER_FD, XFER_CMD).
     pub const fn carries_no_memory(nr: u32) -> bool {
         matches!(
             nr,
             CARD_INFO
                 | REGISTER_FD
+                | ENV_INFO
                 | CHECK_VERSION_STR
                 | ATTACH_GPUS_TO_FD
                 | ALLOC_OS_EVENT
                 | FREE_OS_EVENT
+                | STATUS_CODE
+                | QUERY_DEVICE_INTR
                 | SYS_PARAMS
                 | NUMA_INFO
+                | SET_NUMA_STATUS
+                | EXPORT_TO_DMABUF_FD
                 | WAIT_OPEN_COMPLETE
                 | UPDATE_DEVICE_MAPPING_INFO
                 | SHARE
                 | ALLOC_CONTEXT_DMA2
                 | MAP_MEMORY_DMA
                 | UNMAP_MEMORY_DMA
+                | BIND_CONTEXT_DMA
+                | CONFIG_GET
+                | CONFIG_SET
+                | CONFIG_GET_EX
+                | CONFIG_SET_EX
+                | I2C_ACCESS
+                | IDLE_CHANNELS
+                | ACCESS_REGISTRY
+                | GET_EVENT_DATA
+                | ADD_VBLANK_CALLBACK
+                | EXPORT_OBJECT_TO_FD
+                | IMPORT_OBJECT_FROM_FD
+                | NVLOG_CTRL
+        )
+    }
+
+    /// Escapes decoded field by field because they may allocate, free, share or
+    /// name memory (XFER_CMD: the escape it carries is). Every named escape is in
+    /// exactly one of this and [`carries_no_memory`] (a test checks).
+    pub const fn decoded(nr: u32) -> bool {
+        matches!(
+            nr,
+            ALLOC
+                | ALLOC_OBJECT
+                | ALLOC_MEMORY
+                | FREE
+                | CONTROL
+                | DUP_OBJECT
+                | VID_HEAP_CONTROL
+                | MAP_MEMORY
+                | UNMAP_MEMORY
+                | XFER_CMD
         )
     }
 }
@@ -81,6 +158,7 @@ pub mod size {
     pub const NVOS00_FREE: u32 = 16;
     pub const NVOS54_CONTROL: u32 = 32;
     pub const NVOS21_ALLOC: u32 = 32;
+    pub const NVOS05_ALLOC_OBJECT: u32 = 20;
     pub const NVOS64_ALLOC: u32 = 48;
     /// NVOS02 (48) + `int fd` + padding.
     pub const NVOS02_ALLOC_MEMORY: u32 = 56;
@@ -108,6 +186,14 @@ pub mod nvos00 {
     pub const H_OBJECT_PARENT: usize = 4;
     pub const H_OBJECT_OLD: usize = 8;
     pub const STATUS: usize = 12;
+}
+
+/// NVOS05 (RM_ALLOC_OBJECT): hRoot, hObjectParent, hObjectNew and hClass as in
+/// NVOS21, then status; no parameters (`RmDeprecatedAllocObject` allocates with
+/// NULL params, which every memory class refuses: `RS_REQUIRED` in
+/// `resource_list.h`).
+pub mod nvos05 {
+    pub const STATUS: usize = 16;
 }
 
 /// NVOS21 / NVOS64 (RM_ALLOC). The first 24 bytes are shared.
@@ -420,6 +506,9 @@ pub mod uvm {
     pub const ALLOC_SEMAPHORE_POOL: u32 = 68;
     pub const CREATE_EXTERNAL_RANGE: u32 = 73;
     pub const MM_INITIALIZE: u32 = 75;
+    /// `UVM_IOCTL_BASE(2047)`: the highest plain command number (they count down
+    /// from it for temporary commands; uvm_ioctl.h).
+    pub const IS_8_SUPPORTED: u32 = 2047;
     /// `{u64 flags; u32 rmStatus}`.
     pub const INITIALIZE_RM_STATUS: usize = 8;
     /// `{u64 base; u64 length; u32 rmStatus}` (uvm_ioctl.h; shared/NVIDIA-RM-ABI.md

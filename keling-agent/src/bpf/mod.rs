@@ -9,14 +9,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use anyhow::{Context, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{RawTracePoint, TracePoint},
 };
 use keling_common::{
-    DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_DROPS, MAP_EVENTS,
-    MAP_ORPHAN_SWEEP, MAP_PROC_FDS, MAP_SIM_FILES, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
-    MAP_UNDECODED, MAP_UNDECODED_PID, OrphanSweep, ProbeConfig, ProcFds, SimFileKey, TotalKey,
-    Totals, TrackedProcess, nvidia, undecoded,
+    DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_CALL_COUNTS,
+    MAP_CALLS_UNCOUNTED, MAP_DROPS, MAP_EVENTS, MAP_ORPHAN_SWEEP, MAP_PROC_FDS, MAP_SIM_FILES,
+    MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED, MAP_UNDECODED_PID, OrphanSweep,
+    ProbeConfig, ProcFds, SimFileKey, TotalKey, Totals, TrackedProcess, nvidia, undecoded,
 };
 
 use self::{
@@ -28,7 +28,7 @@ use self::{
 };
 use crate::gpu::{
     env::{GpuArgs, NvidiaFiles},
-    stats::GpuAccounting,
+    stats::{CallCounts, GpuAccounting},
 };
 
 pub mod btf;
@@ -404,6 +404,21 @@ impl Probes {
                 .push(per_reason.get(&reason, 0)?.iter().sum());
         }
         Ok(acc)
+    }
+
+    /// The calls the followed processes made, by escape, UVM command and control,
+    /// as the kernel counted them (apart from [`Self::gpu_accounting`], which the
+    /// long-running agent reads often: this map can hold thousands of entries).
+    pub fn call_counts(&self) -> anyhow::Result<CallCounts> {
+        let counts: HashMap<_, u64, u64> =
+            HashMap::try_from(self.ebpf.map(MAP_CALL_COUNTS).context("CALL_COUNTS")?)?;
+        let uncounted: Array<_, u64> = Array::try_from(
+            self.ebpf
+                .map(MAP_CALLS_UNCOUNTED)
+                .context("CALLS_UNCOUNTED")?,
+        )?;
+        let entries = counts.iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(CallCounts::from_kernel(entries, uncounted.get(&0, 0)?))
     }
 }
 

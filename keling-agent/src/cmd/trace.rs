@@ -427,6 +427,7 @@ async fn event_loop(
     let now = monotonic_ns();
     sink.drops(now, &per_cpu)?;
     let acc = probes.gpu_accounting()?;
+    let calls = probes.call_counts()?;
     let (gpu_procs, gpus) = gpu_stats(&acc);
     let processes = model.summary(gpu_procs);
     sink.summary(&Summary {
@@ -438,6 +439,7 @@ async fn event_loop(
         processes: &processes,
         gpus: &gpus,
         undecoded: &acc.undecoded_per_reason,
+        calls: &calls,
     })?;
     sink.flush()?;
     Ok(match (child, child_status) {

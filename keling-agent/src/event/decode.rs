@@ -7,7 +7,8 @@
 //! on [`Event`] and never look at `header.kind` or a raw code again.
 use keling_common::{
     self as raw, ALL_GPUS, ActiveEvent, COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent,
-    ForkEvent, NO_GPU, SwitchEvent, device_file, mem_kind, nvidia::ObjectKind, nvidia::escape,
+    ForkEvent, NO_GPU, SwitchEvent, call_kind, device_file, mem_kind,
+    nvidia::{self, ObjectKind, escape},
     open_how, outcome, ref_how, teardown, undecoded,
 };
 use thiserror::Error;
@@ -361,12 +362,28 @@ impl IoctlOutcome {
 }
 
 /// Which call an ioctl was: the meaning of its number depends on the device file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Call {
-    /// An RM escape (`nvidiactl`, `nvidiaN`).
+    /// An RM escape (`nvidiactl`, `nvidiaN`), by `nr`.
     Rm(u32),
     /// A UVM command (`nvidia-uvm`).
     Uvm(u32),
+    /// An ioctl on `nvidiactl` / `nvidiaN` that is no RM escape (its `_IOC_TYPE` is
+    /// not 'F'), by its whole command.
+    NotRm(u32),
+}
+
+impl Call {
+    /// The call a `CALL_COUNTS` key counts (keling-common's `call_kind`); None for
+    /// RM_CONTROL commands, which are no call of their own, and unknown kinds.
+    pub const fn of_counted(kind: u32, number: u32) -> Option<Self> {
+        match kind {
+            call_kind::RM_ESCAPE => Some(Self::Rm(number)),
+            call_kind::UVM => Some(Self::Uvm(number)),
+            call_kind::NOT_RM => Some(Self::NotRm(number)),
+            _ => None,
+        }
+    }
 }
 
 /// `gpu` of an event: [`NO_GPU`] is "not known"; [`ALL_GPUS`] is never an event's.
@@ -730,6 +747,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
             let device = f.device(e.device)?;
             let call = match device {
                 DeviceFile::Uvm => Call::Uvm(e.escape),
+                _ if nvidia::rm_type(e.cmd) != nvidia::RM_IOCTL_TYPE => Call::NotRm(e.cmd),
                 _ => Call::Rm(e.escape),
             };
             let outcome = IoctlOutcome::from_raw(e.outcome, e.undecoded)
@@ -1051,6 +1069,34 @@ mod tests {
                 None,
                 IoctlOutcome::Decoded
             )
+        );
+        // A small plain number on nvidiactl is no RM escape: named by its command.
+        let not_rm = raw::GpuIoctlEvent {
+            escape: 0,
+            cmd: 0x1234,
+            control_cmd: 0,
+            undecoded: undecoded::UNKNOWN_ESCAPE,
+            ..ioctl
+        };
+        let Ok(Event::GpuIoctl(n)) = decode(&bytes_of(&not_rm)) else {
+            panic!("not rm")
+        };
+        assert_eq!((n.call, n.control_cmd), (Call::NotRm(0x1234), None));
+        assert_eq!(
+            Call::of_counted(keling_common::call_kind::RM_ESCAPE, 0xca),
+            Some(Call::Rm(0xca))
+        );
+        assert_eq!(
+            Call::of_counted(keling_common::call_kind::UVM, 75),
+            Some(Call::Uvm(75))
+        );
+        assert_eq!(
+            Call::of_counted(keling_common::call_kind::NOT_RM, 0x1234),
+            Some(Call::NotRm(0x1234))
+        );
+        assert_eq!(
+            Call::of_counted(keling_common::call_kind::RM_CONTROL, 0x101),
+            None
         );
         let r = raw::GpuRefEvent {
             header: hdr(EventKind::GpuRef),

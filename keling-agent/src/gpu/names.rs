@@ -1,9 +1,13 @@
 //! Human names for NVIDIA ABI numbers and Keling's own codes: one table per set,
 //! `(code, name)`, that every output (text, JSON lines, logs) uses. A test checks
 //! that each constant of the contract has exactly one name and that names are unique.
+//! The RM control commands, which are many, have their own module
+//! ([`super::controls`]); every RM escape and UVM command of driver 535 is named here.
+//! A number without a name is shown as a number (`RM_0x99`, `0x20800999`), never
+//! as undecoded: naming is not decoding.
 use keling_common::{
     mem_kind,
-    nvidia::{ObjectKind, class, ctrl, escape, uvm},
+    nvidia::{ObjectKind, class, escape},
     open_how, outcome, ref_how, teardown, undecoded,
 };
 
@@ -11,72 +15,239 @@ use crate::event::decode::{
     Call, DeviceFile, IoctlOutcome, MemKind, OpenHow, RefHow, TeardownReason, UndecodedReason,
 };
 
-/// RM escapes (`nr` of the ioctl command on `nvidiactl` / `nvidiaN`).
+/// RM escapes (`nr` of the ioctl command on `nvidiactl` / `nvidiaN`): every one of
+/// keling-common's `escape` (all of driver 535's `NV_ESC_*`), sorted, named as
+/// NVIDIA names them without `NV_ESC_` (and without `IOCTL_` for XFER_CMD).
 pub const ESCAPES: &[(u32, &str)] = &[
     (escape::ALLOC_MEMORY, "RM_ALLOC_MEMORY"),
+    (escape::ALLOC_OBJECT, "RM_ALLOC_OBJECT"),
     (escape::FREE, "RM_FREE"),
     (escape::CONTROL, "RM_CONTROL"),
     (escape::ALLOC, "RM_ALLOC"),
+    (escape::CONFIG_GET, "RM_CONFIG_GET"),
+    (escape::CONFIG_SET, "RM_CONFIG_SET"),
     (escape::DUP_OBJECT, "RM_DUP_OBJECT"),
     (escape::SHARE, "RM_SHARE"),
+    (escape::CONFIG_GET_EX, "RM_CONFIG_GET_EX"),
+    (escape::CONFIG_SET_EX, "RM_CONFIG_SET_EX"),
+    (escape::I2C_ACCESS, "RM_I2C_ACCESS"),
+    (escape::IDLE_CHANNELS, "RM_IDLE_CHANNELS"),
     (escape::VID_HEAP_CONTROL, "RM_VID_HEAP_CONTROL"),
+    (escape::ACCESS_REGISTRY, "RM_ACCESS_REGISTRY"),
     (escape::MAP_MEMORY, "RM_MAP_MEMORY"),
     (escape::UNMAP_MEMORY, "RM_UNMAP_MEMORY"),
+    (escape::GET_EVENT_DATA, "RM_GET_EVENT_DATA"),
     (escape::ALLOC_CONTEXT_DMA2, "RM_ALLOC_CONTEXT_DMA2"),
+    (escape::ADD_VBLANK_CALLBACK, "RM_ADD_VBLANK_CALLBACK"),
     (escape::MAP_MEMORY_DMA, "RM_MAP_MEMORY_DMA"),
     (escape::UNMAP_MEMORY_DMA, "RM_UNMAP_MEMORY_DMA"),
+    (escape::BIND_CONTEXT_DMA, "RM_BIND_CONTEXT_DMA"),
+    (escape::EXPORT_OBJECT_TO_FD, "RM_EXPORT_OBJECT_TO_FD"),
+    (escape::IMPORT_OBJECT_FROM_FD, "RM_IMPORT_OBJECT_FROM_FD"),
     (
         escape::UPDATE_DEVICE_MAPPING_INFO,
         "RM_UPDATE_DEVICE_MAPPING_INFO",
     ),
+    (escape::NVLOG_CTRL, "RM_NVLOG_CTRL"),
     (escape::CARD_INFO, "CARD_INFO"),
     (escape::REGISTER_FD, "REGISTER_FD"),
+    (escape::ENV_INFO, "ENV_INFO"),
     (escape::ALLOC_OS_EVENT, "ALLOC_OS_EVENT"),
     (escape::FREE_OS_EVENT, "FREE_OS_EVENT"),
+    (escape::STATUS_CODE, "STATUS_CODE"),
     (escape::CHECK_VERSION_STR, "CHECK_VERSION_STR"),
     (escape::XFER_CMD, "XFER_CMD"),
     (escape::ATTACH_GPUS_TO_FD, "ATTACH_GPUS_TO_FD"),
+    (escape::QUERY_DEVICE_INTR, "QUERY_DEVICE_INTR"),
     (escape::SYS_PARAMS, "SYS_PARAMS"),
     (escape::NUMA_INFO, "NUMA_INFO"),
+    (escape::SET_NUMA_STATUS, "SET_NUMA_STATUS"),
+    (escape::EXPORT_TO_DMABUF_FD, "EXPORT_TO_DMABUF_FD"),
     (escape::WAIT_OPEN_COMPLETE, "WAIT_OPEN_COMPLETE"),
 ];
 
-/// nvidia-uvm commands.
+/// Every nvidia-uvm command of driver 535, sorted: `UVM_IOCTL_BASE(n)` is plain `n`
+/// on Linux, `UVM_TEST_IOCTL_BASE(n)` is `200 + n`. Generated, not edited: from a
+/// clone of open-gpu-kernel-modules,
+///
+/// ```sh
+/// git -C open-gpu-kernel-modules archive 535.261.03 kernel-open/nvidia-uvm/uvm_{,linux_,test_}ioctl.h \
+///   | tar -x -O | python3 -c 'import re,sys
+/// t=sys.stdin.read(); c={}
+/// for m in re.finditer(r"^#define\s+(UVM_\w+)\s+(UVM_TEST_IOCTL_BASE|UVM_IOCTL_BASE)\((\d+)\)\s*$",t,re.M): c.setdefault(int(m[3])+(200 if m[2]=="UVM_TEST_IOCTL_BASE" else 0),m[1])
+/// for m in re.finditer(r"^#define\s+(UVM_\w+)\s+(0x[0-9a-fA-F]+)\s*$",t,re.M): c.setdefault(int(m[2],16),m[1])
+/// for v,n in sorted(c.items()): print(f"    ({v:#x}, \"{n}\"),")'
+/// ```
+#[rustfmt::skip]
 pub const UVM_COMMANDS: &[(u32, &str)] = &[
-    (uvm::INITIALIZE, "UVM_INITIALIZE"),
-    (uvm::DEINITIALIZE, "UVM_DEINITIALIZE"),
-    (uvm::CREATE_RANGE_GROUP, "UVM_CREATE_RANGE_GROUP"),
-    (uvm::REGISTER_GPU_VASPACE, "UVM_REGISTER_GPU_VASPACE"),
-    (uvm::REGISTER_CHANNEL, "UVM_REGISTER_CHANNEL"),
-    (uvm::MAP_EXTERNAL_ALLOCATION, "UVM_MAP_EXTERNAL_ALLOCATION"),
-    (uvm::FREE, "UVM_FREE"),
-    (uvm::REGISTER_GPU, "UVM_REGISTER_GPU"),
-    (uvm::PAGEABLE_MEM_ACCESS, "UVM_PAGEABLE_MEM_ACCESS"),
-    (uvm::MIGRATE, "UVM_MIGRATE"),
-    (uvm::UNMAP_EXTERNAL, "UVM_UNMAP_EXTERNAL"),
-    (uvm::ALLOC_SEMAPHORE_POOL, "UVM_ALLOC_SEMAPHORE_POOL"),
-    (uvm::CREATE_EXTERNAL_RANGE, "UVM_CREATE_EXTERNAL_RANGE"),
-    (uvm::MM_INITIALIZE, "UVM_MM_INITIALIZE"),
-];
-
-/// The RM_CONTROL commands Keling decodes.
-pub const CONTROLS: &[(u32, &str)] = &[
-    (
-        ctrl::EXPORT_OBJECT_TO_FD,
-        "NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD",
-    ),
-    (
-        ctrl::IMPORT_OBJECT_FROM_FD,
-        "NV0000_CTRL_CMD_OS_UNIX_IMPORT_OBJECT_FROM_FD",
-    ),
-    (
-        ctrl::EXPORT_OBJECTS_TO_FD,
-        "NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECTS_TO_FD",
-    ),
-    (
-        ctrl::IMPORT_OBJECTS_FROM_FD,
-        "NV0000_CTRL_CMD_OS_UNIX_IMPORT_OBJECTS_FROM_FD",
-    ),
+    (0x1, "UVM_RESERVE_VA"),
+    (0x2, "UVM_RELEASE_VA"),
+    (0x3, "UVM_REGION_COMMIT"),
+    (0x4, "UVM_REGION_DECOMMIT"),
+    (0x5, "UVM_REGION_SET_STREAM"),
+    (0x6, "UVM_SET_STREAM_RUNNING"),
+    (0x7, "UVM_SET_STREAM_STOPPED"),
+    (0x9, "UVM_RUN_TEST"),
+    (0xa, "UVM_ADD_SESSION"),
+    (0xb, "UVM_REMOVE_SESSION"),
+    (0xc, "UVM_ENABLE_COUNTERS"),
+    (0xd, "UVM_MAP_COUNTER"),
+    (0xe, "UVM_CREATE_EVENT_QUEUE"),
+    (0xf, "UVM_REMOVE_EVENT_QUEUE"),
+    (0x10, "UVM_MAP_EVENT_QUEUE"),
+    (0x11, "UVM_EVENT_CTRL"),
+    (0x12, "UVM_REGISTER_MPS_SERVER"),
+    (0x13, "UVM_REGISTER_MPS_CLIENT"),
+    (0x14, "UVM_GET_GPU_UUID_TABLE"),
+    (0x15, "UVM_REGION_SET_BACKING"),
+    (0x16, "UVM_REGION_UNSET_BACKING"),
+    (0x17, "UVM_CREATE_RANGE_GROUP"),
+    (0x18, "UVM_DESTROY_RANGE_GROUP"),
+    (0x19, "UVM_REGISTER_GPU_VASPACE"),
+    (0x1a, "UVM_UNREGISTER_GPU_VASPACE"),
+    (0x1b, "UVM_REGISTER_CHANNEL"),
+    (0x1c, "UVM_UNREGISTER_CHANNEL"),
+    (0x1d, "UVM_ENABLE_PEER_ACCESS"),
+    (0x1e, "UVM_DISABLE_PEER_ACCESS"),
+    (0x1f, "UVM_SET_RANGE_GROUP"),
+    (0x21, "UVM_MAP_EXTERNAL_ALLOCATION"),
+    (0x22, "UVM_FREE"),
+    (0x23, "UVM_MEM_MAP"),
+    (0x24, "UVM_DEBUG_ACCESS_MEMORY"),
+    (0x25, "UVM_REGISTER_GPU"),
+    (0x26, "UVM_UNREGISTER_GPU"),
+    (0x27, "UVM_PAGEABLE_MEM_ACCESS"),
+    (0x28, "UVM_PREVENT_MIGRATION_RANGE_GROUPS"),
+    (0x29, "UVM_ALLOW_MIGRATION_RANGE_GROUPS"),
+    (0x2a, "UVM_SET_PREFERRED_LOCATION"),
+    (0x2b, "UVM_UNSET_PREFERRED_LOCATION"),
+    (0x2c, "UVM_ENABLE_READ_DUPLICATION"),
+    (0x2d, "UVM_DISABLE_READ_DUPLICATION"),
+    (0x2e, "UVM_SET_ACCESSED_BY"),
+    (0x2f, "UVM_UNSET_ACCESSED_BY"),
+    (0x33, "UVM_MIGRATE"),
+    (0x35, "UVM_MIGRATE_RANGE_GROUP"),
+    (0x36, "UVM_ENABLE_SYSTEM_WIDE_ATOMICS"),
+    (0x37, "UVM_DISABLE_SYSTEM_WIDE_ATOMICS"),
+    (0x38, "UVM_TOOLS_INIT_EVENT_TRACKER"),
+    (0x39, "UVM_TOOLS_SET_NOTIFICATION_THRESHOLD"),
+    (0x3a, "UVM_TOOLS_EVENT_QUEUE_ENABLE_EVENTS"),
+    (0x3b, "UVM_TOOLS_EVENT_QUEUE_DISABLE_EVENTS"),
+    (0x3c, "UVM_TOOLS_ENABLE_COUNTERS"),
+    (0x3d, "UVM_TOOLS_DISABLE_COUNTERS"),
+    (0x3e, "UVM_TOOLS_READ_PROCESS_MEMORY"),
+    (0x3f, "UVM_TOOLS_WRITE_PROCESS_MEMORY"),
+    (0x40, "UVM_TOOLS_GET_PROCESSOR_UUID_TABLE"),
+    (0x41, "UVM_MAP_DYNAMIC_PARALLELISM_REGION"),
+    (0x42, "UVM_UNMAP_EXTERNAL"),
+    (0x43, "UVM_TOOLS_FLUSH_EVENTS"),
+    (0x44, "UVM_ALLOC_SEMAPHORE_POOL"),
+    (0x45, "UVM_CLEAN_UP_ZOMBIE_RESOURCES"),
+    (0x46, "UVM_PAGEABLE_MEM_ACCESS_ON_GPU"),
+    (0x47, "UVM_POPULATE_PAGEABLE"),
+    (0x48, "UVM_VALIDATE_VA_RANGE"),
+    (0x49, "UVM_CREATE_EXTERNAL_RANGE"),
+    (0x4a, "UVM_MAP_EXTERNAL_SPARSE"),
+    (0x4b, "UVM_MM_INITIALIZE"),
+    (0xc8, "UVM_TEST_GET_GPU_REF_COUNT"),
+    (0xc9, "UVM_TEST_RNG_SANITY"),
+    (0xca, "UVM_TEST_RANGE_TREE_DIRECTED"),
+    (0xcb, "UVM_TEST_RANGE_TREE_RANDOM"),
+    (0xcc, "UVM_TEST_VA_RANGE_INFO"),
+    (0xcd, "UVM_TEST_RM_MEM_SANITY"),
+    (0xce, "UVM_TEST_GPU_SEMAPHORE_SANITY"),
+    (0xcf, "UVM_TEST_PEER_REF_COUNT"),
+    (0xd0, "UVM_TEST_VA_RANGE_SPLIT"),
+    (0xd1, "UVM_TEST_VA_RANGE_INJECT_SPLIT_ERROR"),
+    (0xd2, "UVM_TEST_PAGE_TREE"),
+    (0xd3, "UVM_TEST_CHANGE_PTE_MAPPING"),
+    (0xd4, "UVM_TEST_TRACKER_SANITY"),
+    (0xd5, "UVM_TEST_PUSH_SANITY"),
+    (0xd6, "UVM_TEST_CHANNEL_SANITY"),
+    (0xd7, "UVM_TEST_CHANNEL_STRESS"),
+    (0xd8, "UVM_TEST_CE_SANITY"),
+    (0xd9, "UVM_TEST_VA_BLOCK_INFO"),
+    (0xda, "UVM_TEST_LOCK_SANITY"),
+    (0xdb, "UVM_TEST_PERF_UTILS_SANITY"),
+    (0xdc, "UVM_TEST_KVMALLOC"),
+    (0xdd, "UVM_TEST_PMM_QUERY"),
+    (0xde, "UVM_TEST_PMM_CHECK_LEAK"),
+    (0xdf, "UVM_TEST_PERF_EVENTS_SANITY"),
+    (0xe0, "UVM_TEST_PERF_MODULE_SANITY"),
+    (0xe1, "UVM_TEST_RANGE_ALLOCATOR_SANITY"),
+    (0xe2, "UVM_TEST_GET_RM_PTES"),
+    (0xe3, "UVM_TEST_FAULT_BUFFER_FLUSH"),
+    (0xe4, "UVM_TEST_INJECT_TOOLS_EVENT"),
+    (0xe5, "UVM_TEST_INCREMENT_TOOLS_COUNTER"),
+    (0xe6, "UVM_TEST_MEM_SANITY"),
+    (0xe8, "UVM_TEST_MAKE_CHANNEL_STOPS_IMMEDIATE"),
+    (0xe9, "UVM_TEST_VA_BLOCK_INJECT_ERROR"),
+    (0xea, "UVM_TEST_PEER_IDENTITY_MAPPINGS"),
+    (0xeb, "UVM_TEST_VA_RESIDENCY_INFO"),
+    (0xec, "UVM_TEST_PMM_ASYNC_ALLOC"),
+    (0xed, "UVM_TEST_SET_PREFETCH_FILTERING"),
+    (0xf0, "UVM_TEST_PMM_SANITY"),
+    (0xf1, "UVM_TEST_INVALIDATE_TLB"),
+    (0xf2, "UVM_TEST_VA_BLOCK"),
+    (0xf3, "UVM_TEST_EVICT_CHUNK"),
+    (0xf4, "UVM_TEST_FLUSH_DEFERRED_WORK"),
+    (0xf5, "UVM_TEST_NV_KTHREAD_Q"),
+    (0xf6, "UVM_TEST_SET_PAGE_PREFETCH_POLICY"),
+    (0xf7, "UVM_TEST_RANGE_GROUP_TREE"),
+    (0xf8, "UVM_TEST_RANGE_GROUP_RANGE_INFO"),
+    (0xf9, "UVM_TEST_RANGE_GROUP_RANGE_COUNT"),
+    (0xfa, "UVM_TEST_GET_PREFETCH_FAULTS_REENABLE_LAPSE"),
+    (0xfb, "UVM_TEST_SET_PREFETCH_FAULTS_REENABLE_LAPSE"),
+    (0xfc, "UVM_TEST_GET_KERNEL_VIRTUAL_ADDRESS"),
+    (0xfd, "UVM_TEST_PMA_ALLOC_FREE"),
+    (0xfe, "UVM_TEST_PMM_ALLOC_FREE_ROOT"),
+    (0xff, "UVM_TEST_PMM_INJECT_PMA_EVICT_ERROR"),
+    (0x100, "UVM_TEST_RECONFIGURE_ACCESS_COUNTERS"),
+    (0x101, "UVM_TEST_RESET_ACCESS_COUNTERS"),
+    (0x102, "UVM_TEST_SET_IGNORE_ACCESS_COUNTERS"),
+    (0x103, "UVM_TEST_CHECK_CHANNEL_VA_SPACE"),
+    (0x104, "UVM_TEST_ENABLE_NVLINK_PEER_ACCESS"),
+    (0x105, "UVM_TEST_DISABLE_NVLINK_PEER_ACCESS"),
+    (0x106, "UVM_TEST_GET_PAGE_THRASHING_POLICY"),
+    (0x107, "UVM_TEST_SET_PAGE_THRASHING_POLICY"),
+    (0x108, "UVM_TEST_PMM_SYSMEM"),
+    (0x109, "UVM_TEST_PMM_REVERSE_MAP"),
+    (0x10a, "UVM_TEST_PMM_INDIRECT_PEERS"),
+    (0x10b, "UVM_TEST_VA_SPACE_MM_RETAIN"),
+    (0x10d, "UVM_TEST_PMM_CHUNK_WITH_ELEVATED_PAGE"),
+    (0x10e, "UVM_TEST_GET_GPU_TIME"),
+    (0x10f, "UVM_TEST_ACCESS_COUNTERS_ENABLED_BY_DEFAULT"),
+    (0x110, "UVM_TEST_VA_SPACE_INJECT_ERROR"),
+    (0x111, "UVM_TEST_PMM_RELEASE_FREE_ROOT_CHUNKS"),
+    (0x112, "UVM_TEST_DRAIN_REPLAYABLE_FAULTS"),
+    (0x113, "UVM_TEST_PMA_GET_BATCH_SIZE"),
+    (0x114, "UVM_TEST_PMM_QUERY_PMA_STATS"),
+    (0x115, "UVM_TEST_NUMA_GET_CLOSEST_CPU_NODE_TO_GPU"),
+    (0x116, "UVM_TEST_NUMA_CHECK_AFFINITY"),
+    (0x117, "UVM_TEST_VA_SPACE_ADD_DUMMY_THREAD_CONTEXTS"),
+    (0x118, "UVM_TEST_VA_SPACE_REMOVE_DUMMY_THREAD_CONTEXTS"),
+    (0x119, "UVM_TEST_THREAD_CONTEXT_SANITY"),
+    (0x11a, "UVM_TEST_THREAD_CONTEXT_PERF"),
+    (0x11b, "UVM_TEST_GET_PAGEABLE_MEM_ACCESS_TYPE"),
+    (0x11c, "UVM_TEST_TOOLS_FLUSH_REPLAY_EVENTS"),
+    (0x11d, "UVM_TEST_REGISTER_UNLOAD_STATE_BUFFER"),
+    (0x11e, "UVM_TEST_RB_TREE_DIRECTED"),
+    (0x11f, "UVM_TEST_RB_TREE_RANDOM"),
+    (0x120, "UVM_TEST_HOST_SANITY"),
+    (0x121, "UVM_TEST_VA_SPACE_MM_OR_CURRENT_RETAIN"),
+    (0x122, "UVM_TEST_GET_USER_SPACE_END_ADDRESS"),
+    (0x123, "UVM_TEST_GET_CPU_CHUNK_ALLOC_SIZES"),
+    (0x125, "UVM_TEST_VA_RANGE_INJECT_ADD_GPU_VA_SPACE_ERROR"),
+    (0x126, "UVM_TEST_DESTROY_GPU_VA_SPACE_DELAY"),
+    (0x127, "UVM_TEST_SEC2_SANITY"),
+    (0x128, "UVM_TEST_CGROUP_ACCOUNTING_SUPPORTED"),
+    (0x12a, "UVM_TEST_SPLIT_INVALIDATE_DELAY"),
+    (0x12b, "UVM_TEST_SEC2_CPU_GPU_ROUNDTRIP"),
+    (0x12c, "UVM_TEST_CPU_CHUNK_API"),
+    (0x12f, "UVM_TEST_SKIP_MIGRATE_VMA"),
+    (0x7ff, "UVM_IS_8_SUPPORTED"),
+    (0x30000001, "UVM_INITIALIZE"),
+    (0x30000002, "UVM_DEINITIALIZE"),
 ];
 
 /// RM classes (`g_allclasses.h`).
@@ -239,16 +410,28 @@ pub fn uvm_command(cmd: u32) -> String {
     lookup(UVM_COMMANDS, cmd).map_or_else(|| format!("UVM_{cmd:#x}"), str::to_owned)
 }
 
-/// An RM escape or a UVM command.
+/// An RM escape, a UVM command, or another ioctl on an RM device file
+/// (`NOT_RM_0x..`, by its whole command).
 pub fn call(c: Call) -> String {
     match c {
         Call::Rm(nr) => escape(nr),
         Call::Uvm(cmd) => uvm_command(cmd),
+        Call::NotRm(cmd) => format!("NOT_RM_{cmd:#x}"),
     }
 }
 
+/// The name of RM control command `cmd`, when driver 535 defines it.
 pub fn control(cmd: u32) -> Option<&'static str> {
-    lookup(CONTROLS, cmd)
+    super::controls::name(cmd)
+}
+
+/// An RM control as every output shows it: `0x20800110 NV2080_CTRL_CMD_GPU_GET_NAME_STRING`,
+/// or the number alone when it has no name.
+pub fn control_label(cmd: u32) -> String {
+    match control(cmd) {
+        Some(name) => format!("{cmd:#x} {name}"),
+        None => format!("{cmd:#x}"),
+    }
 }
 
 pub fn class(c: u32) -> Option<&'static str> {
@@ -299,6 +482,8 @@ pub fn gpu(g: Option<u32>) -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
+
+    use keling_common::nvidia::uvm;
 
     use super::*;
 
@@ -373,22 +558,123 @@ mod tests {
         }
     }
 
+    /// Sorted by code, each code once, each name once.
+    fn sorted_and_unique(table: &[(u32, &str)]) {
+        for w in table.windows(2) {
+            assert!(w[0].0 < w[1].0, "{:?} before {:?}", w[0], w[1]);
+        }
+        let names: BTreeSet<&str> = table.iter().map(|(_, n)| *n).collect();
+        assert_eq!(names.len(), table.len(), "names not unique: {table:?}");
+    }
+
+    /// Every `NV_ESC_*` of driver 535 as its headers write it (nv_escape.h,
+    /// nv-ioctl-numbers.h, nv-ioctl-numa.h at 535.261.03), with WAIT_OPEN_COMPLETE
+    /// (550's nv-ioctl-numbers.h) and ENV_INFO (older drivers' nv.h): a second
+    /// reading of the numbers keling-common's `escape` holds.
+    const NV_ESC_535: &[(&str, u32)] = &[
+        ("NV_ESC_RM_ALLOC_MEMORY", 0x27),
+        ("NV_ESC_RM_ALLOC_OBJECT", 0x28),
+        ("NV_ESC_RM_FREE", 0x29),
+        ("NV_ESC_RM_CONTROL", 0x2A),
+        ("NV_ESC_RM_ALLOC", 0x2B),
+        ("NV_ESC_RM_CONFIG_GET", 0x32),
+        ("NV_ESC_RM_CONFIG_SET", 0x33),
+        ("NV_ESC_RM_DUP_OBJECT", 0x34),
+        ("NV_ESC_RM_SHARE", 0x35),
+        ("NV_ESC_RM_CONFIG_GET_EX", 0x37),
+        ("NV_ESC_RM_CONFIG_SET_EX", 0x38),
+        ("NV_ESC_RM_I2C_ACCESS", 0x39),
+        ("NV_ESC_RM_IDLE_CHANNELS", 0x41),
+        ("NV_ESC_RM_VID_HEAP_CONTROL", 0x4A),
+        ("NV_ESC_RM_ACCESS_REGISTRY", 0x4D),
+        ("NV_ESC_RM_MAP_MEMORY", 0x4E),
+        ("NV_ESC_RM_UNMAP_MEMORY", 0x4F),
+        ("NV_ESC_RM_GET_EVENT_DATA", 0x52),
+        ("NV_ESC_RM_ALLOC_CONTEXT_DMA2", 0x54),
+        ("NV_ESC_RM_ADD_VBLANK_CALLBACK", 0x56),
+        ("NV_ESC_RM_MAP_MEMORY_DMA", 0x57),
+        ("NV_ESC_RM_UNMAP_MEMORY_DMA", 0x58),
+        ("NV_ESC_RM_BIND_CONTEXT_DMA", 0x59),
+        ("NV_ESC_RM_EXPORT_OBJECT_TO_FD", 0x5C),
+        ("NV_ESC_RM_IMPORT_OBJECT_FROM_FD", 0x5D),
+        ("NV_ESC_RM_UPDATE_DEVICE_MAPPING_INFO", 0x5E),
+        ("NV_ESC_RM_NVLOG_CTRL", 0x5F),
+        ("NV_ESC_CARD_INFO", 200),
+        ("NV_ESC_REGISTER_FD", 200 + 1),
+        ("NV_ESC_ENV_INFO", 200 + 2),
+        ("NV_ESC_ALLOC_OS_EVENT", 200 + 6),
+        ("NV_ESC_FREE_OS_EVENT", 200 + 7),
+        ("NV_ESC_STATUS_CODE", 200 + 9),
+        ("NV_ESC_CHECK_VERSION_STR", 200 + 10),
+        ("NV_ESC_IOCTL_XFER_CMD", 200 + 11),
+        ("NV_ESC_ATTACH_GPUS_TO_FD", 200 + 12),
+        ("NV_ESC_QUERY_DEVICE_INTR", 200 + 13),
+        ("NV_ESC_SYS_PARAMS", 200 + 14),
+        ("NV_ESC_NUMA_INFO", 200 + 15),
+        ("NV_ESC_SET_NUMA_STATUS", 200 + 16),
+        ("NV_ESC_EXPORT_TO_DMABUF_FD", 200 + 17),
+        ("NV_ESC_WAIT_OPEN_COMPLETE", 200 + 18),
+    ];
+
     #[test]
     fn every_abi_constant_has_exactly_one_name() {
         let escapes = constants("escape");
         assert!(escapes.iter().any(|(n, _)| n == "WAIT_OPEN_COMPLETE"));
         covers(ESCAPES, &escapes);
-        covers(UVM_COMMANDS, &constants("uvm"));
+        sorted_and_unique(ESCAPES);
+        // UVM: every command Keling decodes is named as uvm_ioctl.h names it (the
+        // table names the others too).
+        sorted_and_unique(UVM_COMMANDS);
+        for (name, value) in constants("uvm") {
+            assert_eq!(
+                lookup(UVM_COMMANDS, value),
+                Some(format!("UVM_{name}").as_str()),
+                "{name} = {value:#x}"
+            );
+        }
+        assert!(UVM_COMMANDS.len() > 150, "{}", UVM_COMMANDS.len());
         let classes = constants("class");
         assert!(classes.iter().any(|(n, _)| n == "COMPUTE[6]"));
         covers(CLASSES, &classes);
-        // Controls: the command numbers of `ctrl`, not its sizes (u32 `*_SIZE`).
+        // Controls: the command numbers of `ctrl`, not its sizes (u32 `*_SIZE`), are
+        // in the table of every control under their NVIDIA names.
         let controls: Vec<(String, u32)> = constants("ctrl")
             .into_iter()
             .filter(|(n, _)| !n.ends_with("_SIZE"))
             .collect();
         assert_eq!(controls.len(), 4, "{controls:?}");
-        covers(CONTROLS, &controls);
+        for (name, cmd) in controls {
+            assert_eq!(
+                control(cmd),
+                Some(format!("NV0000_CTRL_CMD_OS_UNIX_{name}").as_str()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_escape_of_driver_535_is_named_and_classified() {
+        assert_eq!(NV_ESC_535.len(), ESCAPES.len());
+        for &(header, nr) in NV_ESC_535 {
+            let want = header
+                .strip_prefix("NV_ESC_")
+                .map(|n| n.strip_prefix("IOCTL_").unwrap_or(n))
+                .unwrap();
+            assert_eq!(lookup(ESCAPES, nr), Some(want), "{header} = {nr:#x}");
+        }
+        // Each named escape is decoded field by field or known to carry no memory,
+        // never both; a number without a name is neither (it stays unknown_escape).
+        for nr in 0..=255 {
+            let (decoded, no_memory) = (escape::decoded(nr), escape::carries_no_memory(nr));
+            if lookup(ESCAPES, nr).is_some() {
+                assert!(
+                    decoded != no_memory,
+                    "{nr:#x}: decoded {decoded}, no memory {no_memory}"
+                );
+            } else {
+                assert!(!decoded && !no_memory, "{nr:#x} has no name");
+            }
+        }
     }
 
     #[test]
@@ -440,8 +726,22 @@ mod tests {
         assert_eq!(call(Call::Rm(escape::ALLOC)), "RM_ALLOC");
         assert_eq!(call(Call::Rm(escape::SYS_PARAMS)), "SYS_PARAMS");
         assert_eq!(call(Call::Rm(0x99)), "RM_0x99");
+        assert_eq!(call(Call::Rm(0xca)), "ENV_INFO");
+        assert_eq!(call(Call::Rm(0x28)), "RM_ALLOC_OBJECT");
         assert_eq!(call(Call::Uvm(uvm::FREE)), "UVM_FREE");
+        assert_eq!(call(Call::Uvm(0x7ff)), "UVM_IS_8_SUPPORTED");
+        assert_eq!(call(Call::Uvm(0xc8)), "UVM_TEST_GET_GPU_REF_COUNT");
         assert_eq!(call(Call::Uvm(0x99)), "UVM_0x99");
+        assert_eq!(call(Call::NotRm(0x5401)), "NOT_RM_0x5401");
+        assert_eq!(
+            control_label(0x2080_0110),
+            "0x20800110 NV2080_CTRL_CMD_GPU_GET_NAME_STRING"
+        );
+        assert_eq!(
+            control_label(0x101),
+            "0x101 NV0000_CTRL_CMD_SYSTEM_GET_BUILD_VERSION"
+        );
+        assert_eq!(control_label(0x2080_ffff), "0x2080ffff");
         assert_eq!(class(0x40), Some("NV01_MEMORY_LOCAL_USER"));
         assert_eq!(class(0x1234), None);
         assert_eq!(

@@ -1,10 +1,13 @@
 //! Exact GPU figures, read from the kernel's accounting maps and shaped per process
-//! and per device for the outputs and the scheduler. Pure data: the `bpf` module
-//! fills [`GpuAccounting`]; nothing here reads the kernel.
+//! and per device for the outputs and the scheduler, and the calls the traced
+//! processes made ([`CallCounts`]). Pure data: the `bpf` module fills
+//! [`GpuAccounting`] and reads the call counts; nothing here reads the kernel.
 use std::collections::BTreeMap;
 
-use keling_common::Totals;
+use keling_common::{Totals, call_kind, split_call_key};
 use serde::Serialize;
+
+use crate::event::decode::Call;
 
 /// Exact GPU figures read from the kernel's maps.
 #[derive(Clone, Debug, Default)]
@@ -105,4 +108,82 @@ pub fn gpu_stats(acc: &GpuAccounting) -> (BTreeMap<u32, GpuProcessStats>, Vec<Gp
         procs.entry(pid).or_default().undecoded = n;
     }
     (procs, devices)
+}
+
+/// The calls the followed processes made on NVIDIA files, by RM escape, UVM command
+/// and RM_CONTROL command. Exact: the kernel counts each call at sys_enter in its
+/// `CALL_COUNTS` map (keling-common's `call_kind`), whatever the ring buffer drops
+/// and whatever the driver answers; no event is needed.
+///
+/// Each ioctl counts once in `calls`; an XFER_CMD as the escape it carries (as
+/// XFER_CMD only when its own 16 bytes could not be read). Every RM_CONTROL whose
+/// command could be read is in `controls` too, so the `controls` sum to the
+/// RM_CONTROL calls less those whose NVOS54 was unreadable (which are undecoded).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallCounts {
+    /// Calls by escape, UVM command, or (for other ioctls on RM files) command.
+    pub calls: BTreeMap<Call, u64>,
+    /// RM_CONTROL calls by command.
+    pub controls: BTreeMap<u32, u64>,
+    /// Calls the kernel could not count by number: its table of numbers was full.
+    pub uncounted: u64,
+}
+
+impl CallCounts {
+    /// From the kernel's `CALL_COUNTS` entries (key, calls) and `CALLS_UNCOUNTED`.
+    pub fn from_kernel(entries: impl IntoIterator<Item = (u64, u64)>, uncounted: u64) -> Self {
+        let mut c = CallCounts {
+            uncounted,
+            ..Default::default()
+        };
+        for (key, n) in entries {
+            let (kind, number) = split_call_key(key);
+            if kind == call_kind::RM_CONTROL {
+                *c.controls.entry(number).or_default() += n;
+            } else if let Some(call) = Call::of_counted(kind, number) {
+                *c.calls.entry(call).or_default() += n;
+            } else {
+                // A kind this agent does not know (a newer kernel side): not lost.
+                c.uncounted += n;
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keling_common::{call_key, nvidia::escape};
+
+    use super::*;
+
+    #[test]
+    fn call_counts_split_by_kind() {
+        let c = CallCounts::from_kernel(
+            [
+                (call_key(call_kind::RM_ESCAPE, escape::CONTROL), 3),
+                (call_key(call_kind::RM_ESCAPE, escape::ENV_INFO), 1),
+                (call_key(call_kind::UVM, 0x3000_0001), 1),
+                (call_key(call_kind::NOT_RM, 0x1234), 2),
+                (call_key(call_kind::RM_CONTROL, 0x2080_0110), 2),
+                (call_key(call_kind::RM_CONTROL, 0x101), 1),
+                (call_key(99, 7), 5),
+            ],
+            4,
+        );
+        assert_eq!(
+            c.calls.into_iter().collect::<Vec<_>>(),
+            [
+                (Call::Rm(escape::CONTROL), 3),
+                (Call::Rm(escape::ENV_INFO), 1),
+                (Call::Uvm(0x3000_0001), 1),
+                (Call::NotRm(0x1234), 2),
+            ]
+        );
+        assert_eq!(
+            c.controls.into_iter().collect::<Vec<_>>(),
+            [(0x101, 1), (0x2080_0110, 2)]
+        );
+        assert_eq!(c.uncounted, 9);
+    }
 }

@@ -1,16 +1,31 @@
 //! JSON lines: one object per line, each with `type` and `ts_ns` (kernel
 //! CLOCK_MONOTONIC); the last line is the `summary`.
+//!
+//! An RM control reads `"control_cmd": 0x20800110` (the number) and
+//! `"control": "0x20800110 NV2080_CTRL_CMD_GPU_GET_NAME_STRING"` (the number alone
+//! when driver 535 has no name for it). The summary counts every call the traced
+//! processes made exactly, from the kernel's counters (see
+//! `gpu::stats::CallCounts`), each keyed by its name as `gpu::names` gives it:
+//! `"escapes": {"RM_CONTROL": {"nr": 42, "calls": n}, "RM_0x99": {...}, ...}`,
+//! `"uvm_commands": {"UVM_INITIALIZE": {"nr": 805306369, "calls": n}, ...}`,
+//! `"other_ioctls": {"NOT_RM_0x1234": {"cmd": 4660, "calls": n}}` (commands on
+//! nvidiactl / nvidiaN that are no RM escape), `"controls": {"0x20800110": {"name":
+//! "NV2080_CTRL_CMD_GPU_GET_NAME_STRING", "calls": n}, ...}` (`name` null when
+//! unknown) and `"calls_uncounted"` (calls the kernel had no room to count by
+//! number).
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
 
 use super::{Sink, Summary, text::state_letter};
 use crate::{
-    event::decode::{Event, ExitStatus, GpuIoctlEvent, IoctlOutcome, OpenHow, RefHow, comm, cstr},
+    event::decode::{
+        Call, Event, ExitStatus, GpuIoctlEvent, IoctlOutcome, OpenHow, RefHow, comm, cstr,
+    },
     gpu::{
         names,
         nvml::NvmlDiff,
-        stats::{GpuDeviceStats, GpuProcessStats},
+        stats::{CallCounts, GpuDeviceStats, GpuProcessStats},
     },
 };
 
@@ -152,7 +167,7 @@ fn ioctl_json(e: &GpuIoctlEvent) -> Value {
     }
     if let Some(cmd) = e.control_cmd {
         v["control_cmd"] = json!(cmd);
-        v["control"] = json!(names::control(cmd));
+        v["control"] = json!(names::control_label(cmd));
     }
     if e.requested_bytes != 0 {
         v["requested_bytes"] = json!(e.requested_bytes);
@@ -168,9 +183,44 @@ fn undecoded_json(per_reason: &[u64]) -> Value {
     v
 }
 
+/// The summary's call counts: `escapes`, `uvm_commands` and `other_ioctls` by name,
+/// `controls` by command (`0x..` keys), `calls_uncounted`.
+fn calls_json(c: &CallCounts) -> serde_json::Map<String, Value> {
+    let (mut escapes, mut uvm, mut other) = (
+        serde_json::Map::new(),
+        serde_json::Map::new(),
+        serde_json::Map::new(),
+    );
+    for (&call, &n) in &c.calls {
+        let (map, entry) = match call {
+            Call::Rm(nr) => (&mut escapes, json!({"nr": nr, "calls": n})),
+            Call::Uvm(cmd) => (&mut uvm, json!({"nr": cmd, "calls": n})),
+            Call::NotRm(cmd) => (&mut other, json!({"cmd": cmd, "calls": n})),
+        };
+        map.insert(names::call(call), entry);
+    }
+    let controls: serde_json::Map<String, Value> = c
+        .controls
+        .iter()
+        .map(|(&cmd, &n)| {
+            (
+                format!("{cmd:#x}"),
+                json!({"name": names::control(cmd), "calls": n}),
+            )
+        })
+        .collect();
+    let mut v = serde_json::Map::new();
+    v.insert("escapes".into(), Value::Object(escapes));
+    v.insert("uvm_commands".into(), Value::Object(uvm));
+    v.insert("other_ioctls".into(), Value::Object(other));
+    v.insert("controls".into(), Value::Object(controls));
+    v.insert("calls_uncounted".into(), json!(c.uncounted));
+    v
+}
+
 /// The `summary` object (the jsonl trace's last line; also in a Perfetto trace).
 pub fn summary_json(s: &Summary) -> Value {
-    json!({
+    let mut v = json!({
         "type": "summary",
         "ts_ns": s.ts_ns,
         "duration_ns": s.duration_ns,
@@ -180,7 +230,11 @@ pub fn summary_json(s: &Summary) -> Value {
         "undecoded": undecoded_json(s.undecoded),
         "gpus": s.gpus,
         "processes": s.processes,
-    })
+    });
+    v.as_object_mut()
+        .expect("object")
+        .extend(calls_json(s.calls));
+    v
 }
 
 impl JsonlSink {
@@ -417,7 +471,7 @@ mod tests {
             json!({"type": "gpu_ioctl", "fd": 3, "device": "nvidiactl", "call": "RM_CONTROL",
                    "cmd": 0xC020_462Au32, "status": 0, "ret": 0, "via_xfer": false,
                    "outcome": "decoded", "control_cmd": 0x3d05,
-                   "control": "NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD"})
+                   "control": "0x3d05 NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD"})
         );
         let und = body(&ev::ioctl_control(IoctlOutcome::Undecoded(
             UndecodedReason::FinnSerialized,
@@ -464,6 +518,18 @@ mod tests {
         }];
         let (capture, out) = crate::output::capture::Capture::new();
         let mut sink = JsonlSink::new(Box::new(capture));
+        let calls = CallCounts {
+            calls: [
+                (Call::Rm(nvidia::escape::CONTROL), 3),
+                (Call::Rm(nvidia::escape::ENV_INFO), 1),
+                (Call::Uvm(nvidia::uvm::INITIALIZE), 1),
+                (Call::Rm(0x99), 2),
+                (Call::NotRm(0x1234), 1),
+            ]
+            .into(),
+            controls: [(0x2080_0110, 2), (0x101, 1), (0x2080_ffff, 1)].into(),
+            uncounted: 0,
+        };
         sink.summary(&Summary {
             ts_ns: 1,
             duration_ns: 2,
@@ -473,6 +539,7 @@ mod tests {
             processes: &procs,
             gpus: &gpus,
             undecoded: &[0, 1, 2, 3, 4, 5],
+            calls: &calls,
         })
         .unwrap();
         let v: Value = serde_json::from_slice(&out.lock().unwrap()).unwrap();
@@ -487,5 +554,27 @@ mod tests {
         assert_eq!(v["gpus"][0]["driver_bytes"], 22);
         assert_eq!(v["undecoded"]["unknown_object"], 5);
         assert_eq!(v["undecoded"]["finn_serialized"], 0);
+        assert_eq!(
+            v["escapes"],
+            json!({"RM_CONTROL": {"nr": 0x2A, "calls": 3}, "ENV_INFO": {"nr": 0xca, "calls": 1},
+                   "RM_0x99": {"nr": 0x99, "calls": 2}})
+        );
+        assert_eq!(
+            v["uvm_commands"],
+            json!({"UVM_INITIALIZE": {"nr": 0x3000_0001, "calls": 1}})
+        );
+        assert_eq!(
+            v["other_ioctls"],
+            json!({"NOT_RM_0x1234": {"cmd": 0x1234, "calls": 1}})
+        );
+        assert_eq!(
+            v["controls"],
+            json!({
+                "0x20800110": {"name": "NV2080_CTRL_CMD_GPU_GET_NAME_STRING", "calls": 2},
+                "0x101": {"name": "NV0000_CTRL_CMD_SYSTEM_GET_BUILD_VERSION", "calls": 1},
+                "0x2080ffff": {"name": null, "calls": 1},
+            })
+        );
+        assert_eq!(v["calls_uncounted"], 0);
     }
 }

@@ -11,7 +11,7 @@ use crate::{
     event::{decode::Event, model::ProcessStats},
     gpu::{
         nvml::NvmlDiff,
-        stats::{GpuDeviceStats, GpuProcessStats},
+        stats::{CallCounts, GpuDeviceStats, GpuProcessStats},
     },
 };
 
@@ -44,6 +44,9 @@ pub struct Summary<'a> {
     pub gpus: &'a [GpuDeviceStats],
     /// Undecoded calls per reason.
     pub undecoded: &'a [u64],
+    /// The calls the traced processes made, by escape, UVM command and control
+    /// (exact: counted in the kernel).
+    pub calls: &'a CallCounts,
 }
 
 /// Where a trace goes.

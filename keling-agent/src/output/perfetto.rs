@@ -550,6 +550,7 @@ mod tests {
             processes: procs,
             gpus: &[],
             undecoded: &[],
+            calls: &Default::default(),
         })
         .unwrap();
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
@@ -671,6 +672,7 @@ mod tests {
             processes: &[],
             gpus: &[],
             undecoded: &[],
+            calls: &Default::default(),
         })
         .unwrap();
         let v: Value = serde_json::from_slice(&out.lock().unwrap()).unwrap();

@@ -1,6 +1,7 @@
 //! The text timeline: one line per event as it happens, then per-thread and
-//! per-process GPU tables, and the findings (see [`super::findings`]): what
-//! usually explains a misbehaving process.
+//! per-process GPU tables, the calls made on NVIDIA files (by escape or UVM command,
+//! and by RM control, exact from the kernel's counters), and the findings (see
+//! [`super::findings`]): what usually explains a misbehaving process.
 use std::io::{self, Write};
 
 use super::{Sink, Summary, decision::Decision, findings::Findings};
@@ -122,10 +123,7 @@ pub fn gpu_text(event: &Event) -> Option<String> {
                 e.ret
             );
             if let Some(cmd) = e.control_cmd {
-                match names::control(cmd) {
-                    Some(name) => t.push_str(&format!(" control {name}")),
-                    None => t.push_str(&format!(" control {cmd:#x}")),
-                }
+                t.push_str(&format!(" control {}", names::control_label(cmd)));
             }
             if e.class != 0 {
                 t.push_str(&format!(" class {:#x}", e.class));
@@ -382,6 +380,7 @@ impl Sink for TextSink {
                 )?;
             }
         }
+        calls_table(out, s)?;
         if !findings.is_empty() {
             writeln!(out)?;
             writeln!(out, "findings:")?;
@@ -405,6 +404,45 @@ impl Sink for TextSink {
     }
 }
 
+/// The calls on NVIDIA files by escape (or UVM command), then by RM control, each
+/// with its count; nothing when there were none.
+fn calls_table(out: &mut dyn Write, s: &Summary) -> io::Result<()> {
+    let c = s.calls;
+    let rows = |out: &mut dyn Write, title: &str, rows: Vec<(String, u64)>| -> io::Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let width = rows
+            .iter()
+            .map(|(l, _)| l.len())
+            .chain([title.len()])
+            .max()
+            .unwrap_or(0);
+        writeln!(out)?;
+        writeln!(out, "{title:<width$} {:>10}", "CALLS")?;
+        for (label, n) in rows {
+            writeln!(out, "{label:<width$} {n:>10}")?;
+        }
+        Ok(())
+    };
+    let calls = c.calls.iter().map(|(&k, &n)| (names::call(k), n)).collect();
+    rows(out, "CALL", calls)?;
+    let controls = c
+        .controls
+        .iter()
+        .map(|(&cmd, &n)| (names::control_label(cmd), n))
+        .collect();
+    rows(out, "RM CONTROL", controls)?;
+    if c.uncounted != 0 {
+        writeln!(
+            out,
+            "{} calls not counted by number (the kernel's table of numbers was full)",
+            c.uncounted
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,7 +456,8 @@ mod tests {
     }
 
     use crate::{
-        event::decode::{IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason},
+        event::decode::{Call, IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason},
+        gpu::stats::CallCounts,
         output::{capture::Capture, test_events as ev},
     };
 
@@ -482,7 +521,7 @@ mod tests {
             line(&ev::ioctl_control(IoctlOutcome::Undecoded(
                 UndecodedReason::Fault
             ))),
-            "gpu ioctl RM_CONTROL fd 3 nvidiactl status 0x0 ret 0 control NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD (undecoded: fault)"
+            "gpu ioctl RM_CONTROL fd 3 nvidiactl status 0x0 ret 0 control 0x3d05 NV0000_CTRL_CMD_OS_UNIX_EXPORT_OBJECT_TO_FD (undecoded: fault)"
         );
         assert_eq!(
             line(&ev::ioctl_uvm()),
@@ -539,9 +578,25 @@ mod tests {
             processes: &procs,
             gpus: &[],
             undecoded: &[],
+            calls: &CallCounts {
+                calls: [(Call::Rm(0x2A), 3), (Call::Uvm(0x3000_0001), 1)].into(),
+                controls: [(0x2080_0110, 2), (0x2080_ffff, 1)].into(),
+                uncounted: 0,
+            },
         })
         .unwrap();
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let cells = |first: &str| -> Vec<String> {
+            let row = text.lines().find(|l| l.starts_with(first)).expect(first);
+            row.split_whitespace().map(str::to_owned).collect()
+        };
+        assert_eq!(cells("RM_CONTROL "), ["RM_CONTROL", "3"]);
+        assert_eq!(cells("UVM_INITIALIZE "), ["UVM_INITIALIZE", "1"]);
+        assert_eq!(
+            cells("0x20800110 "),
+            ["0x20800110", "NV2080_CTRL_CMD_GPU_GET_NAME_STRING", "2"]
+        );
+        assert_eq!(cells("0x2080ffff "), ["0x2080ffff", "1"]);
         let mut lines = text.lines();
         let first = lines.next().unwrap();
         assert!(first.starts_with("   0.000001 cpu2       42/43"), "{first}");

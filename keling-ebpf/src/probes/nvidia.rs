@@ -4,19 +4,24 @@
 //! Only ioctls whose command has the shape of an RM escape or a UVM command are
 //! looked at further, and only on files that are NVIDIA devices by their inode
 //! (files.rs): any other ioctl on the host costs one comparison.
+//!
+//! Every call of a followed process is also counted at sys_enter in `CALL_COUNTS`,
+//! by RM escape, UVM command and RM_CONTROL command (keling-common's `call_kind`):
+//! what the process sent, exact whatever the ring buffer drops.
 use aya_ebpf::{
     helpers::bpf_probe_read_user,
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{Array, HashMap},
     programs::TracePointContext,
 };
 use keling_common::{
     BATCH_OBJECTS, ClientInfo, EventKind, GpuAllocEvent, GpuExportEvent, GpuFreeEvent,
-    GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MemHandle, NO_GPU, ObjectInfo, ObjectKey,
-    active_cause, device_file, mem_kind,
+    GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MAX_CALL_KEYS, MemHandle, NO_GPU, ObjectInfo,
+    ObjectKey, active_cause, call_key, call_kind, device_file, mem_kind,
     nvidia::{
         self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, ctrl, escape,
-        nvos00, nvos02, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm, xfer,
+        nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm,
+        xfer,
     },
     open_how, outcome, ref_how, teardown, undecoded,
 };
@@ -29,7 +34,7 @@ use super::{
     },
     files::{add_fd, device_of_file, file_of_fd, find_slot, follows},
 };
-use crate::{current_ids, emit, emit_quiet, header};
+use crate::{atomic_add, current_ids, emit, emit_quiet, header};
 
 /// What sys_enter learned, for sys_exit.
 #[derive(Clone, Copy)]
@@ -71,7 +76,8 @@ struct PendingIoctl {
     /// Filled at exit: ioctl's return value; the new object's memory kind and bytes.
     ret: i64,
     mem_kind: u32,
-    _reserved: u32,
+    /// 1 once RM_CONTROL's command (`sub`) was read at entry.
+    has_control: u32,
     bytes: u64,
 }
 
@@ -85,6 +91,18 @@ static PENDING_IOCTL: HashMap<u32, PendingIoctl> =
 #[map]
 static REGISTERED: aya_ebpf::maps::LruHashMap<u64, u64> =
     aya_ebpf::maps::LruHashMap::with_max_entries(keling_common::MAX_FILES, 0);
+
+/// Calls of followed processes by `call_key(kind, number)`: what they sent, counted
+/// at sys_enter. Updated with atomic adds (one process's threads call on several
+/// CPUs at once).
+#[map]
+static CALL_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(MAX_CALL_KEYS, 0);
+
+/// [0]: calls not in `CALL_COUNTS` because it was full when their key was new.
+#[map]
+static CALLS_UNCOUNTED: Array<u64> = Array::with_max_entries(1, 0);
+
+const BPF_NOEXIST: u64 = 1;
 
 /// Where sys_enter builds a [`PendingIoctl`] (it does not fit the stack with the
 /// rest), per CPU.
@@ -108,12 +126,13 @@ fn user_u64(base: u64, off: usize) -> Result<u64, u32> {
     user::<u64>(base + off as u64)
 }
 
-/// The command has the shape of an RM escape ('F') or a UVM command (a small plain
-/// number, or INITIALIZE / DEINITIALIZE): worth looking at the file.
+/// The command has the shape of an RM escape ('F') or a UVM command (a plain
+/// number up to UVM_IS_8_SUPPORTED, or INITIALIZE / DEINITIALIZE): worth looking at
+/// the file.
 #[inline(always)]
 fn nvidia_shaped(cmd: u32) -> bool {
     nvidia::rm_type(cmd) == nvidia::RM_IOCTL_TYPE
-        || (cmd != 0 && cmd < 0x200)
+        || (cmd != 0 && cmd <= uvm::IS_8_SUPPORTED)
         || cmd == uvm::INITIALIZE
         || cmd == uvm::DEINITIALIZE
 }
@@ -199,11 +218,14 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         tid,
         ret: 0,
         mem_kind: 0,
-        _reserved: 0,
+        has_control: 0,
         bytes: 0,
     };
     if let Err(reason) = decode_enter(p) {
         p.undecoded = 1 + reason;
+    }
+    if followed {
+        count_calls(p);
     }
     #[expect(
         clippy::needless_borrows_for_generic_args,
@@ -253,7 +275,19 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             p.class = user_u32(base, nvos21::H_CLASS)?;
             p.sub_params = user_u64(base, nvos21::P_ALLOC_PARMS)?;
             if p.class == class::NV01_DEVICE_0 {
-                p.gpu = user_u32(p.sub_params, NV0080_DEVICE_ID)?;
+                p.gpu = device_gpu(p.sub_params)?;
+            }
+        }
+        escape::ALLOC_OBJECT => {
+            // NVOS21's first 16 bytes, no params: `sub_params` stays 0.
+            if p.size != size::NVOS05_ALLOC_OBJECT {
+                return Err(undecoded::UNKNOWN_LAYOUT);
+            }
+            p.client = user_u32(base, nvos21::H_ROOT)?;
+            p.parent = user_u32(base, nvos21::H_OBJECT_PARENT)?;
+            p.class = user_u32(base, nvos21::H_CLASS)?;
+            if p.class == class::NV01_DEVICE_0 {
+                p.gpu = device_gpu(0)?;
             }
         }
         escape::FREE => {
@@ -288,6 +322,7 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             p.client = user_u32(base, nvos54::H_CLIENT)?;
             p.handle = user_u32(base, nvos54::H_OBJECT)?;
             p.sub = user_u32(base, nvos54::CMD)?;
+            p.has_control = 1;
             if user_u32(base, nvos54::FLAGS)? & nvos54::FLAGS_FINN_SERIALIZED != 0 {
                 return Err(undecoded::FINN_SERIALIZED);
             }
@@ -324,6 +359,63 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
         _ => return Err(undecoded::UNKNOWN_ESCAPE),
     }
     Ok(())
+}
+
+/// The GPU of a device object from its `NV0080_ALLOC_PARAMETERS` (`params`, 0 when
+/// none: the driver then takes device instance `class - NV01_DEVICE_0`, that is 0,
+/// `deviceConstruct_IMPL`).
+#[inline(always)]
+fn device_gpu(params: u64) -> Result<u32, u32> {
+    if params == 0 {
+        return Ok(0);
+    }
+    user_u32(params, NV0080_DEVICE_ID)
+}
+
+/// Counts the call `p` describes in `CALL_COUNTS` (see the module doc).
+#[inline(never)]
+fn count_calls(p: &PendingIoctl) {
+    if p.device == device_file::UVM {
+        count_call(call_key(call_kind::UVM, p.cmd));
+        return;
+    }
+    if nvidia::rm_type(p.cmd) != nvidia::RM_IOCTL_TYPE {
+        count_call(call_key(call_kind::NOT_RM, p.cmd));
+        return;
+    }
+    // After XFER_CMD, the escape it carries (`escape` is the command's own nr when
+    // the XFER struct could not be read).
+    let nr = if p.via_xfer != 0 {
+        p.escape
+    } else {
+        nvidia::rm_nr(p.cmd)
+    };
+    count_call(call_key(call_kind::RM_ESCAPE, nr));
+    if p.has_control != 0 {
+        count_call(call_key(call_kind::RM_CONTROL, p.sub));
+    }
+}
+
+/// Adds one call to `CALL_COUNTS[key]`, exactly: a new key is inserted only if
+/// absent (two CPUs meeting a new key at once land on the same entry), then added
+/// to atomically.
+#[inline(never)]
+fn count_call(key: u64) {
+    if let Some(n) = CALL_COUNTS.get_ptr_mut(key) {
+        // SAFETY: an aligned map value, updated atomically.
+        unsafe { atomic_add(n, 1) };
+        return;
+    }
+    let _ = CALL_COUNTS.insert(key, 0u64, BPF_NOEXIST);
+    let n = match CALL_COUNTS.get_ptr_mut(key) {
+        Some(n) => n,
+        None => match CALLS_UNCOUNTED.get_ptr_mut(0) {
+            Some(n) => n,
+            None => return,
+        },
+    };
+    // SAFETY: as above.
+    unsafe { atomic_add(n, 1) };
 }
 
 /// RM_CONTROL: the controls that share memory name an export file by fd in the
@@ -391,7 +483,7 @@ fn handler(p: &PendingIoctl) -> u32 {
         return 0;
     }
     match p.escape {
-        escape::ALLOC | escape::ALLOC_MEMORY => IOCTL_ALLOC,
+        escape::ALLOC | escape::ALLOC_OBJECT | escape::ALLOC_MEMORY => IOCTL_ALLOC,
         escape::VID_HEAP_CONTROL if p.sub == nvos32::FUNCTION_FREE => IOCTL_FREE,
         escape::VID_HEAP_CONTROL => IOCTL_ALLOC,
         escape::FREE => IOCTL_FREE,
@@ -485,7 +577,7 @@ fn pending() -> Option<&'static mut PendingIoctl> {
 pub fn keling_ioctl_alloc(ctx: TracePointContext) -> i32 {
     if let Some(p) = pending() {
         let r = match p.escape {
-            escape::ALLOC => exit_alloc(p),
+            escape::ALLOC | escape::ALLOC_OBJECT => exit_alloc(p),
             escape::ALLOC_MEMORY => exit_alloc_memory(p),
             _ => exit_vid_heap(p),
         };
@@ -674,6 +766,7 @@ fn exit_alloc(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     let off = match p.size {
         size::NVOS64_ALLOC => nvos64::STATUS,
         nvos64::SIZE_PRE_535 => nvos64::STATUS_PRE_535,
+        size::NVOS05_ALLOC_OBJECT => nvos05::STATUS,
         _ => config!(nvos21_status_off) as usize,
     };
     let status = user_u32(base, off)?;
@@ -681,7 +774,7 @@ fn exit_alloc(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     if status != 0 {
         // The size asked for: what a memory-pressure decision needs (video only).
         let mut r = Report::status(status);
-        if kind == ObjectKind::VideoMemory {
+        if kind == ObjectKind::VideoMemory && p.sub_params != 0 {
             r.requested = user_u64(p.sub_params, MEMORY_ALLOCATION_PARAMS_SIZE)?;
         }
         return Ok(Some(r));
