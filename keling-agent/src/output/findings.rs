@@ -9,7 +9,7 @@ use keling_common::{nvidia::status, task_state};
 
 use super::decision::{Decision, DecisionKind};
 use crate::{
-    event::decode::{Event, IoctlOutcome, MemKind},
+    event::decode::{Event, MemKind},
     gpu::names,
 };
 
@@ -86,15 +86,6 @@ impl Findings {
                 f.count += 1;
                 f.requested_bytes += e.requested_bytes;
                 *f.statuses.entry(e.status).or_default() += 1;
-                *f.calls.entry(names::call(e.call)).or_default() += 1;
-            }
-            Event::GpuIoctl(e) if e.outcome == IoctlOutcome::NoMemoryEscape => {
-                let f = self.failed.entry(h.pid).or_default();
-                if f.count == 0 {
-                    f.first_ns = h.ts_ns;
-                }
-                f.count += 1;
-                *f.statuses.entry(status::NO_MEMORY).or_default() += 1;
                 *f.calls.entry(names::call(e.call)).or_default() += 1;
             }
             Event::GpuAlloc(e) if e.mem_kind == MemKind::Video && e.bytes > 0 => {
@@ -297,6 +288,15 @@ mod tests {
             next_pid: next,
             prev_state,
         })
+    }
+
+    #[test]
+    fn an_escape_that_carries_no_memory_is_no_failure() {
+        // SYS_PARAMS, CARD_INFO, REGISTER_FD...: "no memory" means none is
+        // carried, not NV_ERR_NO_MEMORY.
+        let mut f = Findings::default();
+        f.event(&ev::ioctl_no_memory_escape());
+        assert!(f.report(0).is_empty(), "{:?}", f.report(0));
     }
 
     #[test]

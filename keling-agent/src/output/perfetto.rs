@@ -226,11 +226,10 @@ impl PerfettoSink {
             Event::GpuIoctl(e) => {
                 let failed = e.status != 0 || e.ret < 0;
                 let undecoded = matches!(e.outcome, IoctlOutcome::Undecoded(_));
-                let no_memory = e.outcome == IoctlOutcome::NoMemoryEscape;
-                if !(failed || undecoded || no_memory) {
+                if !(failed || undecoded) {
                     return None;
                 }
-                let what = if failed || no_memory {
+                let what = if failed {
                     "FAILED"
                 } else {
                     "undecoded"
