@@ -229,11 +229,7 @@ impl PerfettoSink {
                 if !(failed || undecoded) {
                     return None;
                 }
-                let what = if failed {
-                    "FAILED"
-                } else {
-                    "undecoded"
-                };
+                let what = if failed { "FAILED" } else { "undecoded" };
                 Some(format!("gpu {what} {}", names::call(e.call)))
             }
             Event::GpuAlloc(e) => Some(format!(
