@@ -902,7 +902,14 @@ fn a_user_launches_as_themselves_within_their_limits() {
     assert!(!reply.contains("\"status\""), "{reply}");
     // ... and told why and what to do, not that the agent is not running.
     let out = Command::new("setpriv")
-        .args(["--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "--"])
+        .args([
+            "--reuid",
+            "nobody",
+            "--regid",
+            "nogroup",
+            "--clear-groups",
+            "--",
+        ])
         .arg(keling_bin())
         .arg("status")
         .arg("--socket")
@@ -912,8 +919,10 @@ fn a_user_launches_as_themselves_within_their_limits() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{said}");
     assert!(
-        said.contains(&format!("admits only root and the members of group {}", user.group))
-            && said.contains(&format!("usermod -aG {}", user.group))
+        said.contains(&format!(
+            "admits only root and the members of group {}",
+            user.group
+        )) && said.contains(&format!("usermod -aG {}", user.group))
             && !said.contains("is `keling run` running"),
         "{said}"
     );

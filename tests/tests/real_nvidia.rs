@@ -44,7 +44,9 @@ fn s(p: &Path) -> String {
 /// Runs `cmd` in the sandbox and returns its stdout; fails the test with
 /// its stderr when it exits non-zero.
 fn in_sandbox(sim: &Nvsim, cmd: &[&str]) -> String {
-    let out = sandbox(sim, cmd).output().expect("run keling-nvsim sandbox");
+    let out = sandbox(sim, cmd)
+        .output()
+        .expect("run keling-nvsim sandbox");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -101,7 +103,12 @@ fn keling_counts(summary: &Value) -> Counts {
         v.as_object()
             .into_iter()
             .flatten()
-            .map(|(_, e)| (e["nr"].as_u64().expect("nr"), e["calls"].as_u64().expect("calls")))
+            .map(|(_, e)| {
+                (
+                    e["nr"].as_u64().expect("nr"),
+                    e["calls"].as_u64().expect("calls"),
+                )
+            })
             .collect()
     };
     (
@@ -154,10 +161,17 @@ fn cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded() {
     for (i, d) in probe["devices"].as_array().unwrap().iter().enumerate() {
         assert_eq!(d["name"], "NVIDIA H200", "{d}");
         assert_eq!(d["total_mem"].as_u64(), Some(MEM_PER_GPU), "{d}");
-        assert_eq!(d["pci_bus_id"], format!("0000:{:02X}:00.0", 0x18 + i), "{d}");
+        assert_eq!(
+            d["pci_bus_id"],
+            format!("0000:{:02X}:00.0", 0x18 + i),
+            "{d}"
+        );
         let a = &d["attributes"];
         assert_eq!(
-            (&a["compute_capability_major"], &a["compute_capability_minor"]),
+            (
+                &a["compute_capability_major"],
+                &a["compute_capability_minor"]
+            ),
             (&Value::from(9), &Value::from(0)),
             "{d}"
         );
@@ -271,7 +285,10 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
     let listed = in_sandbox(&sim, &["nvidia-smi", "-L"]);
     let gpus: Vec<&str> = listed.lines().filter(|l| l.starts_with("GPU ")).collect();
     assert_eq!(gpus.len(), 2, "{listed}");
-    assert!(gpus[0].starts_with("GPU 0: NVIDIA H200 (UUID: GPU-"), "{listed}");
+    assert!(
+        gpus[0].starts_with("GPU 0: NVIDIA H200 (UUID: GPU-"),
+        "{listed}"
+    );
 
     let rows = smi_query(&sim, "gpu=index,name,memory.total,memory.used");
     assert_eq!(rows.len(), 2, "{rows:?}");
@@ -338,7 +355,11 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
     assert_eq!(mine.len(), 1, "{check}");
     assert_eq!(mine[0]["gpu"], 1, "{check}");
     assert_eq!(mine[0]["nvml_bytes"].as_u64(), Some(300 * MIB), "{check}");
-    assert_eq!(mine[0]["keling_driver_bytes"].as_u64(), Some(300 * MIB), "{check}");
+    assert_eq!(
+        mine[0]["keling_driver_bytes"].as_u64(),
+        Some(300 * MIB),
+        "{check}"
+    );
     assert_eq!(mine[0]["diff_bytes"], 0, "{check}");
 
     writeln!(stdin, "done").unwrap();
@@ -410,12 +431,53 @@ fn the_sandbox_returns_its_commands_code_and_leaves_nothing_behind_a_sigkill() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), None, "killed by a signal");
     assert_eq!(host_mounts(), before, "mounts changed on the host");
-    assert_eq!(host_nodes(&watched), nodes_before, "{watched:?} on the host");
+    assert_eq!(
+        host_nodes(&watched),
+        nodes_before,
+        "{watched:?} on the host"
+    );
     // nvidia-smi as root inside makes no node on the host either.
     let _ = Command::new(keling_tests::nvsim_bin())
         .args(["sandbox", sim.dev_dir(), "--", "nvidia-smi", "-L"])
         .output()
         .unwrap();
-    assert_eq!(host_nodes(&watched), nodes_before, "{watched:?} on the host");
+    assert_eq!(
+        host_nodes(&watched),
+        nodes_before,
+        "{watched:?} on the host"
+    );
     assert_eq!(host_mounts(), before, "mounts changed on the host");
+}
+
+#[test]
+fn a_device_node_with_no_driver_behind_it_is_named_as_such() {
+    let test = "a_device_node_with_no_driver_behind_it_is_named_as_such";
+    if !can_load_ebpf(test) {
+        return;
+    }
+    if Path::new("/proc/driver/nvidia/version").exists() {
+        keling_tests::skip(
+            test,
+            "this host has an NVIDIA driver: a node here would not be dead",
+        );
+        return;
+    }
+    // What libcuda run as root on a host without the driver leaves: 195:255.
+    let dir = tempdir();
+    let node = dir.join("nvidiactl");
+    let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
+    // SAFETY: mknod with a valid path; the node is removed below.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(195, 255)) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    let out = Command::new(keling_bin())
+        .args(["trace", "--dev-dir", dir.to_str().unwrap(), "--", "true"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("is a device node with no NVIDIA driver behind it (open: "),
+        "{said}"
+    );
 }
