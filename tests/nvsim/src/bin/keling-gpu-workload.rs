@@ -3350,7 +3350,11 @@ fn busy(env: &Env, cli: &Cli) {
     }
     for i in 1..=cli.iterations {
         for _ in 0..cli.calls_per_iteration.max(1) {
-            env.control(ctl, c, d, 0x0080_0101, None);
+            // NV0080_CTRL_CMD_GPU_GET_NUM_SUBDEVICES: a control the driver
+            // answers (a refused one counts as a failed call, which the agent
+            // is sent apart from the activity signals).
+            let mut n = [0u8; 4];
+            env.control(ctl, c, d, 0x0080_0280, Some(&mut n));
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
         if let Some(p) = &cli.progress
