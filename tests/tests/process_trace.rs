@@ -182,8 +182,10 @@ fn threads_are_traced_from_their_creation() {
         let diff = keling - own_ns;
         assert!(
             (-200_000..=2_000_000).contains(&diff),
-            "thread {}: keling says {keling} ns on CPU, the thread's own clock {own_ns} ns",
-            o["tid"]
+            "thread {}: keling says {keling} ns on CPU, the thread's own clock {own_ns} ns \
+             (events the kernel could not deliver: {})",
+            o["tid"],
+            t.summary()["drops"]
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
