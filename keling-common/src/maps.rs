@@ -16,6 +16,41 @@ pub const MAP_TRACKED_TIDS: &str = "TRACKED_TIDS";
 /// Name of the [`ProbeConfig`] global the agent sets at load time.
 pub const GLOBAL_CONFIG: &str = "KELING_CONFIG";
 
+/// Tail-call slots: which program each program array holds where. The probes
+/// tail-call by these numbers and the agent fills the arrays by them, so the two
+/// sides cannot disagree on a literal.
+pub mod tail_call {
+    /// Entries of each program array (slot 0 is never used: 0 means "none").
+    pub const SLOTS: u32 = 8;
+    /// `WORK_PROG`: the deferred accounting work, by work kind.
+    pub mod work {
+        pub const MAP: &str = "WORK_PROG";
+        /// Release an open file: tear down its clients.
+        pub const RELEASE_FILE: u32 = 1;
+        /// Tear down memories shared with other clients.
+        pub const TEARDOWN_SHARED: u32 = 2;
+        /// Settle a torn-down client's contributors.
+        pub const TEARDOWN_CONTRIBUTORS: u32 = 3;
+        /// close_range: drop a range of fds.
+        pub const CLOSE_RANGE: u32 = 4;
+        /// A file whose fd went while other references remain.
+        pub const ORPHAN: u32 = 5;
+        /// Check a few orphans.
+        pub const SWEEP: u32 = 6;
+    }
+    /// `IOCTL_PROG`: the handlers of the NVIDIA calls that change memory,
+    /// reached from `sys_exit_ioctl`.
+    pub mod ioctl {
+        pub const MAP: &str = "IOCTL_PROG";
+        pub const ALLOC: u32 = 1;
+        pub const FREE: u32 = 2;
+        pub const CONTROL: u32 = 3;
+        pub const DUP: u32 = 4;
+        pub const BATCH_EXPORT: u32 = 5;
+        pub const BATCH_IMPORT: u32 = 6;
+    }
+}
+
 /// Index into `DROPS`: the ring buffer was full.
 pub const DROP_RINGBUF_FULL: u32 = 0;
 /// Number of drop counters in `DROPS`.

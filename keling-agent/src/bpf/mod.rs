@@ -39,6 +39,11 @@ pub mod tracefs;
 /// was built with a plain `cargo build`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/keling.bpf.o"));
 
+/// The embedded eBPF object, if this build has one.
+pub fn embedded_object() -> Option<&'static [u8]> {
+    (!EBPF_OBJECT.is_empty()).then_some(EBPF_OBJECT)
+}
+
 /// Test hook: programs named here (comma-separated) are treated as if this kernel
 /// could not attach them, so the degraded paths can be tested on a kernel that has
 /// every tracepoint.

@@ -3,6 +3,8 @@
 //! only when its feature is required for what was asked; otherwise it is skipped
 //! with a message saying what is lost.
 
+use keling_common::maps::tail_call::{ioctl, work};
+
 /// What a program serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Feature {
@@ -95,31 +97,51 @@ pub const PROGRAMS: &[Program] = &[
 /// teardowns), reached by tail call from every program that can queue some, by
 /// their slot in the program array (the work kind).
 pub const WORK_PROGRAMS: &[(u32, &str)] = &[
-    (1, "keling_release_file"),
-    (2, "keling_teardown_shared"),
-    (3, "keling_teardown_contributors"),
-    (4, "keling_close_range"),
-    (5, "keling_orphan"),
-    (6, "keling_sweep"),
+    (work::RELEASE_FILE, "keling_release_file"),
+    (work::TEARDOWN_SHARED, "keling_teardown_shared"),
+    (work::TEARDOWN_CONTRIBUTORS, "keling_teardown_contributors"),
+    (work::CLOSE_RANGE, "keling_close_range"),
+    (work::ORPHAN, "keling_orphan"),
+    (work::SWEEP, "keling_sweep"),
 ];
 /// The program array.
-pub const WORK_PROG_MAP: &str = "WORK_PROG";
+pub const WORK_PROG_MAP: &str = work::MAP;
 /// The handlers of the NVIDIA calls that change memory, reached by tail call from
 /// `sys_exit_ioctl` by their slot.
 pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
-    (1, "keling_ioctl_alloc"),
-    (2, "keling_ioctl_free"),
-    (3, "keling_ioctl_control"),
-    (4, "keling_ioctl_dup"),
-    (5, "keling_ioctl_batch_export"),
-    (6, "keling_ioctl_batch_import"),
+    (ioctl::ALLOC, "keling_ioctl_alloc"),
+    (ioctl::FREE, "keling_ioctl_free"),
+    (ioctl::CONTROL, "keling_ioctl_control"),
+    (ioctl::DUP, "keling_ioctl_dup"),
+    (ioctl::BATCH_EXPORT, "keling_ioctl_batch_export"),
+    (ioctl::BATCH_IMPORT, "keling_ioctl_batch_import"),
 ];
 /// Their program array.
-pub const IOCTL_PROG_MAP: &str = "IOCTL_PROG";
+pub const IOCTL_PROG_MAP: &str = ioctl::MAP;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each program array's slots: distinct, in range, never 0 (0 means "no
+    /// handler" to the probes), each holding a program of the object's.
+    #[test]
+    fn every_tail_call_slot_holds_one_program() {
+        for table in [WORK_PROGRAMS, IOCTL_PROGRAMS] {
+            let mut slots: Vec<u32> = table.iter().map(|&(s, _)| s).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(slots.len(), table.len(), "{table:?}");
+            assert!(slots.iter().all(|&s| s > 0 && s < keling_common::maps::tail_call::SLOTS));
+        }
+        // The embedded object (when this build has one) defines every program.
+        if let Some(obj) = crate::bpf::embedded_object() {
+            let obj = aya_obj::Object::parse(obj).expect("the embedded eBPF object parses");
+            for (_, name) in WORK_PROGRAMS.iter().chain(IOCTL_PROGRAMS) {
+                assert!(obj.programs.contains_key(*name), "{name} is not in the object");
+            }
+        }
+    }
 
     #[test]
     fn names_are_unique_and_every_feature_says_what_is_lost() {

@@ -21,7 +21,8 @@ use keling_common::{
     ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, Contributor, EventKind, FILE_CLIENTS, FILE_EXPORTS,
     FileInfo, GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_FILES, MAX_MEMS,
     MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS, MEM_HANDLES, MemHandle, MemInfo, NO_HANDLE,
-    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, teardown, undecoded,
+    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, tail_call, teardown,
+    undecoded,
 };
 
 use crate::{atomic_add, atomic_cas, emit, header};
@@ -1013,15 +1014,16 @@ pub struct Work {
     pub file_id: u64,
 }
 
-const WORK_RELEASE_FILE: u32 = 1;
-const WORK_TEARDOWN_SHARED: u32 = 2;
-const WORK_TEARDOWN_CONTRIBUTORS: u32 = 3;
+// Work kinds are the slots of their programs in `WORK_PROG` (keling-common).
+const WORK_RELEASE_FILE: u32 = tail_call::work::RELEASE_FILE;
+const WORK_TEARDOWN_SHARED: u32 = tail_call::work::TEARDOWN_SHARED;
+const WORK_TEARDOWN_CONTRIBUTORS: u32 = tail_call::work::TEARDOWN_CONTRIBUTORS;
 /// `client`: the pid; `device`, `sub`: first and last fd; `index`: next slot.
-const WORK_CLOSE_RANGE: u32 = 4;
+const WORK_CLOSE_RANGE: u32 = tail_call::work::CLOSE_RANGE;
 /// `file_id`: a file whose fd went while other references remain (see orphans.rs).
-const WORK_ORPHAN: u32 = 5;
+const WORK_ORPHAN: u32 = tail_call::work::ORPHAN;
 /// Check a few orphans (see orphans.rs).
-const WORK_SWEEP: u32 = 6;
+const WORK_SWEEP: u32 = tail_call::work::SWEEP;
 /// Items queued per CPU (a power of two).
 const WORK_SLOTS: usize = 64;
 
@@ -1037,9 +1039,9 @@ pub struct WorkQueue {
 
 #[map]
 static WORK_QUEUE: PerCpuArray<WorkQueue> = PerCpuArray::with_max_entries(1, 0);
-/// The work programs by work kind (1..=4), set by the agent at load time.
+/// The work programs by work kind, set by the agent at load time.
 #[map]
-static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(8, 0);
+static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(tail_call::SLOTS, 0);
 
 #[inline(always)]
 fn push_work(pid: u32, tid: u32, w: &Work) {

@@ -17,7 +17,7 @@ use aya_ebpf::{
 use keling_common::{
     BATCH_OBJECTS, ClientInfo, EventKind, GpuAllocEvent, GpuExportEvent, GpuFreeEvent,
     GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MAX_CALL_KEYS, MemHandle, NO_GPU, ObjectInfo,
-    ObjectKey, active_cause, call_key, call_kind, device_file, mem_kind,
+    ObjectKey, active_cause, call_key, call_kind, device_file, mem_kind, tail_call,
     nvidia::{
         self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, ctrl, escape,
         nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm,
@@ -464,17 +464,17 @@ impl Report {
 
 /// Handlers of the calls that change memory, each its own program reached by tail
 /// call from `sys_exit_ioctl` (together they are too much for the verifier).
-pub const IOCTL_ALLOC: u32 = 1;
-pub const IOCTL_FREE: u32 = 2;
-pub const IOCTL_CONTROL: u32 = 3;
-pub const IOCTL_DUP: u32 = 4;
-pub const IOCTL_BATCH_EXPORT: u32 = 5;
-pub const IOCTL_BATCH_IMPORT: u32 = 6;
+pub const IOCTL_ALLOC: u32 = tail_call::ioctl::ALLOC;
+pub const IOCTL_FREE: u32 = tail_call::ioctl::FREE;
+pub const IOCTL_CONTROL: u32 = tail_call::ioctl::CONTROL;
+pub const IOCTL_DUP: u32 = tail_call::ioctl::DUP;
+pub const IOCTL_BATCH_EXPORT: u32 = tail_call::ioctl::BATCH_EXPORT;
+pub const IOCTL_BATCH_IMPORT: u32 = tail_call::ioctl::BATCH_IMPORT;
 
 /// The handler programs, by the numbers above; set by the agent at load time.
 #[map]
 static IOCTL_PROG: aya_ebpf::maps::ProgramArray =
-    aya_ebpf::maps::ProgramArray::with_max_entries(8, 0);
+    aya_ebpf::maps::ProgramArray::with_max_entries(tail_call::SLOTS, 0);
 
 /// Which handler a successful call needs (0: none, it is a plain call).
 #[inline(always)]
