@@ -193,7 +193,9 @@ fn host_has_driver() -> bool {
     let version = Path::new("/proc/driver/nvidia/version").exists();
     match (opened, version) {
         (Ok(_), true) => {
-            eprintln!("xtask: NVIDIA driver found (/dev/nvidiactl opens, /proc/driver/nvidia/version)");
+            eprintln!(
+                "xtask: NVIDIA driver found (/dev/nvidiactl opens, /proc/driver/nvidia/version)"
+            );
             true
         }
         (opened, _) => {

@@ -133,7 +133,9 @@ fn nvidia_userspace() -> anyhow::Result<()> {
         .status()
         .context("start apt-get download")?;
     if !status.success() {
-        bail!("apt-get download of {NVIDIA_PACKAGES:?} {NVIDIA_USERSPACE_VERSION} failed: {status}");
+        bail!(
+            "apt-get download of {NVIDIA_PACKAGES:?} {NVIDIA_USERSPACE_VERSION} failed: {status}"
+        );
     }
     // Unpack into a fresh directory and move it in place last, so an
     // interrupted run never leaves a half tree that looks complete.
@@ -149,7 +151,10 @@ fn nvidia_userspace() -> anyhow::Result<()> {
         .join("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1")
         .exists()
     {
-        bail!("the unpacked packages in {} hold no libcuda.so.1", partial.display());
+        bail!(
+            "the unpacked packages in {} hold no libcuda.so.1",
+            partial.display()
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&partial, &dir)?;
@@ -171,7 +176,10 @@ fn add_nonfree_source() -> anyhow::Result<()> {
             if p.extension().is_none_or(|e| e != "sources") {
                 continue;
             }
-            for stanza in std::fs::read_to_string(&p).unwrap_or_default().split("\n\n") {
+            for stanza in std::fs::read_to_string(&p)
+                .unwrap_or_default()
+                .split("\n\n")
+            {
                 let field = |name: &str| {
                     stanza
                         .lines()

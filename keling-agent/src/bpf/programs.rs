@@ -132,13 +132,20 @@ mod tests {
             slots.sort_unstable();
             slots.dedup();
             assert_eq!(slots.len(), table.len(), "{table:?}");
-            assert!(slots.iter().all(|&s| s > 0 && s < keling_common::maps::tail_call::SLOTS));
+            assert!(
+                slots
+                    .iter()
+                    .all(|&s| s > 0 && s < keling_common::maps::tail_call::SLOTS)
+            );
         }
         // The embedded object (when this build has one) defines every program.
         if let Some(obj) = crate::bpf::embedded_object() {
             let obj = aya_obj::Object::parse(obj).expect("the embedded eBPF object parses");
             for (_, name) in WORK_PROGRAMS.iter().chain(IOCTL_PROGRAMS) {
-                assert!(obj.programs.contains_key(*name), "{name} is not in the object");
+                assert!(
+                    obj.programs.contains_key(*name),
+                    "{name} is not in the object"
+                );
             }
         }
     }

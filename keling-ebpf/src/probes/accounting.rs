@@ -21,8 +21,7 @@ use keling_common::{
     ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, Contributor, EventKind, FILE_CLIENTS, FILE_EXPORTS,
     FileInfo, GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_FILES, MAX_MEMS,
     MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS, MEM_HANDLES, MemHandle, MemInfo, NO_HANDLE,
-    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, tail_call, teardown,
-    undecoded,
+    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, tail_call, teardown, undecoded,
 };
 
 use crate::{atomic_add, atomic_cas, emit, header};

@@ -17,13 +17,13 @@ use aya_ebpf::{
 use keling_common::{
     BATCH_OBJECTS, ClientInfo, EventKind, GpuAllocEvent, GpuExportEvent, GpuFreeEvent,
     GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MAX_CALL_KEYS, MemHandle, NO_GPU, ObjectInfo,
-    ObjectKey, active_cause, call_key, call_kind, device_file, mem_kind, tail_call,
+    ObjectKey, active_cause, call_key, call_kind, device_file, mem_kind,
     nvidia::{
         self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, ctrl, escape,
         nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm,
         xfer,
     },
-    open_how, outcome, ref_how, teardown, undecoded,
+    open_how, outcome, ref_how, tail_call, teardown, undecoded,
 };
 
 use super::{
