@@ -303,6 +303,14 @@ fn real_ioctls_reach_the_simulator() {
         libc::close(fd);
         libc::close(ufd);
     }
+    // The kernel sends RELEASE after close returns (asynchronously): wait
+    // for the simulator to have it, then check what it did.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !sim.state()["clients"].as_array().unwrap().is_empty()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let g = sim.proc_gpu(me, 1).unwrap();
     assert_eq!(
         (
