@@ -57,7 +57,8 @@ pub enum Action {
         /// The task.
         id: TaskId,
     },
-    /// Bind the task to `gpu`; once per task, at arrival.
+    /// Bind the task to `gpu`; once per task: at arrival, or under late binding
+    /// when a queued task can run (the agent then starts the task it held).
     Place {
         /// The task.
         id: TaskId,

@@ -22,6 +22,35 @@ pub const DEFAULT_GRACE_MS: u64 = 30_000;
 /// Terminate with grace: SIGKILL this long after SIGTERM.
 pub const DEFAULT_KILL_GRACE_MS: u64 = 5_000;
 
+/// When a task that the core places (its spec names no GPU) is bound to a GPU:
+/// "Binding" in the crate doc.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Binding {
+    /// At arrival, by the placement weight (ties: the lowest index); the task is
+    /// running as it is and is frozen there if it must wait. The protocol the
+    /// agent's daemon speaks today, and the default.
+    #[default]
+    AtArrival,
+    /// When it can run: it waits unbound, held before exec, in one host-level
+    /// queue, and is bound (`Place`) to a GPU at the moment it can run there.
+    Late,
+}
+
+impl Binding {
+    /// `at-arrival`, `late`: the names `keling replay --binding` takes.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Binding::AtArrival => "at-arrival",
+            Binding::Late => "late",
+        }
+    }
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
 /// The policy's numbers. [`Default`] gives the `DEFAULT_*` constants above, which
 /// are also the agent's flag defaults (its `defaults` module names these), so a
 /// configuration that leaves a field out means the same to the agent and to replay.
@@ -44,6 +73,18 @@ pub struct SchedConfig {
     pub default_hard_kill: bool,
     /// Terminate with grace: SIGTERM, then SIGKILL after this. Default: 5 s.
     pub kill_grace_ms: u64,
+    /// When unpinned tasks are bound to a GPU. Default: [`Binding::AtArrival`].
+    /// Left out of the serialized form when it is the default, so configs (and
+    /// input-log headers) written before late binding existed read and write
+    /// the same.
+    #[serde(skip_serializing_if = "is_default")]
+    pub binding: Binding,
+    /// Late binding: the seed of the last tie-break between equally good free
+    /// GPUs (equal weight, equal busy time). The core has no randomness but
+    /// this: the choice is a hash of the seed, the task and the GPU. Default 0;
+    /// left out of the serialized form when 0.
+    #[serde(skip_serializing_if = "is_default")]
+    pub placement_seed: u64,
 }
 
 impl Default for SchedConfig {
@@ -56,6 +97,8 @@ impl Default for SchedConfig {
             default_grace_ms: DEFAULT_GRACE_MS,
             default_hard_kill: true,
             kill_grace_ms: DEFAULT_KILL_GRACE_MS,
+            binding: Binding::AtArrival,
+            placement_seed: 0,
         }
     }
 }
@@ -81,6 +124,23 @@ mod tests {
             .slots()
         };
         assert_eq!((slots(0), slots(1), slots(4)), (1, 1, 4));
+    }
+
+    #[test]
+    fn late_binding_and_its_seed_are_written_only_when_set() {
+        let late = SchedConfig {
+            binding: Binding::Late,
+            placement_seed: 9,
+            ..SchedConfig::default()
+        };
+        let json = serde_json::to_string(&late).unwrap();
+        assert!(
+            json.ends_with(r#""kill_grace_ms":5000,"binding":"late","placement_seed":9}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<SchedConfig>(&json).unwrap(), late);
+        assert_eq!(Binding::Late.as_str(), "late");
+        assert_eq!(Binding::default(), Binding::AtArrival);
     }
 
     #[test]

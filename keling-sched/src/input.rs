@@ -146,7 +146,6 @@ impl Input {
     }
 
     /// The task the input is about; `None` for `Tick`.
-    #[cfg(test)]
     pub fn task(&self) -> Option<TaskId> {
         match self {
             Input::Arrive { spec, .. } => Some(spec.id),

@@ -2,7 +2,8 @@
 //! tasks run, which wait and which must end.
 //!
 //! This crate owns the scheduling policy and nothing else. It has no clock, no I/O,
-//! no randomness, and never depends on hash-map order: [`Scheduler::step`] takes one
+//! no randomness but a seeded hash (late binding's last tie-break, a pure function
+//! of the config's seed), and never depends on hash-map order: [`Scheduler::step`] takes one
 //! timestamped [`Input`] and returns an [`Output`], the [`Action`]s the agent must
 //! carry out and the task state [`Transition`]s to log. The same inputs always give
 //! the same outputs, which is what lets `keling replay` re-run a recorded session
@@ -27,7 +28,7 @@
 //!
 //! | Input | The agent sends it when | The core |
 //! |---|---|---|
-//! | `Arrive` | a task (a GPU process or process tree) is launched or adopted; it is running as it is | places it (`Place`), then lets it run or freezes it |
+//! | `Arrive` | a task (a GPU process or process tree) is launched or adopted; it is running as it is (under late binding, one without a GPU is held before exec instead: "Binding") | places it (`Place`), then lets it run or freezes it; under late binding queues one without a GPU, unbound |
 //! | `Active` | the trace saw the task use the GPU or the CPU; or something outside the trace knows a frozen task has work (a request for a frozen server) | marks the task as wanting the GPU |
 //! | `Idle` | the task is known to be idle (optional hint) | marks it as not wanting the GPU |
 //! | `MemAlloc` / `MemFree` | the driver granted / released bytes (exact, from the kernel) | updates the task's memory, checks its quota |
@@ -46,7 +47,7 @@
 //!
 //! | Action | The agent | Feedback the core expects |
 //! |---|---|---|
-//! | `Place { id, gpu }` | binds the task to `gpu` (`CUDA_VISIBLE_DEVICES` for tasks it launches); once per task, at arrival | none |
+//! | `Place { id, gpu }` | binds the task to `gpu` (`CUDA_VISIBLE_DEVICES` for tasks it launches); once per task: at arrival, or under late binding when a queued task can run (the agent then lets the task it held go on to exec) | none |
 //! | `Freeze { id }` | writes 1 to the task's `cgroup.freeze` (SIGSTOP for processes Keling did not launch) | `Confirmed { Freeze }` or `TimedOut { Freeze }` |
 //! | `Stop { id }` | sends SIGSTOP to the task's processes: escalation of a freeze that timed out | `Confirmed { Stop }` (a late `Confirmed { Freeze }` counts too) |
 //! | `Thaw { id }` | undoes whatever stopped the task: `cgroup.freeze` 0 and SIGCONT | `Confirmed { Thaw }` or `TimedOut { Thaw }` |
@@ -85,7 +86,9 @@
 //!            └───────────────► FAILED ────┘
 //! ```
 //! (see [`is_legal`] for the exact list). A task arrives `Pending` and is placed on a
-//! GPU at once. If it ranks among the tasks that should hold that GPU's slots it
+//! GPU at once (under late binding, one without a GPU stays `Pending`, unbound,
+//! until it is bound: then `Pending → Running`, reason `placed`; see "Binding").
+//! If it ranks among the tasks that should hold that GPU's slots it
 //! becomes `Running` in the same step (reason `placed`; it is already running, so no
 //! action is needed); otherwise it is frozen and becomes `Preempted` when the freeze
 //! is confirmed (reason `queued`). `Running → Preempted` reasons:
@@ -177,20 +180,109 @@
 //! of their quantum when the runtime is unknown), divided by the slots.
 //! `success_rate` is successful allocations over all attempts on that GPU in the last
 //! 300 s (kept in 1 s buckets), 1.0 with no data. Ties go to the lowest index. With no
-//! GPUs configured, tasks go to GPU 0.
+//! GPUs configured, tasks go to GPU 0. That is placement at arrival
+//! ([`Binding::AtArrival`]); late binding chooses among the GPUs that can run the
+//! task now, and breaks ties otherwise (below).
+//!
+//! ## Binding
+//!
+//! [`SchedConfig::binding`] says when a task without a GPU in its spec is bound to
+//! one. [`Binding::AtArrival`] (the default, and what the agent's daemon speaks
+//! today) is "Placement" above: bound at once, by W, running as it is, frozen there
+//! if it must wait. Everything in this section is [`Binding::Late`]; an `Arrive`
+//! with `gpu: Some(g)` is bound to `g` at arrival under both (it is running as it
+//! is: an adopted process, or a launch given a GPU), and waits for `g` only.
+//!
+//! **Queued, unbound.** Under late binding an `Arrive` with `gpu: None` means: the
+//! agent launched the task and holds it before exec; it runs nothing and uses no
+//! GPU. The core puts it in one host-level queue, in the policy's rank order
+//! (priority, then arrival; arrival alone under `fifo` and `rr`), and answers
+//! nothing. A queued task is `Pending` with `gpu: None` and nothing in flight in
+//! its [`TaskView`]; [`Scheduler::queue`] and [`Scheduler::queued`] give its
+//! position ([`QueuedView`]: 1 for the next, `ahead` = tasks before it) and why it
+//! waits ([`WaitReason`]: `slots_held`, `preemption_guard`, `ending`). `Idle` for a
+//! queued task is ignored (it has not started); its session limit runs from
+//! arrival as for any task (the wait is part of the session), and an `Exit` ends
+//! it unbound (`Pending → Completed | Failed`, `gpu` null).
+//!
+//! **Bound when it can run.** After every input (after the time rules, before the
+//! slots are reconciled) the queue is walked in order and each task that can run
+//! on a GPU it may use (the configured ones; GPU 0 when none is) is bound there:
+//! `Place { id, gpu }`, then `Pending → Running` (reason `placed`) in the same
+//! output, at that input's clock. The walk stops at the first task that cannot
+//! run: nobody after it can. A task can run on a GPU when fewer than
+//! `slots_per_gpu` of the tasks bound there keep their claim against it:
+//! - holders it may not displace: every holder under `fifo`; holders that want
+//!   the GPU with an equal or higher priority (an unbound task never rotates a
+//!   holder out: equal priorities take turns only among the tasks bound to a
+//!   GPU, so work does not pile up on one GPU); under `goav`, what the guard
+//!   keeps (below);
+//! - tasks with an actuation in flight: being thawed (they run next) or being
+//!   frozen (they run until the freeze is confirmed; the slot is then handed to
+//!   whoever ranks first);
+//! - tasks waiting on that GPU (frozen there, or arrived there running) that
+//!   rank before it.
+//!
+//! The other holders (idle ones, and lower priorities) are displaced: if the task
+//! takes one of their slots, the displaced task's `Freeze` follows in the same
+//! output (reason `idle` or `preempted_by_higher_priority` when it lands), and it
+//! runs until then, as a task displaced by an arrival does.
+//!
+//! **Which GPU.** A GPU with a free slot (room without displacing anyone) comes
+//! first: the highest W; among weights within [`PLACEMENT_WEIGHT_TIE`], the least
+//! busy time (time with a task `Running` there, counted on the core's clock since
+//! it started; [`Scheduler::busy_ns`]); among those, the smallest hash of
+//! [`SchedConfig::placement_seed`], the task and the GPU. Never the index: the
+//! seed is the core's only source of randomness, and the same seed gives the same
+//! choices, so replays reproduce them. Without a free slot, the GPU whose
+//! displaced task ranks last.
+//!
+//! **After binding** a task keeps its GPU (a CUDA context does not move): quanta,
+//! idleness, preemption among the tasks of a GPU, memory pressure and quotas
+//! apply to it as to any task. Its expected runtime counts from binding, not
+//! from arrival (held before exec, it had not started).
+//!
+//! **Work-conserving.** After every input, whatever is in flight, no GPU a queued
+//! task (not being ended) may use has a free slot: each slot is held by a task
+//! that runs, is being thawed, or runs until its freeze is confirmed. Under
+//! `hybrid`, once actuations are confirmed, no task runs on such a GPU while a
+//! queued task of higher priority waits, and no idle task holds a slot while one
+//! waits (`tests/binding.rs` checks both after every step).
+//!
+//! **What the agent does under late binding.** Hold a launched task without a GPU
+//! before exec and send `Arrive` with `gpu: None`; on `Place { id, gpu }` set
+//! `CUDA_VISIBLE_DEVICES` (and the task's cgroup/GPU record) and release the exec;
+//! tell a waiting launcher its [`Scheduler::queued`] position. Adopted processes
+//! and launches given a GPU arrive with their GPU, as before.
 //!
 //! ## Policies
 //!
 //! Everything above is [`Policy::Hybrid`], the agent's policy and what
-//! [`Scheduler::new`] gives. [`Scheduler::with_policy`] gives two textbook policies
-//! for `keling replay` to compare it with; they change only how the slot holders
-//! are chosen, not placement, feedback, quotas or duration limits:
+//! [`Scheduler::new`] gives. [`Scheduler::with_policy`] gives the design articles'
+//! guarded variant of it and two textbook policies for `keling replay` to compare
+//! it with; they change only how the slot holders are chosen, not placement,
+//! feedback, quotas or duration limits:
 //!
 //! | policy | priority a task is scheduled with | slot holders, in rank order | preemption |
 //! |---|---|---|---|
 //! | `hybrid` | its own | wanting the GPU, priority, round-robin position, id | higher priority at once; equal priorities by quantum; idle tasks yield; memory pressure evicts lower priorities |
 //! | `fifo` | [`EQUAL_PRIORITY`] for all | arrival order, id (wanting the GPU or not) | none: a holder keeps its slot until it exits; nobody is evicted for memory |
 //! | `rr` | [`EQUAL_PRIORITY`] for all | wanting the GPU, round-robin position, id | equal turns of 100 ms ([`quantum_ms`] of [`EQUAL_PRIORITY`]); idle tasks yield; nobody is evicted for memory |
+//! | `goav` | its own | as `hybrid`, except what the guard keeps (below) | as `hybrid`, but a higher priority preempts only through the guard |
+//!
+//! **The goav guard** (the design articles' rule). A holder of lower priority is a
+//! preemption *candidate* only if it wants the GPU, is not being frozen or sent to
+//! the back of its queue, and expects more than [`PREEMPTION_MIN_REMAINING_MS`]
+//! (3 s) of remaining time (unknown counts as more); a higher priority preempts
+//! only when at least [`PREEMPTION_MIN_CANDIDATES`] (2) candidates qualify among
+//! the GPUs it may use: its own GPU for a bound task (with one slot per GPU, that
+//! is never), every GPU for a queued one under late binding. The victim is the
+//! candidate that ranks last; a non-candidate is never preempted by priority. In
+//! the ranking this is two tiers before the rest: first the tasks late binding
+//! bound in this input and the holders that are no candidate, then (when a
+//! higher priority waits on the GPU and fewer than two candidates qualify) every
+//! holder that wants the GPU. Idle holders still yield, equal priorities still
+//! rotate, and memory pressure evicts as under `hybrid`.
 //!
 //! Transitions and views show the priority each task asked for under every
 //! policy.
@@ -206,13 +298,13 @@
 //! |---|---|
 //! | [`input`] | what the agent tells the core: [`Input`], [`TaskSpec`] |
 //! | [`action`] | what the core tells the agent: [`Action`], [`ActionKind`], the 4003 [`EnforcementRecord`] |
-//! | [`state`] | task states and what is shown of them: [`TaskState`], [`is_legal`], [`Transition`], [`TaskView`], [`Class`], [`quantum_ms`] |
+//! | [`state`] | task states and what is shown of them: [`TaskState`], [`is_legal`], [`Transition`], [`TaskView`], [`QueuedView`], [`WaitReason`], [`Class`], [`quantum_ms`] |
 //! | [`reason`] | why a task changed state: [`Reason`] |
-//! | [`config`] | [`SchedConfig`], [`GpuInfo`] |
-//! | [`placement`] | the placement weight, the allocation success-rate window, [`load_balance_error`] |
+//! | [`config`] | [`SchedConfig`], [`GpuInfo`], [`Binding`] |
+//! | [`placement`] | the placement weight, the allocation success-rate window, late binding's tie-break, [`load_balance_error`] |
 //! | [`victims`] | which tasks memory pressure evicts: [`choose_victims`] |
-//! | [`policy`] | the agent's [`Policy`] and the two `keling replay` compares it with |
-//! | [`scheduler`] | the state machine: [`Scheduler`], [`Output`] |
+//! | [`policy`] | the agent's [`Policy`], the guarded one, and the two `keling replay` compares them with |
+//! | [`scheduler`] | the state machine: [`Scheduler`], [`Output`]; its `binding` submodule, late binding's queue |
 //!
 //! Everything the agent needs is re-exported here. The crate has no dependency that
 //! can do I/O, and a test (`tests/purity.rs`) fails if one is added or if the sources
@@ -237,19 +329,20 @@ mod tests;
 
 pub use action::{Action, ActionKind, DURATION_EXCEEDED_CODE, EnforcementData, EnforcementRecord};
 pub use config::{
-    DEFAULT_GRACE_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS, DEFAULT_MAX_DURATION_MS,
-    GpuInfo, SchedConfig,
+    Binding, DEFAULT_GRACE_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS,
+    DEFAULT_MAX_DURATION_MS, GpuInfo, SchedConfig,
 };
 pub use input::{Input, TaskSpec};
 pub use placement::{
     ALLOC_SUCCESS_WINDOW_S, PLACEMENT_ALLOC_SUCCESS_WEIGHT, PLACEMENT_FREE_MEMORY_WEIGHT,
-    PLACEMENT_QUEUE_WEIGHT, load_balance_error,
+    PLACEMENT_QUEUE_WEIGHT, PLACEMENT_WEIGHT_TIE, load_balance_error,
 };
-pub use policy::{EQUAL_PRIORITY, Policy};
+pub use policy::{EQUAL_PRIORITY, PREEMPTION_MIN_CANDIDATES, PREEMPTION_MIN_REMAINING_MS, Policy};
 pub use reason::Reason;
 pub use scheduler::{Output, Scheduler};
 pub use state::{
-    Class, LOWEST_PRIORITY, TaskState, TaskView, Transition, class_of, is_legal, quantum_ms,
+    Class, LOWEST_PRIORITY, QueuedView, TaskState, TaskView, Transition, WaitReason, class_of,
+    is_legal, quantum_ms,
 };
 pub use victims::{
     EVICTION_MIN_REMAINING_MS, EXACT_VICTIM_SEARCH_MAX_CANDIDATES, VictimCandidate, choose_victims,

@@ -1,14 +1,15 @@
 //! Where an unpinned task goes: the placement weight of a GPU, the per-GPU
-//! allocation success rate over a sliding window that feeds it, and
+//! allocation success rate over a sliding window that feeds it, the tie-break
+//! between equally good free GPUs under late binding, and
 //! [`load_balance_error`], the status figure of how evenly the GPUs are used.
-//! See "Placement" in the crate doc.
+//! See "Placement" and "Binding" in the crate doc.
 //!
 //! The [`Scheduler`](crate::Scheduler) gathers each GPU's figures (memory used,
 //! queued work) from its tasks; this module turns them into weights.
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::NS_PER_S;
+use crate::{NS_PER_S, TaskId};
 
 /// The window of the allocation success rate used by placement.
 pub const ALLOC_SUCCESS_WINDOW_S: u64 = 300;
@@ -18,6 +19,8 @@ pub const PLACEMENT_FREE_MEMORY_WEIGHT: f64 = 0.4;
 pub const PLACEMENT_QUEUE_WEIGHT: f64 = 0.35;
 /// Placement weight of the allocation success rate.
 pub const PLACEMENT_ALLOC_SUCCESS_WEIGHT: f64 = 0.25;
+/// Late binding: free GPUs whose weights differ by no more than this are tied.
+pub const PLACEMENT_WEIGHT_TIE: f64 = 1e-9;
 
 /// `(max - min) / mean` of per-device values: 0 when balanced, and for an empty
 /// slice or a zero (or non-finite) mean.
@@ -65,6 +68,50 @@ pub(crate) fn best_gpu(weights: impl IntoIterator<Item = (u32, f64)>) -> u32 {
         }
     }
     best.map_or(0, |(gpu, _)| gpu)
+}
+
+/// A GPU with a free slot, as late binding compares them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct FreeGpu {
+    pub(crate) gpu: u32,
+    /// Its placement weight (higher is better).
+    pub(crate) weight: f64,
+    /// How long it has had a task running.
+    pub(crate) busy_ns: u64,
+}
+
+/// Late binding's choice among free GPUs: the highest weight; among weights
+/// within [`PLACEMENT_WEIGHT_TIE`] of it, the least busy time; among those, the
+/// smallest [`tie_hash`] of `seed`, the task and the GPU. Never the index.
+/// `None` when there are none.
+pub(crate) fn choose_free_gpu(gpus: &[FreeGpu], seed: u64, task: TaskId) -> Option<u32> {
+    let best = gpus
+        .iter()
+        .map(|g| g.weight)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let tied = || {
+        gpus.iter()
+            .filter(move |g| g.weight >= best - PLACEMENT_WEIGHT_TIE)
+    };
+    let least_busy = tied().map(|g| g.busy_ns).min()?;
+    tied()
+        .filter(|g| g.busy_ns == least_busy)
+        .min_by_key(|g| (tie_hash(seed, task, g.gpu), g.gpu))
+        .map(|g| g.gpu)
+}
+
+/// A pseudo-random, well-mixed function of the seed, the task and the GPU
+/// (SplitMix64's finalizer, three times): the same inputs always give the same
+/// value, so replays reproduce it, and no GPU index is favoured.
+pub(crate) fn tie_hash(seed: u64, task: TaskId, gpu: u32) -> u64 {
+    mix(seed ^ mix(task ^ mix(u64::from(gpu) ^ 0x6B65_6C69_6E67)))
+}
+
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Allocation outcomes on one GPU during one second.
@@ -134,6 +181,8 @@ impl AllocHistory {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]
@@ -173,6 +222,63 @@ mod tests {
         assert_eq!(best_gpu([]), 0);
         assert_eq!(best_gpu([(3, 0.5)]), 3);
         assert_eq!(best_gpu([(1, 0.5), (2, 0.7), (4, 0.7)]), 2);
+    }
+
+    fn free(gpu: u32, weight: f64, busy_ns: u64) -> FreeGpu {
+        FreeGpu {
+            gpu,
+            weight,
+            busy_ns,
+        }
+    }
+
+    #[test]
+    fn free_gpus_go_by_weight_then_least_busy_time() {
+        assert_eq!(choose_free_gpu(&[], 0, 1), None);
+        let gpus = [free(0, 0.5, 0), free(1, 0.9, 50), free(2, 0.9, 40)];
+        assert_eq!(
+            choose_free_gpu(&gpus, 0, 1),
+            Some(2),
+            "least busy of the best"
+        );
+        let gpus = [free(0, 0.5, 0), free(1, 0.9, 50), free(2, 0.8, 0)];
+        assert_eq!(choose_free_gpu(&gpus, 0, 1), Some(1), "weight first");
+        let gpus = [
+            free(0, 0.9 + PLACEMENT_WEIGHT_TIE / 2.0, 50),
+            free(1, 0.9, 40),
+        ];
+        assert_eq!(choose_free_gpu(&gpus, 0, 1), Some(1), "a tie within 1e-9");
+    }
+
+    /// Full ties go to a seeded pseudo-random GPU: every GPU is chosen for some
+    /// task or seed, about equally often, and the same seed and task always
+    /// give the same one.
+    #[test]
+    fn full_ties_are_seeded_not_by_index() {
+        let gpus: Vec<FreeGpu> = (0..4).map(|g| free(g, 1.0, 7)).collect();
+        let mut chosen = [0u32; 4];
+        for task in 0..4_000 {
+            let g = choose_free_gpu(&gpus, 3, task).unwrap();
+            assert_eq!(choose_free_gpu(&gpus, 3, task), Some(g));
+            chosen[g as usize] += 1;
+        }
+        assert!(
+            chosen.iter().all(|&n| (850..1150).contains(&n)),
+            "{chosen:?}"
+        );
+        let by_seed: BTreeSet<u32> = (0..64)
+            .map(|seed| choose_free_gpu(&gpus, seed, 1).unwrap())
+            .collect();
+        assert_eq!(by_seed.len(), 4, "the seed changes the choice");
+        // Reversing the list changes nothing: the order given is not a tie-break.
+        let mut reversed = gpus.clone();
+        reversed.reverse();
+        for task in 0..64 {
+            assert_eq!(
+                choose_free_gpu(&gpus, 5, task),
+                choose_free_gpu(&reversed, 5, task)
+            );
+        }
     }
 
     #[test]

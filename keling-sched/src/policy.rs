@@ -1,6 +1,6 @@
-//! Which rule decides who holds a GPU's slots: the agent's [`Policy::Hybrid`], and
-//! two textbook policies `keling replay` compares it with. See "Policies" in the
-//! crate doc.
+//! Which rule decides who holds a GPU's slots: the agent's [`Policy::Hybrid`], the
+//! design articles' guarded variant of it ([`Policy::Goav`]), and two textbook
+//! policies `keling replay` compares them with. See "Policies" in the crate doc.
 //!
 //! A policy changes only the priority a task is *scheduled* with and how the
 //! slot holders are ranked; the transitions and [`TaskView`](crate::TaskView)s
@@ -15,6 +15,13 @@ use crate::state::LOWEST_PRIORITY;
 /// [`Policy::RoundRobin`]: 7, the first background priority, so the round-robin
 /// quantum is 100 ms.
 pub const EQUAL_PRIORITY: u8 = 7;
+
+/// [`Policy::Goav`]: a lower-priority task is a preemption candidate only if it
+/// expects more than this much remaining time (unknown counts as more).
+pub const PREEMPTION_MIN_REMAINING_MS: u64 = 3_000;
+/// [`Policy::Goav`]: a priority preemption happens only when at least this many
+/// candidates qualify.
+pub const PREEMPTION_MIN_CANDIDATES: usize = 2;
 
 /// Who holds a GPU's slots.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -36,18 +43,37 @@ pub enum Policy {
     /// quantum, idle tasks yield, nobody preempts by priority, and memory pressure
     /// evicts nobody (no task has a lower priority than another).
     RoundRobin,
+    /// The hybrid rules with the design articles' preemption guard: a task of
+    /// lower priority is a candidate for preemption only if it expects more than
+    /// [`PREEMPTION_MIN_REMAINING_MS`] of remaining time, and a higher priority
+    /// preempts only when at least [`PREEMPTION_MIN_CANDIDATES`] candidates
+    /// qualify among the GPUs it may use; the victim is the candidate that ranks
+    /// last. Idle tasks still yield, equal priorities still rotate, memory
+    /// pressure evicts as under the hybrid policy.
+    Goav,
 }
 
 impl Policy {
-    /// Every policy, the agent's first.
+    /// The agent's policy and the two textbook ones, as `keling replay` first
+    /// compared them (the agent's first). [`Policy::EVERY`] adds
+    /// [`Policy::Goav`].
     pub const ALL: [Policy; 3] = [Policy::Hybrid, Policy::Fifo, Policy::RoundRobin];
 
-    /// `hybrid`, `fifo`, `rr`: the names `keling replay --policy` takes.
+    /// Every policy: the agent's, the guarded one, the two textbook ones.
+    pub const EVERY: [Policy; 4] = [
+        Policy::Hybrid,
+        Policy::Goav,
+        Policy::Fifo,
+        Policy::RoundRobin,
+    ];
+
+    /// `hybrid`, `fifo`, `rr`, `goav`: the names `keling replay --policy` takes.
     pub const fn as_str(self) -> &'static str {
         match self {
             Policy::Hybrid => "hybrid",
             Policy::Fifo => "fifo",
             Policy::RoundRobin => "rr",
+            Policy::Goav => "goav",
         }
     }
 
@@ -55,9 +81,14 @@ impl Policy {
     /// scheduled with.
     pub fn scheduled_priority(self, priority: u8) -> u8 {
         match self {
-            Policy::Hybrid => priority.min(LOWEST_PRIORITY),
+            Policy::Hybrid | Policy::Goav => priority.min(LOWEST_PRIORITY),
             Policy::Fifo | Policy::RoundRobin => EQUAL_PRIORITY,
         }
+    }
+
+    /// Whether priority preemption goes through the articles' guard.
+    pub fn guarded(self) -> bool {
+        matches!(self, Policy::Goav)
     }
 
     /// Whether idle tasks yield their slot and used-up quanta rotate (everything
@@ -91,5 +122,16 @@ mod tests {
             serde_json::to_string(&Policy::RoundRobin).unwrap(),
             "\"round_robin\""
         );
+    }
+
+    #[test]
+    fn goav_is_the_hybrid_priorities_with_the_guard() {
+        assert_eq!(Policy::Goav.as_str(), "goav");
+        assert_eq!(Policy::Goav.scheduled_priority(3), 3);
+        assert!(Policy::Goav.preemptive() && Policy::Goav.guarded());
+        assert!(!Policy::Hybrid.guarded());
+        assert_eq!(serde_json::to_string(&Policy::Goav).unwrap(), "\"goav\"");
+        assert_eq!(&Policy::EVERY[..1], &Policy::ALL[..1]);
+        assert!(Policy::ALL.iter().all(|p| Policy::EVERY.contains(p)));
     }
 }

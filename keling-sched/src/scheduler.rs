@@ -3,17 +3,21 @@
 //! rule, feedback and escalation, the time rules (idle timeout, duration limits,
 //! kill deadlines), memory pressure and quotas, and who holds the slots. The rules
 //! are in the crate doc; the pieces it uses are in [`placement`](crate::placement),
-//! [`victims`](crate::victims) and the private task record.
+//! [`victims`](crate::victims) and the private task record. Late binding (the
+//! host-level queue and when a queued task is bound) is in its `binding`
+//! submodule.
+
+mod binding;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::action::{Action, ActionKind, EnforcementRecord};
-use crate::config::SchedConfig;
+use crate::config::{Binding, SchedConfig};
 use crate::input::{Input, TaskSpec};
 use crate::placement::{AllocHistory, best_gpu, placement_weight};
-use crate::policy::Policy;
+use crate::policy::{PREEMPTION_MIN_CANDIDATES, PREEMPTION_MIN_REMAINING_MS, Policy};
 use crate::reason::Reason;
 use crate::state::{LOWEST_PRIORITY, TaskState, TaskView, Transition, is_legal, quantum_ms};
 use crate::task::{Actuation, Direction, Ending, Rank, Task};
@@ -44,6 +48,10 @@ pub struct Scheduler {
     /// Per configured GPU, the last `ALLOC_SUCCESS_WINDOW_S` seconds.
     alloc_history: AllocHistory,
     policy: Policy,
+    /// Late binding: the live unbound tasks, in the policy's order.
+    queue: BTreeSet<(Rank, TaskId)>,
+    /// Late binding: per GPU, how long it has had a task `Running`.
+    busy_ns: BTreeMap<u32, u64>,
 }
 
 impl Scheduler {
@@ -71,6 +79,8 @@ impl Scheduler {
             archived: BTreeMap::new(),
             alloc_history: AllocHistory::default(),
             policy,
+            queue: BTreeSet::new(),
+            busy_ns: BTreeMap::new(),
         }
     }
 
@@ -104,7 +114,10 @@ impl Scheduler {
                 }
             }
             Input::Idle { id, .. } => {
-                if let Some(task) = self.live_task_mut(*id) {
+                // A task held before exec has not started: it cannot be idle.
+                if let Some(task) = self.live_task_mut(*id)
+                    && !task.is_unbound()
+                {
                     task.wants_gpu = false;
                 }
             }
@@ -129,7 +142,8 @@ impl Scheduler {
             Input::TimedOut { id, action, .. } => self.on_timed_out(*id, *action, &mut out),
         }
         self.apply_time_rules(&mut out);
-        self.reconcile(&mut out);
+        let bound_now = self.bind_queued(&mut out);
+        self.reconcile(&bound_now, &mut out);
         out
     }
 
@@ -177,7 +191,7 @@ impl Scheduler {
             let (mut used, mut queue_ms) = (0u128, 0u128);
             for t in self.tasks.values().filter(|t| t.is_live()) {
                 used += u128::from(t.mem_on(gpu));
-                if t.gpu == gpu && t.wants_gpu {
+                if t.gpu == Some(gpu) && t.wants_gpu {
                     queue_ms += u128::from(t.expected_work_ms(ts_ns));
                 }
             }
@@ -203,11 +217,22 @@ impl Scheduler {
             return;
         }
         let elapsed_ns = ts_ns - self.now_ns;
+        let late = self.config.binding == Binding::Late;
+        let mut busy: Vec<u32> = Vec::new();
         for task in self.tasks.values_mut() {
             if task.state == TaskState::Running {
                 task.on_gpu_ns = task.on_gpu_ns.saturating_add(elapsed_ns);
                 task.quantum_used_ns = task.quantum_used_ns.saturating_add(elapsed_ns);
+                if late && let Some(gpu) = task.gpu {
+                    busy.push(gpu);
+                }
             }
+        }
+        busy.sort_unstable();
+        busy.dedup();
+        for gpu in busy {
+            let b = self.busy_ns.entry(gpu).or_insert(0);
+            *b = b.saturating_add(elapsed_ns);
         }
         self.now_ns = ts_ns;
     }
@@ -218,16 +243,26 @@ impl Scheduler {
         }
         let mut spec = spec.clone();
         spec.priority = spec.priority.min(LOWEST_PRIORITY);
-        // The configured GPU with the highest placement weight; ties: lowest index.
-        let gpu = spec
-            .gpu
-            .unwrap_or_else(|| best_gpu(self.placement_weights_iter(self.now_ns)));
+        // Late binding: an unpinned task waits unbound until it can run.
+        // Otherwise the configured GPU with the highest placement weight; ties:
+        // lowest index.
+        let gpu = match (spec.gpu, self.config.binding) {
+            (Some(gpu), _) => Some(gpu),
+            (None, Binding::Late) => None,
+            (None, Binding::AtArrival) => Some(best_gpu(self.placement_weights_iter(self.now_ns))),
+        };
         let id = spec.id;
         let mut task = Task::arrived(spec, gpu, self.now_ns, self.next_queue_seq);
         task.sched_priority = self.policy.scheduled_priority(task.spec.priority);
         self.next_queue_seq += 1;
+        let queue_key = (task.rank_under(self.policy), id);
         self.tasks.insert(id, task);
-        out.actions.push(Action::Place { id, gpu });
+        match gpu {
+            Some(gpu) => out.actions.push(Action::Place { id, gpu }),
+            None => {
+                self.queue.insert(queue_key);
+            }
+        }
     }
 
     fn record_alloc(&mut self, gpu: u32, success: bool) {
@@ -332,7 +367,11 @@ impl Scheduler {
         task.wants_gpu = false;
         // The driver frees a dead process's memory.
         task.mem_bytes.clear();
+        let unbound = task.is_unbound();
         record_transition(&mut self.next_event_id, now, task, to, reason, out);
+        if unbound {
+            self.queue.retain(|&(_, queued)| queued != id);
+        }
     }
 
     /// Tick: tasks that finished before this tick become Archived.
@@ -478,23 +517,92 @@ impl Scheduler {
     }
 
     /// Brings every GPU's slot holders in line with the ranking (crate doc).
-    fn reconcile(&mut self, out: &mut Output) {
+    /// `bound_now`: the tasks late binding bound in this step.
+    fn reconcile(&mut self, bound_now: &BTreeSet<TaskId>, out: &mut Output) {
         // The live tasks of each GPU, gathered once: reconciling one GPU changes
         // no task's GPU and ends no task, so the lists stay right throughout.
         let mut live: Vec<(u32, TaskId)> = self
             .tasks
             .iter()
             .filter(|(_, t)| t.is_live())
-            .map(|(&id, t)| (t.gpu, id))
+            .filter_map(|(&id, t)| Some((t.gpu?, id)))
             .collect();
         live.sort_unstable();
         for on_gpu in live.chunk_by(|a, b| a.0 == b.0) {
-            self.reconcile_gpu(on_gpu[0].0, on_gpu, out);
+            self.reconcile_gpu(on_gpu[0].0, on_gpu, bound_now, out);
         }
     }
 
+    /// Which tier of the ranking each task on a GPU is in when it is not the
+    /// last (2): tier 0 for the tasks late binding bound here in this step (the
+    /// host-level decision already found them a slot) and, under goav, for
+    /// holders that are no preemption candidate (expected remaining time of
+    /// 3 s or less); tier 1, under goav, for every holder that wants the GPU
+    /// when a higher priority waits here but fewer than two candidates qualify.
+    /// Holders being frozen, or sent to the back of their priority's queue in
+    /// this step, are in neither: they are leaving anyway.
+    fn tiers(
+        &self,
+        on_gpu: &[(u32, TaskId)],
+        bound_now: &BTreeSet<TaskId>,
+        rotated: &BTreeSet<TaskId>,
+    ) -> BTreeMap<TaskId, u8> {
+        let mut tiers: BTreeMap<TaskId, u8> = on_gpu
+            .iter()
+            .filter(|(_, id)| bound_now.contains(id))
+            .map(|&(_, id)| (id, 0))
+            .collect();
+        if !self.policy.guarded() {
+            return tiers;
+        }
+        let now = self.now_ns;
+        let on_gpu = || {
+            on_gpu
+                .iter()
+                .filter_map(|(_, id)| self.tasks.get(id).map(|t| (*id, t)))
+        };
+        let stable = |id: TaskId, t: &Task| {
+            t.holds_slot_stably()
+                && t.wants_gpu
+                && !rotated.contains(&id)
+                && !bound_now.contains(&id)
+        };
+        let candidate = |t: &Task| {
+            t.expected_remaining_ms(now)
+                .is_none_or(|ms| ms > PREEMPTION_MIN_REMAINING_MS)
+        };
+        for (id, t) in on_gpu() {
+            if stable(id, t) && !candidate(t) {
+                tiers.insert(id, 0);
+            }
+        }
+        let best_waiting = on_gpu()
+            .filter(|(id, t)| !t.holds_slot() && t.wants_gpu && !bound_now.contains(id))
+            .map(|(_, t)| t.priority())
+            .min();
+        if let Some(waiting) = best_waiting {
+            let threatened = on_gpu()
+                .filter(|&(id, t)| stable(id, t) && candidate(t) && t.priority() > waiting)
+                .count();
+            if threatened > 0 && threatened < PREEMPTION_MIN_CANDIDATES {
+                for (id, t) in on_gpu() {
+                    if stable(id, t) {
+                        tiers.entry(id).or_insert(1);
+                    }
+                }
+            }
+        }
+        tiers
+    }
+
     /// `on_gpu`: `(gpu, id)` of the live tasks placed on `gpu`.
-    fn reconcile_gpu(&mut self, gpu: u32, on_gpu: &[(u32, TaskId)], out: &mut Output) {
+    fn reconcile_gpu(
+        &mut self,
+        gpu: u32,
+        on_gpu: &[(u32, TaskId)],
+        bound_now: &BTreeSet<TaskId>,
+        out: &mut Output,
+    ) {
         let now = self.now_ns;
         let slots = self.config.slots();
         let policy = self.policy;
@@ -504,19 +612,29 @@ impl Scheduler {
             BTreeSet::new()
         };
 
-        let mut ranked: Vec<(Rank, TaskId)> = on_gpu
+        let tiers = if bound_now.is_empty() && !policy.guarded() {
+            BTreeMap::new()
+        } else {
+            self.tiers(on_gpu, bound_now, &rotated)
+        };
+        let mut ranked: Vec<(u8, Rank, TaskId)> = on_gpu
             .iter()
-            .filter_map(|&(_, id)| self.tasks.get(&id).map(|t| (t.rank_under(policy), id)))
+            .filter_map(|&(_, id)| {
+                let tier = tiers.get(&id).copied().unwrap_or(2);
+                self.tasks
+                    .get(&id)
+                    .map(|t| (tier, t.rank_under(policy), id))
+            })
             .collect();
         debug_assert!(on_gpu.iter().all(|&(g, id)| {
             g == gpu
                 && self
                     .tasks
                     .get(&id)
-                    .is_some_and(|t| t.is_live() && t.gpu == gpu)
+                    .is_some_and(|t| t.is_live() && t.gpu == Some(gpu))
         }));
         ranked.sort_unstable();
-        let ranked: Vec<TaskId> = ranked.into_iter().map(|(_, id)| id).collect();
+        let ranked: Vec<TaskId> = ranked.into_iter().map(|(_, _, id)| id).collect();
         let (should_hold, should_wait) = ranked.split_at(slots.min(ranked.len()));
         let best_holder_priority = should_hold
             .iter()
@@ -682,7 +800,7 @@ fn record_transition(
         task: task.spec.id,
         name: task.spec.name.clone(),
         pid: task.spec.pid,
-        gpu: Some(task.gpu),
+        gpu: task.gpu,
         priority: task.spec.priority,
         from,
         to,

@@ -172,6 +172,50 @@ pub struct TaskView {
     pub exit_code: Option<i32>,
 }
 
+/// Why a task waits unbound in the host-level queue (late binding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitReason {
+    /// Every GPU it may use has all its slots taken: by tasks it does not
+    /// outrank (equal or higher priority, or any holder under FIFO), by tasks
+    /// being frozen (their slot is handed over once the freeze is confirmed),
+    /// or by tasks already bound there that come before it.
+    SlotsHeld,
+    /// Under [`Policy::Goav`](crate::Policy::Goav): it outranks tasks that
+    /// hold slots, but fewer than
+    /// [`PREEMPTION_MIN_CANDIDATES`](crate::PREEMPTION_MIN_CANDIDATES) of them
+    /// qualify as preemption candidates.
+    PreemptionGuard,
+    /// Keling is ending it (its session limit): it will not be bound.
+    Ending,
+}
+
+impl WaitReason {
+    /// `slots_held`, `preemption_guard`, `ending`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WaitReason::SlotsHeld => "slots_held",
+            WaitReason::PreemptionGuard => "preemption_guard",
+            WaitReason::Ending => "ending",
+        }
+    }
+}
+
+/// A task waiting unbound in the host-level queue (late binding): where it
+/// stands and why. Its [`TaskView`] says `Pending` with `gpu: None`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedView {
+    /// The task.
+    pub id: TaskId,
+    /// 1 for the task bound next; the queue is in the policy's order
+    /// (priority, then arrival).
+    pub position: usize,
+    /// Tasks ahead of it in the queue (`position - 1`): "queued behind N jobs".
+    pub ahead: usize,
+    /// Why it is not bound yet.
+    pub reason: WaitReason,
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;

@@ -43,9 +43,13 @@ pub(crate) struct Task {
     /// Priority already clamped to 0..=15.
     pub(crate) spec: TaskSpec,
     pub(crate) state: TaskState,
-    pub(crate) gpu: u32,
+    /// `None` while it waits unbound (late binding); once bound it never changes.
+    pub(crate) gpu: Option<u32>,
     pub(crate) mem_bytes: BTreeMap<u32, u64>,
     pub(crate) arrived_ns: u64,
+    /// Where its expected runtime counts from: arrival, or when late binding
+    /// bound it (a task held before exec has not started).
+    pub(crate) expected_from_ns: u64,
     pub(crate) started_ns: Option<u64>,
     pub(crate) finished_ns: Option<u64>,
     pub(crate) exit_code: Option<i32>,
@@ -69,7 +73,7 @@ pub(crate) type Rank = (bool, u8, u64, TaskId);
 impl Task {
     /// A task that has just arrived: `Pending`, wanting the GPU, scheduled with
     /// its own priority (the scheduler sets another for other policies).
-    pub(crate) fn arrived(spec: TaskSpec, gpu: u32, now_ns: u64, queue_seq: u64) -> Self {
+    pub(crate) fn arrived(spec: TaskSpec, gpu: Option<u32>, now_ns: u64, queue_seq: u64) -> Self {
         Task {
             sched_priority: spec.priority,
             spec,
@@ -77,6 +81,7 @@ impl Task {
             gpu,
             mem_bytes: BTreeMap::new(),
             arrived_ns: now_ns,
+            expected_from_ns: now_ns,
             started_ns: None,
             finished_ns: None,
             exit_code: None,
@@ -102,6 +107,19 @@ impl Task {
         self.sched_priority
     }
 
+    /// Waiting unbound for a GPU (late binding).
+    pub(crate) fn is_unbound(&self) -> bool {
+        self.gpu.is_none()
+    }
+
+    /// Holds a slot and nothing is about to take it away: not being frozen.
+    pub(crate) fn holds_slot_stably(&self) -> bool {
+        self.holds_slot()
+            && !self
+                .actuation
+                .is_some_and(|a| a.direction == Direction::Freeze)
+    }
+
     /// Running, or about to (a thaw is in flight).
     pub(crate) fn holds_slot(&self) -> bool {
         self.state == TaskState::Running
@@ -124,7 +142,7 @@ impl Task {
     pub(crate) fn rank_under(&self, policy: Policy) -> Rank {
         match policy {
             Policy::Fifo => (false, self.priority(), self.queue_seq, self.spec.id),
-            Policy::Hybrid | Policy::RoundRobin => self.rank(),
+            Policy::Hybrid | Policy::RoundRobin | Policy::Goav => self.rank(),
         }
     }
 
@@ -141,7 +159,7 @@ impl Task {
     }
 
     pub(crate) fn expected_remaining_ms(&self, now_ns: u64) -> Option<u64> {
-        let elapsed_ms = self.elapsed_ns(now_ns) / NS_PER_MS;
+        let elapsed_ms = now_ns.saturating_sub(self.expected_from_ns) / NS_PER_MS;
         self.spec
             .expected_runtime_ms
             .map(|expected| expected.saturating_sub(elapsed_ms))
@@ -158,7 +176,7 @@ impl Task {
         TaskView {
             spec: self.spec.clone(),
             state: self.state,
-            gpu: Some(self.gpu),
+            gpu: self.gpu,
             mem_bytes: self.mem_bytes.clone(),
             on_gpu_ns: self.on_gpu_ns,
             on_gpu_ms: self.on_gpu_ns / NS_PER_MS,
@@ -196,7 +214,7 @@ mod tests {
             hard_kill: None,
             expected_runtime_ms: None,
         };
-        Task::arrived(spec, 0, 1_000, id)
+        Task::arrived(spec, Some(0), 1_000, id)
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use keling_sched::{GpuInfo, Policy, SchedConfig};
+use keling_sched::{Binding, GpuInfo, Policy, SchedConfig};
 use serde::Serialize;
 
 use crate::{
@@ -16,7 +16,7 @@ use crate::{
         Summary,
         exact::{self, Reproduction},
         log::{InputLogReader, read_sched_log},
-        synthetic::{self, Placement, RunLogs, SyntheticOptions, SyntheticRun},
+        synthetic::{self, Mix, Placement, RunLogs, SyntheticOptions, SyntheticRun},
         what_if::{self, WhatIf, WhatIfOptions},
     },
     sched::config::Config,
@@ -26,6 +26,14 @@ use crate::{
 const ARTICLES_LOAD_BALANCE_ERROR: f64 = 0.0228;
 const ARTICLES_MEAN_QUEUEING_DELAY_MS: f64 = 42.3;
 
+/// Issue 16's goals, reported by `--synthetic` (never asserted).
+/// Transcode mix: load-balance error of busy time, mean queueing delay.
+const GOAL_TRANSCODE_LOAD_BALANCE_ERROR: f64 = 0.01;
+const GOAL_TRANSCODE_MEAN_QUEUEING_DELAY_MS: f64 = ARTICLES_MEAN_QUEUEING_DELAY_MS;
+/// Mixed mix: load-balance error, real-time classes' queueing p99.
+const GOAL_MIXED_LOAD_BALANCE_ERROR: f64 = 0.05;
+const GOAL_MIXED_REAL_TIME_P99_MS: f64 = 20.0;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
     /// The agent's: priorities, preemption, round robin among equals.
@@ -34,6 +42,9 @@ pub enum PolicyArg {
     Fifo,
     /// Round robin, equal priorities for everyone (100 ms turns).
     Rr,
+    /// The hybrid policy with the design articles' preemption guard: only tasks
+    /// expecting more than 3 s are candidates, and at least 2 must qualify.
+    Goav,
 }
 
 impl From<PolicyArg> for Policy {
@@ -42,6 +53,24 @@ impl From<PolicyArg> for Policy {
             PolicyArg::Hybrid => Policy::Hybrid,
             PolicyArg::Fifo => Policy::Fifo,
             PolicyArg::Rr => Policy::RoundRobin,
+            PolicyArg::Goav => Policy::Goav,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BindingArg {
+    /// Place unpinned tasks at arrival (the agent's protocol today).
+    AtArrival,
+    /// Hold unpinned tasks unbound until a GPU can run them.
+    Late,
+}
+
+impl From<BindingArg> for Binding {
+    fn from(b: BindingArg) -> Binding {
+        match b {
+            BindingArg::AtArrival => Binding::AtArrival,
+            BindingArg::Late => Binding::Late,
         }
     }
 }
@@ -87,6 +116,14 @@ pub struct ReplayArgs {
     /// As `keling run --hard-kill` [default: true].
     #[arg(long, action = clap::ArgAction::Set)]
     pub hard_kill: Option<bool>,
+    /// When unpinned tasks are bound to a GPU [default: the recording's, or
+    /// at-arrival]. `late` with `--unpin` asks what late binding would have done
+    /// with a recording. Synthetic runs choose it by placement (`late`).
+    #[arg(long, value_enum, value_name = "BINDING")]
+    pub binding: Option<BindingArg>,
+    /// Late binding's tie-break seed [default: the recording's, or 0].
+    #[arg(long, value_name = "SEED")]
+    pub placement_seed: Option<u64>,
     /// Replay as a what-if even with the recording's policy and config: drop the
     /// recorded confirmations and confirm every actuation after
     /// --actuation-ms instead.
@@ -102,6 +139,11 @@ pub struct ReplayArgs {
     /// compare policies and placements on it.
     #[arg(long)]
     pub synthetic: bool,
+    /// Synthetic: which job classes (repeat for several: one table, the mix in
+    /// its first column): `mixed`, real-time inference to multi-hour training;
+    /// `transcode`, live transcoding, resolution x codec.
+    #[arg(long, value_enum, default_values_t = [Mix::Mixed])]
+    pub mix: Vec<Mix>,
     /// Synthetic: the workload's seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -117,8 +159,8 @@ pub struct ReplayArgs {
     /// Synthetic: memory of each GPU, GiB.
     #[arg(long, default_value_t = 80)]
     pub gpu_memory_gib: u64,
-    /// Synthetic: placements to compare (repeat; default: all four with the
-    /// hybrid policy, weighted placement with every policy).
+    /// Synthetic: placements to compare (repeat; default: late and weighted
+    /// with every policy, the three pinning placements with the hybrid one).
     #[arg(long, value_enum)]
     pub placement: Vec<Placement>,
     /// Synthetic: the core's tick, ms (the agent's is 10).
@@ -191,6 +233,8 @@ impl ReplayArgs {
         c.default_max_duration_ms = self.max_duration_ms.unwrap_or(c.default_max_duration_ms);
         c.default_grace_ms = self.grace_period_ms.unwrap_or(c.default_grace_ms);
         c.default_hard_kill = self.hard_kill.unwrap_or(c.default_hard_kill);
+        c.binding = self.binding.map_or(c.binding, Binding::from);
+        c.placement_seed = self.placement_seed.unwrap_or(c.placement_seed);
         Ok(c)
     }
 }
@@ -322,14 +366,16 @@ fn print_summary(s: &Summary) {
         .map(|g| format!("{} {}", g.gpu, pct(g.busy_share)))
         .collect();
     println!(
-        "GPU busy share: {}; load-balance error (max-min)/mean: {} of busy time, {} of memory held",
+        "GPU busy share: {}; load-balance error (max-min)/mean: {} of busy time, {} of memory held; \
+         idle while queued: {:.1} GPU-s",
         if busy.is_empty() {
             "no GPUs".to_owned()
         } else {
             busy.join(", ")
         },
         pct(s.load_balance_error),
-        pct(s.memory_load_balance_error)
+        pct(s.memory_load_balance_error),
+        s.idle_while_queued_gpu_s
     );
 }
 
@@ -390,11 +436,19 @@ struct Timed {
 }
 
 #[derive(Serialize)]
-struct SyntheticReport<'a> {
-    options: &'a SyntheticOptions,
-    jobs: usize,
+struct SyntheticReport {
+    /// The options of the first mix (the others differ by `mix` only).
+    options: SyntheticOptions,
+    /// Jobs per mix, in the order of `mixes`.
+    mixes: Vec<MixJobs>,
     articles: Articles,
     runs: Vec<Timed>,
+}
+
+#[derive(Serialize)]
+struct MixJobs {
+    mix: Mix,
+    jobs: usize,
 }
 
 #[derive(Serialize)]
@@ -403,31 +457,21 @@ struct Articles {
     mean_queueing_delay_ms: f64,
 }
 
-fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
-    if !args.input_logs.is_empty() {
-        bail!("give either INPUT_LOG or --synthetic");
-    }
-    let opts = SyntheticOptions {
-        seed: args.seed,
-        gpus: args.gpus.max(1),
-        hours: args.hours,
-        load: args.load,
-        gpu_capacity_bytes: args.gpu_memory_gib << 30,
-        slots_per_gpu: args.slots.unwrap_or(defaults::SLOTS_PER_GPU).max(1),
-        idle_timeout_ms: args.idle_timeout_ms.unwrap_or(defaults::IDLE_TIMEOUT_MS),
-        tick_ms: args.tick_ms.max(1),
-        active_ms: args.active_ms.max(1),
-        actuation_ms: args.actuation_ms,
-    };
+/// The runs `--synthetic` makes for one mix: every policy with late binding and
+/// with placement at arrival, then the pinning placements with the hybrid
+/// policy; `--policy` and `--placement` narrow it.
+fn synthetic_plan(args: &ReplayArgs) -> Vec<(Policy, Placement)> {
     let policies: Vec<Policy> = match args.policy {
         Some(p) => vec![p.into()],
-        None => Policy::ALL.to_vec(),
+        None => Policy::EVERY.to_vec(),
     };
     let mut plan: Vec<(Policy, Placement)> = Vec::new();
     match (args.policy, args.placement.is_empty()) {
         (None, true) => {
-            plan.extend(policies.iter().map(|&p| (p, Placement::Weighted)));
-            plan.extend(Placement::ALL[1..].iter().map(|&pl| (Policy::Hybrid, pl)));
+            for placement in [Placement::Late, Placement::Weighted] {
+                plan.extend(policies.iter().map(|&p| (p, placement)));
+            }
+            plan.extend(Placement::ALL[2..].iter().map(|&pl| (Policy::Hybrid, pl)));
         }
         (_, true) => {
             for &p in &policies {
@@ -440,16 +484,64 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
             }
         }
     }
+    plan
+}
+
+fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
+    if !args.input_logs.is_empty() {
+        bail!("give either INPUT_LOG or --synthetic");
+    }
+    if args.binding.is_some() || args.placement_seed.is_some() {
+        bail!(
+            "--synthetic chooses the binding by placement (`--placement late` binds late, \
+             with --seed as its tie-break seed)"
+        );
+    }
+    let mut mixes: Vec<Mix> = Vec::new();
+    for &m in &args.mix {
+        if !mixes.contains(&m) {
+            mixes.push(m);
+        }
+    }
+    let options = |mix| SyntheticOptions {
+        mix,
+        seed: args.seed,
+        gpus: args.gpus.max(1),
+        hours: args.hours,
+        load: args.load,
+        gpu_capacity_bytes: args.gpu_memory_gib << 30,
+        slots_per_gpu: args.slots.unwrap_or(defaults::SLOTS_PER_GPU).max(1),
+        idle_timeout_ms: args.idle_timeout_ms.unwrap_or(defaults::IDLE_TIMEOUT_MS),
+        tick_ms: args.tick_ms.max(1),
+        active_ms: args.active_ms.max(1),
+        actuation_ms: args.actuation_ms,
+    };
+    let plan: Vec<(SyntheticOptions, Policy, Placement)> = mixes
+        .iter()
+        .flat_map(|&mix| {
+            synthetic_plan(args)
+                .into_iter()
+                .map(move |(policy, placement)| (options(mix), policy, placement))
+        })
+        .collect();
     let logs = RunLogs {
         input_log: args.write_input_log.clone(),
         sched_log: args.write_sched_log.clone(),
     };
     if (logs.input_log.is_some() || logs.sched_log.is_some()) && plan.len() != 1 {
         bail!(
-            "--write-input-log and --write-sched-log need one run: give --policy and --placement"
+            "--write-input-log and --write-sched-log need one run: give --policy, --placement and one --mix"
         );
     }
-    let jobs = synthetic::workload(&opts);
+    let jobs: Vec<(Mix, Vec<synthetic::Job>)> = mixes
+        .iter()
+        .map(|&mix| (mix, synthetic::workload(&options(mix))))
+        .collect();
+    let jobs_of = |mix: Mix| {
+        jobs.iter()
+            .find(|(m, _)| *m == mix)
+            .map_or(&[][..], |(_, j)| &j[..])
+    };
     let threads = args.jobs.clamp(1, plan.len().max(1));
     let mut results: Vec<Option<anyhow::Result<Timed>>> = (0..plan.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
@@ -459,14 +551,15 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
         let handles: Vec<_> = chunks
             .into_iter()
             .map(|indices| {
-                let (plan, jobs, opts, logs) = (&plan, &jobs, &opts, &logs);
+                let (plan, logs, jobs_of) = (&plan, &logs, &jobs_of);
                 scope.spawn(move || {
                     indices
                         .into_iter()
                         .map(|i| {
-                            let (policy, placement) = plan[i];
+                            let (opts, policy, placement) = &plan[i];
                             let started = Instant::now();
-                            let run = synthetic::run(opts, jobs, policy, placement, logs);
+                            let run =
+                                synthetic::run(opts, jobs_of(opts.mix), *policy, *placement, logs);
                             let wall_s = started.elapsed().as_secs_f64();
                             (
                                 i,
@@ -492,8 +585,14 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
         .map(|r| r.expect("every run ran"))
         .collect::<anyhow::Result<Vec<Timed>>>()?;
     let report = SyntheticReport {
-        options: &opts,
-        jobs: jobs.len(),
+        options: options(mixes.first().copied().unwrap_or_default()),
+        mixes: jobs
+            .iter()
+            .map(|(mix, j)| MixJobs {
+                mix: *mix,
+                jobs: j.len(),
+            })
+            .collect(),
         articles: Articles {
             load_balance_error: ARTICLES_LOAD_BALANCE_ERROR,
             mean_queueing_delay_ms: ARTICLES_MEAN_QUEUEING_DELAY_MS,
@@ -508,7 +607,8 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
     if args.stats {
         for t in &report.runs {
             println!(
-                "stats: {} {}: {} inputs in {:.2} s: {:.2} M inputs/s (one thread, simulation included)",
+                "stats: {} {} {}: {} inputs in {:.2} s: {:.2} M inputs/s (one thread, simulation included)",
+                t.run.mix.as_str(),
                 t.run.policy,
                 t.run.placement.as_str(),
                 t.run.summary.inputs,
@@ -521,67 +621,40 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
 }
 
 fn print_synthetic(r: &SyntheticReport) {
-    let o = r.options;
+    let o = &r.options;
     println!(
-        "synthetic mix: seed {}, {} GPUs x {} GiB, {} slot(s) each, {} h of arrivals at load {:.2}: \
-         {} jobs of 12 classes; tick {} ms, activity every {} ms, actuation {} ms",
+        "synthetic runs: seed {}, {} GPUs x {} GiB, {} slot(s) each, {} h of arrivals at load {:.2}; \
+         tick {} ms, activity every {} ms, actuation {} ms",
         o.seed,
         o.gpus,
         o.gpu_capacity_bytes >> 30,
         o.slots_per_gpu,
         o.hours,
         o.load,
-        r.jobs,
         o.tick_ms,
         o.active_ms,
         o.actuation_ms
     );
-    println!(
-        "{:<7} {:<13} {:>11} {:>11} {:>12} {:>9} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9}",
-        "policy",
-        "placement",
-        "queue mean",
-        "queue p99",
-        "start mean",
-        "busy avg",
-        "LBE busy",
-        "LBE mem",
-        "preempt",
-        "evict",
-        "completed",
-        "work done"
-    );
-    for t in &r.runs {
-        let s = &t.run.summary;
-        let busy = s.gpus.iter().map(|g| g.busy_share).sum::<f64>() / s.gpus.len().max(1) as f64;
-        println!(
-            "{:<7} {:<13} {:>8.1} ms {:>8.0} ms {:>9.1} ms {:>9} {:>8} {:>8} {:>8} {:>6} {:>9} {:>9}",
-            t.run.policy.as_str(),
-            t.run.placement.as_str(),
-            s.queueing_delay_ms.mean,
-            s.queueing_delay_ms.p99,
-            s.wait_to_start_ms.mean,
-            pct(busy),
-            pct(s.load_balance_error),
-            pct(s.memory_load_balance_error),
-            s.preemptions,
-            s.evictions,
-            t.run.completed,
-            pct(t.run.work_done_share)
-        );
-    }
-    if let Some(first) = r.runs.first() {
-        println!(
-            "per class ({} policy, {} placement): mean / p99 queueing delay",
-            first.run.policy,
-            first.run.placement.as_str()
-        );
-        let mut classes = first.run.summary.by_name.clone();
-        classes.sort_by_key(|c| c.priority);
-        for c in classes {
+    let mixes: Vec<String> = r
+        .mixes
+        .iter()
+        .map(|m| format!("{} {} jobs", m.mix.as_str(), m.jobs))
+        .collect();
+    println!("mixes (12 classes each): {}", mixes.join(", "));
+    let runs: Vec<&Timed> = r.runs.iter().collect();
+    print_synthetic_table(&runs);
+    for m in &r.mixes {
+        let runs: Vec<&Timed> = r.runs.iter().filter(|t| t.run.mix == m.mix).collect();
+        if let Some(first) = runs.first() {
+            print_synthetic_detail(first);
+        }
+        println!("mix {}: goals (reported, not asserted):", m.mix.as_str());
+        for t in &runs {
             println!(
-                "  {:<18} priority {:>2}: {:>5} jobs, {:>10.1} ms / {:>10.1} ms",
-                c.name, c.priority, c.tasks, c.queueing_delay_ms.mean, c.queueing_delay_ms.p99
+                "  {:<6} {:<13} {}",
+                t.run.policy.as_str(),
+                t.run.placement.as_str(),
+                goals(&t.run)
             );
         }
     }
@@ -590,4 +663,113 @@ fn print_synthetic(r: &SyntheticReport) {
         pct(r.articles.load_balance_error),
         r.articles.mean_queueing_delay_ms
     );
+}
+
+fn print_synthetic_table(runs: &[&Timed]) {
+    println!(
+        "{:<9} {:<7} {:<13} {:>11} {:>11} {:>12} {:>9} {:>8} {:>8} {:>12} {:>8} {:>6} {:>9} {:>9}",
+        "mix",
+        "policy",
+        "placement",
+        "queue mean",
+        "queue p99",
+        "start mean",
+        "busy avg",
+        "LBE busy",
+        "LBE mem",
+        "idle-q GPU-s",
+        "preempt",
+        "evict",
+        "completed",
+        "work done"
+    );
+    for t in runs {
+        let s = &t.run.summary;
+        let busy = s.gpus.iter().map(|g| g.busy_share).sum::<f64>() / s.gpus.len().max(1) as f64;
+        println!(
+            "{:<9} {:<7} {:<13} {:>8.1} ms {:>8.0} ms {:>9.1} ms {:>9} {:>8} {:>8} {:>12.0} {:>8} {:>6} {:>9} {:>9}",
+            t.run.mix.as_str(),
+            t.run.policy.as_str(),
+            t.run.placement.as_str(),
+            s.queueing_delay_ms.mean,
+            s.queueing_delay_ms.p99,
+            s.wait_to_start_ms.mean,
+            pct(busy),
+            pct(s.load_balance_error),
+            pct(s.memory_load_balance_error),
+            s.idle_while_queued_gpu_s,
+            s.preemptions,
+            s.evictions,
+            t.run.completed,
+            pct(t.run.work_done_share)
+        );
+    }
+}
+
+/// Per class and per GPU, for one run.
+fn print_synthetic_detail(t: &Timed) {
+    let s = &t.run.summary;
+    println!(
+        "mix {}, per class ({} policy, {} placement): queueing delay mean / p50 / p99",
+        t.run.mix.as_str(),
+        t.run.policy,
+        t.run.placement.as_str()
+    );
+    let mut classes = s.by_name.clone();
+    classes.sort_by(|a, b| a.priority.cmp(&b.priority).then(a.name.cmp(&b.name)));
+    for c in classes {
+        let q = &c.queueing_delay_ms;
+        println!(
+            "  {:<18} priority {:>2}: {:>5} jobs, {:>10.1} / {:>10.1} / {:>10.1} ms",
+            c.name, c.priority, c.tasks, q.mean, q.p50, q.p99
+        );
+    }
+    let busy: Vec<String> = s
+        .gpus
+        .iter()
+        .map(|g| format!("{} {}", g.gpu, pct(g.busy_share)))
+        .collect();
+    println!("  GPU busy share: {}", busy.join(", "));
+}
+
+/// One run against issue 16's goals for its mix.
+fn goals(run: &SyntheticRun) -> String {
+    let s = &run.summary;
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    let lbe = s.load_balance_error;
+    let idle = s.idle_while_queued_gpu_s;
+    match run.mix {
+        Mix::Transcode => {
+            let q = s.queueing_delay_ms.mean;
+            format!(
+                "load-balance error {} (goal <= {}: {}), mean queueing delay {:.1} ms (goal <= {} ms: {}), idle while queued {:.0} GPU-s",
+                pct(lbe),
+                pct(GOAL_TRANSCODE_LOAD_BALANCE_ERROR),
+                verdict(lbe <= GOAL_TRANSCODE_LOAD_BALANCE_ERROR),
+                q,
+                GOAL_TRANSCODE_MEAN_QUEUEING_DELAY_MS,
+                verdict(q <= GOAL_TRANSCODE_MEAN_QUEUEING_DELAY_MS),
+                idle
+            )
+        }
+        Mix::Mixed => {
+            let rt_p99 = s
+                .by_name
+                .iter()
+                .filter(|c| keling_sched::class_of(c.priority) == keling_sched::Class::RealTime)
+                .map(|c| c.queueing_delay_ms.p99)
+                .fold(0.0, f64::max);
+            format!(
+                "load-balance error {} (goal <= {}: {}), real-time p99 {:.1} ms (goal <= {} ms: {}), idle while queued {:.0} GPU-s (goal 0: {})",
+                pct(lbe),
+                pct(GOAL_MIXED_LOAD_BALANCE_ERROR),
+                verdict(lbe <= GOAL_MIXED_LOAD_BALANCE_ERROR),
+                rt_p99,
+                GOAL_MIXED_REAL_TIME_P99_MS,
+                verdict(rt_p99 <= GOAL_MIXED_REAL_TIME_P99_MS),
+                idle,
+                verdict(idle == 0.0)
+            )
+        }
+    }
 }

@@ -16,6 +16,14 @@
 //! configured, those tasks were placed on). The **memory load-balance error** is
 //! the same over each GPU's time-averaged memory held (from `MemAlloc`, `MemFree`
 //! and exits), the figure `keling status` shows at one instant.
+//!
+//! **Idle while queued**: GPU-seconds during which a GPU had a free slot (fewer
+//! tasks `RUNNING` or being thawed than `slots_per_gpu`) while a task that may
+//! run there was waiting. A waiting task may run on any GPU until it has run
+//! once (a CUDA context does not move); after that, and for a task whose spec
+//! names a GPU, only on its own. Synthetic runs count their pinning placements'
+//! GPUs as choices, not constraints ([`Metrics::movable_until_run`]): the figure
+//! is what a placement decided at arrival costs. Late binding keeps it at 0.
 use std::collections::{BTreeMap, HashMap};
 
 use keling_sched::{Action, Input, Output, Reason, TaskId, TaskState};
@@ -47,6 +55,15 @@ struct TaskStat {
     mem: Vec<(u32, u64)>,
     arrived_ns: u64,
     ended: bool,
+    /// Its spec names its GPU, and that is a constraint.
+    pinned: bool,
+    /// It has been `RUNNING`: it may run on its GPU only.
+    has_run: bool,
+    /// A `Thaw` is out for it and it is not `RUNNING` yet.
+    thawing: bool,
+    /// How it is counted among the waiting tasks: `Some(None)` on any GPU,
+    /// `Some(Some(g))` on GPU g only, `None` not at all.
+    counted: Option<Option<u32>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -58,6 +75,10 @@ struct GpuStat {
     mem_since: u64,
     /// Bytes held times ns.
     mem_byte_ns: f64,
+    /// Tasks with a `Thaw` out and not yet `RUNNING`.
+    thawing: u32,
+    /// Time with a free slot while a task that may run here waited.
+    idle_queued_ns: u64,
 }
 
 impl GpuStat {
@@ -81,6 +102,14 @@ pub struct Metrics {
     endings: BTreeMap<&'static str, u64>,
     /// Every finished wait, when asked to keep them (reports draw them).
     waits: Option<Vec<Wait>>,
+    /// Slots per GPU, for "idle while queued".
+    slots: u32,
+    /// Specs' GPUs are choices of a placement, not constraints.
+    movable: bool,
+    /// Waiting tasks that may run on any GPU.
+    waiting_anywhere: u64,
+    /// Per GPU, waiting tasks that may run there only.
+    waiting_on: BTreeMap<u32, u64>,
 }
 
 impl Metrics {
@@ -96,6 +125,73 @@ impl Metrics {
             evictions: 0,
             endings: BTreeMap::new(),
             waits: None,
+            slots: 1,
+            movable: false,
+            waiting_anywhere: 0,
+            waiting_on: BTreeMap::new(),
+        }
+    }
+
+    /// The config's slots per GPU (default 1), for "idle while queued".
+    pub fn with_slots(mut self, slots: usize) -> Self {
+        self.slots = u32::try_from(slots.max(1)).unwrap_or(u32::MAX);
+        self
+    }
+
+    /// Count a task whose spec names a GPU as movable until it has run: the
+    /// synthetic placements' pins are their decisions, not the jobs' needs.
+    pub fn movable_until_run(mut self) -> Self {
+        self.movable = true;
+        self
+    }
+
+    /// Adds the time since the last input to the GPUs that had a free slot
+    /// while a task that may run there waited.
+    fn accrue_idle_while_queued(&mut self, ts: u64) {
+        if self.first_ns.is_none() || ts <= self.now_ns {
+            return;
+        }
+        let elapsed = ts - self.now_ns;
+        let slots = self.slots;
+        for (gpu, g) in self.gpus.iter_mut() {
+            let waiting =
+                self.waiting_anywhere > 0 || self.waiting_on.get(gpu).is_some_and(|&n| n > 0);
+            if waiting && g.running + g.thawing < slots {
+                g.idle_queued_ns += elapsed;
+            }
+        }
+    }
+
+    /// Brings how `id` is counted among the waiting tasks up to date.
+    fn recount(&mut self, id: TaskId) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let now = if t.waiting_since.is_some() && !t.ended {
+            if t.pinned || t.has_run {
+                t.gpu.map(Some)
+            } else {
+                Some(None)
+            }
+        } else {
+            None
+        };
+        if now == t.counted {
+            return;
+        }
+        match std::mem::replace(&mut t.counted, now) {
+            Some(None) => self.waiting_anywhere -= 1,
+            Some(Some(g)) => {
+                if let Some(n) = self.waiting_on.get_mut(&g) {
+                    *n -= 1;
+                }
+            }
+            None => {}
+        }
+        match now {
+            Some(None) => self.waiting_anywhere += 1,
+            Some(Some(g)) => *self.waiting_on.entry(g).or_default() += 1,
+            None => {}
         }
     }
 
@@ -109,16 +205,19 @@ impl Metrics {
     pub fn observe(&mut self, input: &Input, out: &Output) {
         self.inputs += 1;
         let ts = input.ts_ns().max(self.now_ns);
+        self.accrue_idle_while_queued(ts);
         self.first_ns.get_or_insert(ts);
         self.now_ns = ts;
         match input {
             Input::Arrive { spec, .. } => {
+                let pinned = spec.gpu.is_some() && !self.movable;
                 self.tasks.entry(spec.id).or_insert_with(|| TaskStat {
                     name: spec.name.clone(),
                     priority: spec.priority.min(keling_sched::LOWEST_PRIORITY),
                     gpu: spec.gpu,
                     waiting_since: Some(ts),
                     arrived_ns: ts,
+                    pinned,
                     ..TaskStat::default()
                 });
             }
@@ -138,15 +237,37 @@ impl Metrics {
             _ => {}
         }
         for a in &out.actions {
-            if let Action::Place { id, gpu } = a
-                && let Some(t) = self.tasks.get_mut(id)
-            {
-                t.gpu = Some(*gpu);
-                self.gpus.entry(*gpu).or_default();
+            match *a {
+                Action::Place { id, gpu } => {
+                    if let Some(t) = self.tasks.get_mut(&id) {
+                        t.gpu = Some(gpu);
+                        self.gpus.entry(gpu).or_default();
+                    }
+                }
+                Action::Thaw { id } => {
+                    if let Some(t) = self.tasks.get_mut(&id)
+                        && !t.thawing
+                        && !t.ended
+                        && let Some(g) = t.gpu.and_then(|g| self.gpus.get_mut(&g))
+                    {
+                        t.thawing = true;
+                        g.thawing += 1;
+                    }
+                }
+                _ => {}
             }
         }
         for tr in &out.transitions {
             self.transition(tr.task, tr.from, tr.to, tr.reason, tr.timestamp_ns);
+        }
+        if let Some(id) = input.task() {
+            self.recount(id);
+        }
+        for id in out.actions.iter().map(Action::task) {
+            self.recount(id);
+        }
+        for tr in &out.transitions {
+            self.recount(tr.task);
         }
     }
 
@@ -192,10 +313,19 @@ impl Metrics {
     }
 
     fn transition(&mut self, id: TaskId, from: TaskState, to: TaskState, reason: Reason, ts: u64) {
-        let Some(t) = self.tasks.get(&id) else {
+        let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
         let gpu = t.gpu;
+        if to == TaskState::Running {
+            t.has_run = true;
+        }
+        if (to == TaskState::Running || matches!(to, TaskState::Completed | TaskState::Failed))
+            && std::mem::take(&mut t.thawing)
+            && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
+        {
+            g.thawing = g.thawing.saturating_sub(1);
+        }
         if to == TaskState::Running {
             self.end_wait(id, ts);
             if let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g)) {
@@ -360,8 +490,11 @@ impl Metrics {
                 } else {
                     g.mem_byte_ns / span_ns as f64
                 },
+                idle_while_queued_s: g.idle_queued_ns as f64 / 1e9,
             })
             .collect();
+        let idle_while_queued_gpu_s =
+            self.gpus.values().map(|g| g.idle_queued_ns).sum::<u64>() as f64 / 1e9;
         let summary = Summary {
             inputs: self.inputs,
             span_s: span_ns as f64 / 1e9,
@@ -383,6 +516,7 @@ impl Metrics {
             gpus,
             load_balance_error: keling_sched::load_balance_error(&busy),
             memory_load_balance_error: keling_sched::load_balance_error(&mem),
+            idle_while_queued_gpu_s,
             by_name,
             per_task,
         };
@@ -455,6 +589,8 @@ pub struct GpuBusy {
     pub tasks: usize,
     /// Memory held, averaged over the span.
     pub mean_mem_bytes: f64,
+    /// Seconds it had a free slot while a task that may run here waited.
+    pub idle_while_queued_s: f64,
 }
 
 /// Everything a replay reports about what happened.
@@ -477,6 +613,9 @@ pub struct Summary {
     pub load_balance_error: f64,
     /// (max - min) / mean of the GPUs' time-averaged memory held.
     pub memory_load_balance_error: f64,
+    /// GPU-seconds with a free slot while a task that may run there waited
+    /// (all GPUs together): 0 when no GPU idles while work waits.
+    pub idle_while_queued_gpu_s: f64,
     pub by_name: Vec<NameDelay>,
     pub per_task: Vec<TaskDelay>,
 }
@@ -502,6 +641,79 @@ mod tests {
             hard_kill: None,
             expected_runtime_ms: None,
         }
+    }
+
+    /// Two GPUs, one slot each. Task 1 runs on GPU 0 from 0 to 100 ms; task 2
+    /// waits for GPU 0 from 10 ms to 101 ms (pinned there by a placement at
+    /// arrival) while GPU 1 idles: 91 ms idle while queued, or none when the
+    /// pin is a constraint. Late binding starts task 2 on GPU 1 at once: none.
+    #[test]
+    fn idle_while_queued_counts_a_free_gpu_a_waiting_task_may_use() {
+        let run = |binding: keling_sched::Binding, pin: Option<u32>, movable: bool| {
+            let config = SchedConfig {
+                gpus: (0..2)
+                    .map(|index| GpuInfo {
+                        index,
+                        capacity_bytes: 1 << 34,
+                    })
+                    .collect(),
+                idle_timeout_ms: 1_000_000,
+                binding,
+                ..SchedConfig::default()
+            };
+            let mut sched = Scheduler::new(config);
+            let m = Metrics::new([0, 1]);
+            let mut m = if movable { m.movable_until_run() } else { m };
+            let mut step = |input: Input| {
+                let out = sched.step(&input);
+                m.observe(&input, &out);
+                out
+            };
+            step(Input::Arrive {
+                spec: TaskSpec {
+                    gpu: pin,
+                    ..spec(1, 5, 0)
+                },
+                ts_ns: 0,
+            });
+            let out = step(Input::Arrive {
+                spec: TaskSpec {
+                    gpu: pin,
+                    ..spec(2, 5, 0)
+                },
+                ts_ns: 10 * MS,
+            });
+            if out.actions.contains(&Action::Freeze { id: 2 }) {
+                step(Input::Confirmed {
+                    id: 2,
+                    action: ActionKind::Freeze,
+                    ts_ns: 11 * MS,
+                });
+            }
+            let out = step(Input::Exit {
+                id: 1,
+                exit_code: 0,
+                ts_ns: 100 * MS,
+            });
+            if out.actions.contains(&Action::Thaw { id: 2 }) {
+                step(Input::Confirmed {
+                    id: 2,
+                    action: ActionKind::Thaw,
+                    ts_ns: 101 * MS,
+                });
+            }
+            step(Input::Tick { ts_ns: 200 * MS });
+            m.finish().0
+        };
+        use keling_sched::Binding::{AtArrival, Late};
+        let s = run(AtArrival, Some(0), true);
+        assert!((s.idle_while_queued_gpu_s - 0.091).abs() < 1e-12, "{s:?}");
+        assert!((s.gpus[1].idle_while_queued_s - 0.091).abs() < 1e-12);
+        assert_eq!(s.gpus[0].idle_while_queued_s, 0.0, "thawing is not idle");
+        assert_eq!(run(AtArrival, Some(0), false).idle_while_queued_gpu_s, 0.0);
+        let late = run(Late, None, false);
+        assert_eq!(late.idle_while_queued_gpu_s, 0.0);
+        assert_eq!(late.queueing_delay_ms.max, 0.0, "started on GPU 1 at once");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! |---|---|---|---|
 //! | [`exact`]: the recording's policy and config | every recorded input, in order | as recorded | whether every decision and transition is reproduced: the match rate against the recorded scheduling log (anything under 100% is a bug) |
 //! | [`what_if`]: another policy or config | what the tasks did, as recorded (arrivals, activity, memory, exits) | a perfect actuator: every freeze, thaw and stop confirmed after a fixed latency; a kill or terminate ends the task | what would have happened ([`metrics`]) |
-//! | [`synthetic`]: a generated mix of 12 job classes | generated in closed loop: a task's GPU work progresses only while it runs | the same perfect actuator | policies and placements compared on the same workload |
+//! | [`synthetic`]: a generated mix of 12 job classes (`mixed` or `transcode`) | generated in closed loop: a task's GPU work progresses only while it runs | the same perfect actuator | policies, placements and late binding compared on the same workload |
 //!
 //! The core is deterministic and reads no clock, so replay needs nothing but the
 //! inputs, the [`SchedConfig`] and the [`Policy`]. The agent's input log does not

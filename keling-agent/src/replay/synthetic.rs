@@ -1,16 +1,21 @@
-//! A reproducible mixed GPU workload, run in closed loop against the scheduler
-//! core: `keling replay --synthetic`.
+//! Reproducible GPU workloads, run in closed loop against the scheduler core:
+//! `keling replay --synthetic`.
 //!
-//! **The mix.** Twelve job classes ([`CLASSES`]) from real-time inference to
-//! multi-hour training, with their priorities, GPU memory and mean GPU work.
-//! Jobs arrive as one Poisson process; each arrival's class is drawn by the
-//! classes' shares, its work from a log-normal distribution (sigma 0.6) around the
-//! class mean. The arrival rate is set so the offered work is `load` times the
-//! GPUs' capacity (`--load`, default 0.7). The job list depends only on the seed,
-//! the GPU count, the hours and the load, so every policy and placement is run
-//! on the same jobs.
+//! **The mixes.** Twelve job classes each ([`Mix`]): `mixed` ([`CLASSES`]) from
+//! real-time inference to multi-hour training, and `transcode`
+//! ([`TRANSCODE_CLASSES`]), the design articles' live-transcoding setting:
+//! resolution x codec, minutes-long jobs of 1-8 GiB at three priorities. Each
+//! class has its priority, GPU memory and mean GPU work. Jobs arrive as one
+//! Poisson process; each arrival's class is drawn by the classes' shares, its
+//! work from a log-normal distribution (sigma 0.6) around the class mean. The
+//! arrival rate is set so the offered work is `load` times the GPUs' capacity
+//! (`--load`, default 0.7). The job list depends only on the mix, the seed, the
+//! GPU count, the hours and the load, so every policy and placement is run on
+//! the same jobs.
 //!
-//! **The closed loop.** A job is a process that needs `work` of GPU time. It
+//! **The closed loop.** A job is a process that needs `work` of GPU time. Under
+//! late binding it is held before exec from its arrival until the core binds it
+//! (no activity, no memory), then starts on that GPU. It
 //! progresses only while it is not frozen and holds its memory; processes
 //! running at once on one GPU share it equally (processor sharing). It allocates
 //! its memory the first time it runs (at arrival, unless the core queues it at
@@ -22,10 +27,14 @@
 //! `Terminate` 100 ms later. The core is ticked every `tick_ms` (the agent's
 //! 10 ms by default).
 //!
-//! **Placement.** `weighted` lets the core place by its weight W; `round-robin`
-//! pins the n-th job to GPU n mod G; `random` pins each job to a uniformly drawn
-//! GPU (seeded); `least-loaded` pins it to the GPU with the fewest unfinished
-//! jobs, as a cluster scheduler counting pods would.
+//! **Placement.** `late` lets the core bind each job when a GPU can run it
+//! (late binding, [`keling_sched::Binding::Late`]): the job waits unbound, not
+//! started, and starts on the GPU it is bound to; ties between free GPUs go to
+//! the least busy, then by the seed. `weighted` lets the core place by its
+//! weight W at arrival (the agent's protocol today); `round-robin` pins the n-th
+//! job to GPU n mod G; `random` pins each job to a uniformly drawn GPU (seeded);
+//! `least-loaded` pins it to the GPU with the fewest unfinished jobs, as a
+//! cluster scheduler counting pods would.
 use std::{
     cmp::Reverse,
     collections::{BinaryHeap, HashMap},
@@ -33,7 +42,8 @@ use std::{
 };
 
 use keling_sched::{
-    Action, ActionKind, GpuInfo, Input, Output, Policy, SchedConfig, Scheduler, TaskId, TaskSpec,
+    Action, ActionKind, Binding, GpuInfo, Input, Output, Policy, SchedConfig, Scheduler, TaskId,
+    TaskSpec,
 };
 use serde::Serialize;
 
@@ -106,11 +116,91 @@ pub const CLASSES: [JobClass; 12] = [
     class("training", 14, 60, 10_800.0, 0.02, Some(86_400_000)),
 ];
 
+/// Transcoding classes' session limit: generous for minutes-long jobs that
+/// may wait, share a GPU, or run long (log-normal work).
+const TRANSCODE_LIMIT_MS: Option<u64> = Some(6 * 3_600_000);
+
+const fn transcode(
+    name: &'static str,
+    priority: u8,
+    mem_gib: u64,
+    mean_work_s: f64,
+    share: f64,
+) -> JobClass {
+    class(
+        name,
+        priority,
+        mem_gib,
+        mean_work_s,
+        share,
+        TRANSCODE_LIMIT_MS,
+    )
+}
+
+/// The design articles' live-transcoding setting: 4 resolutions x 3 codecs.
+/// Memory grows with resolution (1, 2, 4, 8 GiB), work with resolution (1, 2,
+/// 4, 10 min for H.264) and codec (HEVC 1.5x, AV1 2.5x). Three priorities:
+/// H.264 is the live ladder (3), HEVC the premium one (5), AV1 the catalogue
+/// re-encodes (8, background). Shares: the lower rungs of a ladder are asked
+/// for most; H.264 half the jobs, HEVC 30%, AV1 20%.
+pub const TRANSCODE_CLASSES: [JobClass; 12] = [
+    transcode("h264-480p", 3, 1, 60.0, 0.15),
+    transcode("h264-720p", 3, 2, 120.0, 0.15),
+    transcode("h264-1080p", 3, 4, 240.0, 0.15),
+    transcode("h264-2160p", 3, 8, 600.0, 0.05),
+    transcode("hevc-480p", 5, 1, 90.0, 0.09),
+    transcode("hevc-720p", 5, 2, 180.0, 0.09),
+    transcode("hevc-1080p", 5, 4, 360.0, 0.09),
+    transcode("hevc-2160p", 5, 8, 900.0, 0.03),
+    transcode("av1-480p", 8, 1, 150.0, 0.06),
+    transcode("av1-720p", 8, 2, 300.0, 0.06),
+    transcode("av1-1080p", 8, 4, 600.0, 0.06),
+    transcode("av1-2160p", 8, 8, 1_500.0, 0.02),
+];
+
+/// Which job classes a synthetic run draws from.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mix {
+    /// Real-time inference to multi-hour training ([`CLASSES`]).
+    #[default]
+    Mixed,
+    /// Live transcoding, resolution x codec ([`TRANSCODE_CLASSES`]).
+    Transcode,
+}
+
+impl Mix {
+    pub const ALL: [Mix; 2] = [Mix::Mixed, Mix::Transcode];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mix::Mixed => "mixed",
+            Mix::Transcode => "transcode",
+        }
+    }
+
+    pub fn classes(self) -> &'static [JobClass; 12] {
+        match self {
+            Mix::Mixed => &CLASSES,
+            Mix::Transcode => &TRANSCODE_CLASSES,
+        }
+    }
+
+    /// The offered work per job arrival, s.
+    pub fn mean_work_s(self) -> f64 {
+        self.classes().iter().map(|c| c.share * c.mean_work_s).sum()
+    }
+}
+
 /// Where jobs go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Placement {
-    /// The core's placement weight W.
+    /// Late binding: the core binds a job when a GPU can run it.
+    Late,
+    /// The core's placement weight W, at arrival.
     Weighted,
     /// Job n to GPU n mod G.
     RoundRobin,
@@ -121,7 +211,8 @@ pub enum Placement {
 }
 
 impl Placement {
-    pub const ALL: [Placement; 4] = [
+    pub const ALL: [Placement; 5] = [
+        Placement::Late,
         Placement::Weighted,
         Placement::RoundRobin,
         Placement::Random,
@@ -130,6 +221,7 @@ impl Placement {
 
     pub fn as_str(self) -> &'static str {
         match self {
+            Placement::Late => "late",
             Placement::Weighted => "weighted",
             Placement::RoundRobin => "round-robin",
             Placement::Random => "random",
@@ -141,6 +233,7 @@ impl Placement {
 /// What to generate and how to run it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SyntheticOptions {
+    pub mix: Mix,
     pub seed: u64,
     pub gpus: u32,
     pub hours: f64,
@@ -157,6 +250,7 @@ pub struct SyntheticOptions {
 impl Default for SyntheticOptions {
     fn default() -> Self {
         SyntheticOptions {
+            mix: Mix::Mixed,
             seed: 1,
             gpus: 8,
             hours: 72.0,
@@ -236,16 +330,17 @@ pub struct Job {
     pub mem_bytes: u64,
 }
 
-/// The offered work per second of wall time the mix has per job arrival, s.
+/// The offered work per job arrival of the mixed mix, s.
 pub fn mean_work_s() -> f64 {
-    CLASSES.iter().map(|c| c.share * c.mean_work_s).sum()
+    Mix::Mixed.mean_work_s()
 }
 
-/// The jobs of a run: depends on the seed, GPUs, hours and load only.
+/// The jobs of a run: depends on the mix, seed, GPUs, hours and load only.
 pub fn workload(opts: &SyntheticOptions) -> Vec<Job> {
+    let classes = opts.mix.classes();
     let mut rng = Rng::new(opts.seed);
     let horizon_ns = (opts.hours * 3600.0 * S as f64) as u64;
-    let rate_per_s = opts.load * f64::from(opts.gpus) / mean_work_s();
+    let rate_per_s = opts.load * f64::from(opts.gpus) / opts.mix.mean_work_s();
     let sigma = 0.6;
     let mut jobs = Vec::new();
     let mut t_s = 0.0;
@@ -256,14 +351,14 @@ pub fn workload(opts: &SyntheticOptions) -> Vec<Job> {
             break;
         }
         let mut pick = rng.unit();
-        let class = CLASSES
+        let class = classes
             .iter()
             .position(|c| {
                 pick -= c.share;
                 pick <= 0.0
             })
-            .unwrap_or(CLASSES.len() - 1);
-        let c = &CLASSES[class];
+            .unwrap_or(classes.len() - 1);
+        let c = &classes[class];
         // Log-normal with the class mean: exp(mu + sigma z), mu = ln(mean) - sigma²/2.
         let work_s = (c.mean_work_s.ln() - sigma * sigma / 2.0 + sigma * rng.normal()).exp();
         jobs.push(Job {
@@ -309,6 +404,8 @@ struct Proc {
     active_gen: u64,
     /// Retry owed once thawed.
     retry_when_thawed: bool,
+    /// Late binding: held before exec until the core binds it.
+    held: bool,
 }
 
 impl Proc {
@@ -320,6 +417,7 @@ impl Proc {
 /// What a synthetic run found.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SyntheticRun {
+    pub mix: Mix,
     pub policy: Policy,
     pub placement: Placement,
     pub jobs: usize,
@@ -359,6 +457,8 @@ struct Sim<'a> {
     completed: u64,
     gave_up: u64,
     work_done_ns: f64,
+    /// Held jobs the core bound in the last steps: they start now.
+    to_start: Vec<TaskId>,
 }
 
 impl Sim<'_> {
@@ -386,6 +486,10 @@ impl Sim<'_> {
                 Action::Place { id, gpu } => {
                     if let Some(p) = self.procs.get_mut(&id) {
                         p.gpu = gpu;
+                        if std::mem::take(&mut p.held) {
+                            self.unfinished[gpu as usize] += 1;
+                            self.to_start.push(id);
+                        }
                     }
                     if let Some(logs) = &mut self.sched_log {
                         let pid = id as u32;
@@ -514,7 +618,7 @@ impl Sim<'_> {
     fn pin(&mut self, n: usize) -> Option<u32> {
         let gpus = self.opts.gpus.max(1);
         match self.placement {
-            Placement::Weighted => None,
+            Placement::Late | Placement::Weighted => None,
             Placement::RoundRobin => Some((n as u64 % u64::from(gpus)) as u32),
             Placement::Random => Some(self.pin_rng.below(gpus)),
             Placement::LeastLoaded => (0..gpus).min_by_key(|&g| (self.unfinished[g as usize], g)),
@@ -525,9 +629,10 @@ impl Sim<'_> {
         match ev {
             Ev::Arrive(n) => {
                 let job = &self.jobs[n];
-                let c = &CLASSES[job.class];
+                let c = &self.opts.mix.classes()[job.class];
                 let id = job.id;
                 let pin = self.pin(n);
+                let held = self.placement == Placement::Late;
                 self.procs.insert(
                     id,
                     Proc {
@@ -542,6 +647,7 @@ impl Sim<'_> {
                         progress_gen: 0,
                         active_gen: 0,
                         retry_when_thawed: false,
+                        held,
                     },
                 );
                 let spec = TaskSpec {
@@ -557,6 +663,10 @@ impl Sim<'_> {
                     expected_runtime_ms: Some((c.mean_work_s * 1000.0) as u64),
                 };
                 let out = self.step(Input::Arrive { spec, ts_ns: now })?;
+                if held {
+                    // Started when bound: now, or when a GPU can run it.
+                    return self.start_bound(now);
+                }
                 let gpu = self.procs[&id].gpu;
                 self.unfinished[gpu as usize] += 1;
                 let queued = out
@@ -615,7 +725,16 @@ impl Sim<'_> {
         Ok(())
     }
 
-    /// The process runs (from arrival, or thawed): it shows activity and
+    /// Starts the held jobs the core bound (late binding), and those their
+    /// start leads it to bind.
+    fn start_bound(&mut self, now: u64) -> anyhow::Result<()> {
+        while let Some(id) = self.to_start.pop() {
+            self.started(id, now)?;
+        }
+        Ok(())
+    }
+
+    /// The process runs (from arrival, bound, or thawed): it shows activity and
     /// allocates what it has not yet.
     fn started(&mut self, id: TaskId, now: u64) -> anyhow::Result<()> {
         let Some(p) = self.procs.get_mut(&id) else {
@@ -637,6 +756,16 @@ impl Sim<'_> {
             return Ok(());
         };
         if p.exited {
+            return Ok(());
+        }
+        if p.held {
+            // Killed before it was bound (its session limit): it never ran.
+            self.procs.remove(&id);
+            self.step(Input::Exit {
+                id,
+                exit_code: code,
+                ts_ns: now,
+            })?;
             return Ok(());
         }
         let (gpu, allocated, bytes) = (p.gpu, p.allocated, self.jobs[p.job].mem_bytes);
@@ -671,7 +800,11 @@ pub fn run(
     placement: Placement,
     logs: &RunLogs,
 ) -> anyhow::Result<SyntheticRun> {
-    let config = opts.sched_config();
+    let mut config = opts.sched_config();
+    if placement == Placement::Late {
+        config.binding = Binding::Late;
+        config.placement_seed = opts.seed;
+    }
     let gpus = opts.gpus.max(1) as usize;
     let input_log = match &logs.input_log {
         Some(path) => Some(InputLogWriter::create(
@@ -692,7 +825,9 @@ pub fn run(
         opts,
         jobs,
         placement,
-        metrics: Metrics::new(config.gpus.iter().map(|g| g.index)),
+        metrics: Metrics::new(config.gpus.iter().map(|g| g.index))
+            .with_slots(config.slots())
+            .movable_until_run(),
         sched: Scheduler::with_policy(config, policy),
         queue: BinaryHeap::new(),
         seq: 0,
@@ -707,6 +842,7 @@ pub fn run(
         completed: 0,
         gave_up: 0,
         work_done_ns: 0.0,
+        to_start: Vec::new(),
     };
     for (n, job) in jobs.iter().enumerate() {
         sim.at(job.arrive_ns, Ev::Arrive(n));
@@ -720,9 +856,11 @@ pub fn run(
             Some(ts) if ts <= next_tick && ts <= horizon_ns => {
                 let Reverse((ts, _, ev)) = sim.queue.pop().expect("peeked");
                 sim.on(ts, ev)?;
+                sim.start_bound(ts)?;
             }
             _ if next_tick <= horizon_ns => {
                 sim.step(Input::Tick { ts_ns: next_tick })?;
+                sim.start_bound(next_tick)?;
                 next_tick += tick_ns;
             }
             _ => break,
@@ -740,6 +878,7 @@ pub fn run(
     }
     let offered: f64 = jobs.iter().map(|j| j.work_ns as f64).sum();
     Ok(SyntheticRun {
+        mix: opts.mix,
         policy,
         placement,
         jobs: jobs.len(),
@@ -785,6 +924,91 @@ mod tests {
                     .any(|c| keling_sched::class_of(c.priority) == class)
             );
         }
+    }
+
+    #[test]
+    fn the_transcode_mix_is_resolution_by_codec_minutes_long_1_to_8_gib() {
+        let classes = Mix::Transcode.classes();
+        let total: f64 = classes.iter().map(|c| c.share).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+        let mems: Vec<u64> = classes.iter().map(|c| c.mem_gib).collect();
+        assert_eq!((mems.iter().min(), mems.iter().max()), (Some(&1), Some(&8)));
+        assert!(
+            classes
+                .iter()
+                .all(|c| (60.0..=1_800.0).contains(&c.mean_work_s))
+        );
+        let mut priorities: Vec<u8> = classes.iter().map(|c| c.priority).collect();
+        priorities.sort_unstable();
+        priorities.dedup();
+        assert_eq!(priorities, [3, 5, 8], "a few priorities");
+        let names: std::collections::BTreeSet<&str> = classes.iter().map(|c| c.name).collect();
+        assert_eq!(names.len(), 12);
+        let opts = SyntheticOptions {
+            mix: Mix::Transcode,
+            hours: 50.0,
+            ..small()
+        };
+        let jobs = workload(&opts);
+        assert_ne!(jobs, workload(&small()), "another mix, other jobs");
+        let offered_s: f64 = jobs.iter().map(|j| j.work_ns as f64 / 1e9).sum();
+        let load = offered_s / (50.0 * 3600.0 * 2.0);
+        assert!((0.6..1.0).contains(&load), "offered load {load}");
+    }
+
+    /// Late binding in closed loop: jobs wait unbound and start where they are
+    /// bound; no GPU idles while one waits; the run is reproducible and its
+    /// logs replay exactly.
+    #[test]
+    fn late_binding_starts_jobs_where_they_are_bound_and_replays_exactly() {
+        let opts = SyntheticOptions {
+            hours: 3.0,
+            load: 0.9,
+            tick_ms: 100,
+            active_ms: 200,
+            mix: Mix::Transcode,
+            ..small()
+        };
+        let jobs = workload(&opts);
+        let dir = std::env::temp_dir().join(format!("keling-late-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let logs = RunLogs {
+            input_log: Some(dir.join("in.jsonl")),
+            sched_log: Some(dir.join("sched.jsonl")),
+        };
+        let late = run(&opts, &jobs, Policy::Hybrid, Placement::Late, &logs).unwrap();
+        assert_eq!(
+            late,
+            run(
+                &opts,
+                &jobs,
+                Policy::Hybrid,
+                Placement::Late,
+                &RunLogs::default()
+            )
+            .unwrap()
+        );
+        assert_eq!(late.summary.tasks, jobs.len());
+        assert!(late.completed > 0);
+        assert!(
+            late.summary.queueing_delay_ms.max > 0.0,
+            "a busy run: jobs wait"
+        );
+        assert_eq!(late.summary.idle_while_queued_gpu_s, 0.0);
+
+        let reader =
+            super::super::log::InputLogReader::open(logs.input_log.as_ref().unwrap()).unwrap();
+        let header = reader.header.clone().unwrap();
+        assert_eq!(header.config.binding, Binding::Late);
+        let recorded = super::super::exact::recorded_decisions(
+            &super::super::log::read_sched_log(logs.sched_log.as_ref().unwrap()).unwrap(),
+        );
+        let r = super::super::exact::replay(reader, header.config, header.policy, Some(&recorded))
+            .unwrap();
+        let c = r.comparison.unwrap();
+        assert!(c.recorded > 100, "{} decisions", c.recorded);
+        assert_eq!((c.match_rate, c.first_difference), (1.0, None));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

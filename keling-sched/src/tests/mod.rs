@@ -4,6 +4,7 @@
 //! perfect actuator on request; the property tests' `Driver` (in `properties`)
 //! checks every output against the protocol in the crate doc.
 
+mod binding;
 mod duration;
 mod memory;
 mod placement;
