@@ -29,7 +29,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -225,8 +225,8 @@ fn write(path: &Path, text: &str) -> Result<()> {
     fs::write(path, text).with_context(|| format!("write {}", path.display()))
 }
 
-/// PCI bus of simulated GPU `i`, as the simulator's CARD_INFO reports it.
-pub fn pci_bus(i: u32) -> String {
+/// PCI location of simulated GPU `i`, as `/proc/driver/nvidia/gpus/` names it.
+fn pci_bus(i: u32) -> String {
     format!("0000:{:02x}:00.0", crate::abi::gpu_id::pci_bus(i))
 }
 
@@ -427,9 +427,4 @@ fn prepend_list(name: &str, first: &Path) -> OsString {
         v.push(old);
     }
     v
-}
-
-/// True when `path` is a character device node (for the host checks the tests make).
-pub fn is_char_device(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_char_device())
 }
