@@ -197,9 +197,19 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
         if n == "1" {
             workload += 1;
         }
-        let snapshot = snapshots.take();
-        if let Err(diff) = converge(sim, &keling_figures(&snapshot), Duration::from_secs(3)) {
-            panic!("seed {workload}, checkpoint {n}: {diff}");
+        // The workload waits at the checkpoint, so both sides must settle on
+        // the same figures: the simulator gets file releases from FUSE after
+        // the close returned, and Keling finds a release where it does not
+        // look by its rate-limited orphan sweep. Both are re-read until they
+        // agree, for at most 3 s.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let snapshot = snapshots.take();
+            match converge(sim, &keling_figures(&snapshot), Duration::from_millis(200)) {
+                Ok(()) => break,
+                Err(_) if Instant::now() < deadline => continue,
+                Err(diff) => panic!("seed {workload}, checkpoint {n}: {diff}"),
+            }
         }
         checkpoints += 1;
         to_workload.write_all(b"\n").unwrap();
