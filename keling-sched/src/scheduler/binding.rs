@@ -208,23 +208,7 @@ impl Scheduler {
         self.queue
             .iter()
             .enumerate()
-            .filter_map(|(ahead, &(_, id))| {
-                let task = self.tasks.get(&id)?;
-                let reason = if task.ending.is_some() {
-                    WaitReason::Ending
-                } else {
-                    // Every task that could run was bound by the last step.
-                    self.binding_for(task)
-                        .err()
-                        .unwrap_or(WaitReason::SlotsHeld)
-                };
-                Some(QueuedView {
-                    id,
-                    position: ahead + 1,
-                    ahead,
-                    reason,
-                })
-            })
+            .filter_map(|(ahead, &(_, id))| self.queued_at(ahead, id))
             .collect()
     }
 
@@ -232,10 +216,16 @@ impl Scheduler {
     /// is not waiting unbound.
     pub fn queued(&self, id: TaskId) -> Option<QueuedView> {
         let ahead = self.queue.iter().position(|&(_, q)| q == id)?;
+        self.queued_at(ahead, id)
+    }
+
+    /// The view of queued task `id`, `ahead` places from the front.
+    fn queued_at(&self, ahead: usize, id: TaskId) -> Option<QueuedView> {
         let task = self.tasks.get(&id)?;
         let reason = if task.ending.is_some() {
             WaitReason::Ending
         } else {
+            // Every task that could run was bound by the last step.
             self.binding_for(task)
                 .err()
                 .unwrap_or(WaitReason::SlotsHeld)
