@@ -179,6 +179,11 @@ impl Agent {
         Err(said)
     }
 
+    /// The input log every agent here writes (`--input-log`).
+    pub fn input_log(&self) -> PathBuf {
+        self.dir.join("inputs.jsonl")
+    }
+
     /// What the agent has said on standard error so far.
     pub fn stderr(&self) -> Vec<String> {
         self.stderr.lock().unwrap().clone()

@@ -84,6 +84,26 @@ pub fn reason(r: Reason) -> &'static str {
     }
 }
 
+/// Why a task queued unbound (late binding) is not bound yet.
+pub fn wait_reason(r: keling_sched::WaitReason) -> &'static str {
+    match r {
+        keling_sched::WaitReason::SlotsHeld => "every GPU it may use is taken",
+        keling_sched::WaitReason::PreemptionGuard => {
+            "the preemption guard holds (too few lower-priority tasks may be preempted)"
+        }
+        keling_sched::WaitReason::Ending => "Keling is ending it",
+    }
+}
+
+/// `1 job`, `3 jobs`.
+pub fn jobs(n: usize) -> String {
+    if n == 1 {
+        "1 job".into()
+    } else {
+        format!("{n} jobs")
+    }
+}
+
 /// A signal's name: `SIGKILL`, or `signal 40`.
 pub fn signal(n: i32) -> String {
     let name = match n {

@@ -171,15 +171,19 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
     });
     let mut conn = Connection::request(&args.socket, &req, &[0, 1, 2])?;
     forward_signals(conn.sender().context("clone the connection")?, args.quiet);
+    let mut queued = false;
     loop {
         match conn.next_reply()? {
             None => bail!("the agent closed the connection before the task ended (did it stop?)"),
             Some(Reply::ExitCode(code)) => return Ok(code),
+            // Queued first: it was accepted, and ended before it started.
+            Some(Reply::Error(err)) if queued => bail!("{err}"),
             Some(Reply::Error(err)) => bail!("the agent refused the task: {err}"),
             Some(Reply::Accepted(a)) => {
                 log::debug!("launched as task {} on GPU {:?}", a.task, a.gpu);
             }
             Some(Reply::Notice(n)) if !args.quiet => {
+                queued |= matches!(n, Notice::Queued { .. });
                 // One write per line, so it never interleaves with the task's own
                 // output mid-line.
                 let line = format!("{PREFIX}{}\n", notice_line(&n, args.json));
@@ -187,7 +191,7 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
                 let _ = err.write_all(line.as_bytes());
                 let _ = err.flush();
             }
-            Some(Reply::Notice(_)) => {}
+            Some(Reply::Notice(n)) => queued |= matches!(n, Notice::Queued { .. }),
             Some(other) => bail!("unexpected reply from the agent: {other:?}"),
         }
     }
@@ -209,6 +213,17 @@ pub fn notice_line(n: &Notice, json: bool) -> String {
         return text.unwrap_or_default();
     }
     match n {
+        Notice::Queued {
+            task,
+            pid,
+            ahead,
+            reason,
+            ..
+        } => format!(
+            "task {task} (pid {pid}) queued behind {}: {}; it starts when a GPU can run it",
+            human::jobs(*ahead),
+            human::wait_reason(*reason)
+        ),
         Notice::Placed {
             task,
             pid,
@@ -347,6 +362,17 @@ mod tests {
             priority: 1,
         };
         let cases = [
+            (
+                Notice::Queued {
+                    task: 3,
+                    pid: 4242,
+                    position: 3,
+                    ahead: 2,
+                    reason: keling_sched::WaitReason::SlotsHeld,
+                },
+                "task 3 (pid 4242) queued behind 2 jobs: every GPU it may use is taken; it \
+                 starts when a GPU can run it",
+            ),
             (
                 Notice::Placed {
                     task: 3,

@@ -18,6 +18,7 @@ use tokio::{
 
 use crate::{
     bpf::{LoadOptions, Probes, programs::Feature},
+    cmd::replay::BindingArg,
     control::{self, server},
     defaults,
     event::{EventStream, decode::Event},
@@ -74,6 +75,19 @@ pub struct RunArgs {
     /// How many tasks may run at once on one GPU.
     #[arg(long, default_value_t = defaults::SLOTS_PER_GPU)]
     pub slots: u32,
+    /// When a launched task that names no GPU is bound to one. `at-arrival`:
+    /// placed by weight as it arrives, frozen there if it must wait (equal
+    /// priorities share a GPU by time slices). `late`: it waits unbound, held
+    /// before exec, in one host-level queue (priority, then arrival) and is bound
+    /// when a GPU can run it, so no GPU idles while it waits; its
+    /// CUDA_VISIBLE_DEVICES is set then. Under `late` a task runs to its end
+    /// once bound unless a higher priority needs its GPU.
+    #[arg(long, value_enum, default_value_t = BindingArg::AtArrival, value_name = "BINDING")]
+    pub binding: BindingArg,
+    /// Late binding: the seed of the last tie-break between equally good free
+    /// GPUs (the input log records it, so a replay decides the same).
+    #[arg(long, default_value_t = 0, value_name = "SEED")]
+    pub placement_seed: u64,
     /// Decision timeout model.
     #[arg(long, value_enum, default_value_t = ModelKind::Adaptive)]
     pub timeout_model: ModelKind,
@@ -452,8 +466,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         default_max_duration_ms: args.max_duration_ms,
         default_grace_ms: args.grace_period_ms,
         default_hard_kill: args.hard_kill,
+        binding: args.binding.into(),
+        placement_seed: args.placement_seed,
         ..SchedConfig::default()
     };
+    if config.binding == keling_sched::Binding::Late {
+        if config.gpus.is_empty() {
+            log::warn!(
+                "late binding without a GPU list (no --gpu-capacity, config [[gpu]] or NVML): \
+                 every launched task is bound to GPU 0, one at a time per slot"
+            );
+        } else {
+            log::info!(
+                "late binding: unpinned launches wait unbound for one of {} GPU(s)",
+                config.gpus.len()
+            );
+        }
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -45,6 +45,8 @@ const JSON_FIELDS: &str = "\
     mem_bytes, mem_bytes_per_gpu, elapsed_ms, on_gpu_ms, wants_gpu, in_flight
     (Freeze, Thaw, Stop or null), cgroup, ending_reason, exit_code,
     waiting (PREEMPTED only): {reason, behind: [{task, name, priority}], for_ms}
+    queued (late binding; unbound tasks only, state PENDING): {id, position (1:
+    bound next), ahead, reason (slots_held, preemption_guard, ending)}
   latency: timeout_ms, model, late, decisions, stages, by_action, late_by_action
   stages_by_action, placement: {weights: [[gpu, weight]], load_balance_error}
 With TASK: {task: (as above), arrived_ns, transitions: [{event_id, task, name, pid,
@@ -109,6 +111,14 @@ fn waiting_text(w: &Waiting) -> String {
 /// ended.
 fn note(t: &TaskStatus) -> String {
     let mut parts = Vec::new();
+    if let Some(q) = &t.queued {
+        parts.push(format!(
+            "queued unbound, position {} (behind {}): {}",
+            q.position,
+            human::jobs(q.ahead),
+            human::wait_reason(q.reason)
+        ));
+    }
     if let Some(w) = &t.waiting {
         parts.push(waiting_text(w));
     }
@@ -142,7 +152,11 @@ pub fn render_status(s: &StatusReply, user_name: &dyn Fn(u32) -> Option<String>)
                 t.pid.to_string(),
                 user(t.uid, user_name),
                 t.name.clone(),
-                t.state.clone(),
+                if t.queued.is_some() {
+                    "QUEUED".into()
+                } else {
+                    t.state.clone()
+                },
                 human::duration_ms(t.state_for_ms),
                 t.priority.to_string(),
                 t.gpu.map_or("-".into(), |g| g.to_string()),
@@ -354,6 +368,7 @@ mod tests {
             mine: false,
             state_for_ms: 0,
             waiting: None,
+            queued: None,
             ending_reason: None,
             exit_code: None,
         }
@@ -449,6 +464,33 @@ mod tests {
         ]
         .join("\n");
         assert_eq!(render_status(&known_state(), &names), golden);
+    }
+
+    /// A task queued unbound (late binding) reads as QUEUED with its place and why.
+    #[test]
+    fn a_queued_task_shows_its_place_and_why() {
+        let mut s = known_state();
+        let mut waiting = task(4, "encode", "PENDING", 8);
+        waiting.gpu = None;
+        waiting.queued = Some(keling_sched::QueuedView {
+            id: 4,
+            position: 2,
+            ahead: 1,
+            reason: keling_sched::WaitReason::SlotsHeld,
+        });
+        s.tasks = vec![waiting];
+        let text = render_status(&s, &names);
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.contains(" QUEUED "), "{text}");
+        assert!(
+            row.ends_with(
+                "queued unbound, position 2 (behind 1 job): every GPU it may use is taken"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(&s.tasks[0]).unwrap();
+        assert_eq!(json["state"], "PENDING");
+        assert_eq!(json["queued"]["reason"], "slots_held");
     }
 
     #[test]

@@ -159,6 +159,16 @@ pub struct TaskRef {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "snake_case")]
 pub enum Notice {
+    /// Late binding: the task waits unbound, held before exec, in the host-level
+    /// queue at `position` (1: bound next), behind `ahead` tasks, for `reason`.
+    /// `placed` follows when a GPU can run it.
+    Queued {
+        task: u64,
+        pid: u32,
+        position: usize,
+        ahead: usize,
+        reason: keling_sched::WaitReason,
+    },
     /// The task was placed on a GPU.
     Placed {
         task: u64,
@@ -297,6 +307,9 @@ pub struct TaskStatus {
     /// PREEMPTED tasks: why they wait.
     #[serde(default)]
     pub waiting: Option<Waiting>,
+    /// Tasks queued unbound (late binding): where they stand and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<keling_sched::QueuedView>,
     /// Why Keling is ending it (`duration_limit`, `evicted_for_memory`,
     /// `over_quota`), once it started to.
     #[serde(default)]

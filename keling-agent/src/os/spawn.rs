@@ -13,6 +13,13 @@
 //! A failing step is reported back (which step, errno) and the child exits 127
 //! without running anything. Between fork and exec the child only makes system
 //! calls on memory prepared before the fork: the agent has other threads.
+//!
+//! The release carries a GPU index ([`HeldChild::release_on`]): with
+//! [`SpawnOptions::gpu_at_release`] the child writes it into
+//! `CUDA_VISIBLE_DEVICES`, in an environment entry prepared before the fork, so a
+//! task can wait held, unbound, and learn its GPU only when it is bound (late
+//! binding). If the agent goes away (the hold pipe's EOF), the child exits 127
+//! without running anything.
 use std::{
     ffi::{CString, OsStr, OsString},
     io,
@@ -55,7 +62,19 @@ pub struct SpawnOptions {
     /// A session (and process group) of its own: signals for the agent's
     /// terminal do not reach it.
     pub new_session: bool,
+    /// `CUDA_VISIBLE_DEVICES` is the GPU the release names (any value in `env`
+    /// or the agent's environment is dropped); a release naming none leaves the
+    /// variable out.
+    pub gpu_at_release: bool,
 }
+
+/// `CUDA_VISIBLE_DEVICES=` and room for any u32 in decimal and its NUL.
+const GPU_VAR: &[u8] = b"CUDA_VISIBLE_DEVICES=";
+const GPU_VAR_LEN: usize = GPU_VAR.len() + 11;
+/// The hold pipe's release message: a go byte, then the GPU (native-endian u32,
+/// [`NO_GPU`] for none).
+const RELEASE_LEN: usize = 5;
+const NO_GPU: u32 = u32::MAX;
 
 /// The step of the child's start that failed (reported through the pipe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +179,9 @@ impl HeldChild {
                 .collect()
         };
         env.extend(opts.env.iter().cloned());
+        if opts.gpu_at_release {
+            env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
+        }
         let cenv: Vec<CString> = env
             .iter()
             .filter_map(|(k, v)| {
@@ -170,6 +192,14 @@ impl HeldChild {
             })
             .collect();
         let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|c| c.as_ptr()).collect();
+        // The GPU entry, last: the child fills in the digits, or ends the
+        // environment there when the release names no GPU.
+        let mut gpu_var = [0u8; GPU_VAR_LEN];
+        gpu_var[..GPU_VAR.len()].copy_from_slice(GPU_VAR);
+        let gpu_entry = opts.gpu_at_release.then(|| {
+            envp.push(gpu_var.as_ptr().cast());
+            envp.len() - 1
+        });
         envp.push(std::ptr::null());
         let path = env
             .iter()
@@ -238,7 +268,8 @@ impl HeldChild {
                     cwd: cwd.as_ref().map(|c| c.as_ptr()),
                     candidates: &candidates,
                     argv: ptrs.as_ptr(),
-                    envp: envp.as_ptr(),
+                    envp: envp.as_mut_ptr(),
+                    gpu_entry: gpu_entry.map(|i| (i, gpu_var.as_mut_ptr())),
                 })
             }
         }
@@ -258,13 +289,22 @@ impl HeldChild {
 
     /// Lets the child go on to exec without waiting for it: the result comes from
     /// the returned [`PendingExec`].
-    pub fn release_nowait(mut self) -> anyhow::Result<PendingExec> {
+    pub fn release_nowait(self) -> anyhow::Result<PendingExec> {
+        self.release_on(None)
+    }
+
+    /// As [`HeldChild::release_nowait`], on `gpu`: with
+    /// [`SpawnOptions::gpu_at_release`], the child's `CUDA_VISIBLE_DEVICES`.
+    pub fn release_on(mut self, gpu: Option<u32>) -> anyhow::Result<PendingExec> {
         let go = self.go.take().expect("released once");
-        // SAFETY: writing one byte from a valid buffer to our pipe.
-        let n = unsafe { libc::write(go.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        let mut msg = [1u8; RELEASE_LEN];
+        msg[1..].copy_from_slice(&gpu.unwrap_or(NO_GPU).to_ne_bytes());
+        // SAFETY: writing from a valid buffer to our pipe (at most PIPE_BUF
+        // bytes: one atomic write).
+        let n = unsafe { libc::write(go.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
         let write_error = io::Error::last_os_error();
         drop(go);
-        if n != 1 {
+        if n != RELEASE_LEN as isize {
             // The child sees EOF and exits 127 without running anything.
             reap(self.pid);
             return Err(write_error).context("releasing the command");
@@ -279,6 +319,21 @@ impl HeldChild {
             report,
             context: self.context.clone(),
         })
+    }
+
+    /// Ends a child that was never released (SIGKILL; it ran nothing) without
+    /// reaping it: whoever watches its pidfd reaps it and sees the signal.
+    pub fn cancel(mut self) {
+        // SAFETY: our own child's pid, not yet reaped.
+        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        // Closing the hold pipe ends it too, should the kill have failed.
+        self.go = None;
+    }
+
+    /// Forgets a child that ended and was reaped by its pidfd: nothing is left
+    /// to kill (its pid may be someone else's now).
+    pub fn reaped(mut self) {
+        self.go = None;
     }
 
     /// Lets the child exec and returns its pid, which the caller must now wait
@@ -407,7 +462,9 @@ struct ChildPlan<'a> {
     cwd: Option<*const libc::c_char>,
     candidates: &'a [CString],
     argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
+    envp: *mut *const libc::c_char,
+    /// With `gpu_at_release`: the GPU entry's index in `envp`, and the entry.
+    gpu_entry: Option<(usize, *mut u8)>,
 }
 
 /// The child's whole life between fork and exec.
@@ -427,17 +484,34 @@ unsafe fn child(plan: ChildPlan) -> ! {
             libc::_exit(127)
         }
     };
-    let mut byte = 0u8;
-    loop {
-        // SAFETY: reading one byte into a valid buffer.
-        let n = unsafe { libc::read(plan.go, (&raw mut byte).cast(), 1) };
-        if n == 1 {
-            break;
+    let mut msg = [0u8; RELEASE_LEN];
+    let mut got = 0;
+    while got < RELEASE_LEN {
+        // SAFETY: reading into the rest of a valid buffer.
+        let n = unsafe { libc::read(plan.go, msg[got..].as_mut_ptr().cast(), RELEASE_LEN - got) };
+        if n > 0 {
+            got += n as usize;
+            continue;
         }
         if n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             // The agent went away without releasing us: run nothing.
             // SAFETY: _exit is always safe to call.
             unsafe { libc::_exit(127) };
+        }
+    }
+    if let Some((index, entry)) = plan.gpu_entry {
+        let gpu = u32::from_ne_bytes([msg[1], msg[2], msg[3], msg[4]]);
+        // SAFETY: `entry` is GPU_VAR_LEN bytes and `index` is inside `envp`
+        // (both prepared before the fork; this is the child's copy).
+        unsafe {
+            if gpu == NO_GPU {
+                *plan.envp.add(index) = std::ptr::null();
+            } else {
+                write_decimal(
+                    gpu,
+                    std::slice::from_raw_parts_mut(entry.add(GPU_VAR.len()), 11),
+                );
+            }
         }
     }
     // SAFETY: system calls on memory prepared before the fork.
@@ -513,6 +587,25 @@ unsafe fn child(plan: ChildPlan) -> ! {
         *libc::__errno_location() = errno;
     }
     fail(Step::Exec)
+}
+
+/// Writes `v` in decimal and a NUL into `buf` (11 bytes hold any u32), without
+/// allocating (the child of a fork may not).
+fn write_decimal(mut v: u32, buf: &mut [u8]) {
+    let mut digits = [0u8; 10];
+    let mut n = 0;
+    loop {
+        digits[n] = b'0' + (v % 10) as u8;
+        n += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for (i, d) in digits[..n].iter().rev().enumerate() {
+        buf[i] = *d;
+    }
+    buf[n] = 0;
 }
 
 fn reap(pid: u32) {
@@ -636,6 +729,83 @@ mod tests {
         // SAFETY: our own child.
         unsafe { libc::waitpid(pid as i32, &mut status, 0) };
         assert_eq!(status & 0x7f, libc::SIGUSR2, "status {status:#x}");
+    }
+
+    /// Runs `sh -c 'echo "${CUDA_VISIBLE_DEVICES-unset}"'` held with
+    /// `gpu_at_release`, an earlier value in its environment, released on `gpu`.
+    fn gpu_seen_after_release_on(gpu: Option<u32>) -> String {
+        let dir = std::env::temp_dir().join(format!(
+            "keling-spawn-gpu-{}-{}",
+            std::process::id(),
+            gpu.map_or(-1, i64::from)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let argv: Vec<OsString> = ["sh", "-c", "echo \"${CUDA_VISIBLE_DEVICES-unset}\" > out"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let opts = SpawnOptions {
+            env: vec![
+                ("PATH".into(), "/usr/bin:/bin".into()),
+                ("CUDA_VISIBLE_DEVICES".into(), "7".into()),
+            ],
+            clear_env: true,
+            cwd: Some(dir.clone()),
+            gpu_at_release: true,
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
+        let pid = held.pid();
+        held.release_on(gpu).unwrap().wait().unwrap();
+        let mut status = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        assert_eq!(status, 0);
+        let seen = std::fs::read_to_string(dir.join("out")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        seen.trim_end().to_owned()
+    }
+
+    #[test]
+    fn the_release_names_the_gpu_the_child_sees() {
+        assert_eq!(gpu_seen_after_release_on(Some(3)), "3");
+        assert_eq!(gpu_seen_after_release_on(Some(0)), "0");
+        assert_eq!(gpu_seen_after_release_on(Some(4_000_000_000)), "4000000000");
+        assert_eq!(gpu_seen_after_release_on(None), "unset");
+    }
+
+    #[test]
+    fn decimals_fit_their_buffer() {
+        for v in [0, 9, 10, 99, 12345, u32::MAX - 1, u32::MAX] {
+            let mut buf = [0xffu8; 11];
+            write_decimal(v, &mut buf);
+            let end = buf.iter().position(|&b| b == 0).unwrap();
+            assert_eq!(std::str::from_utf8(&buf[..end]).unwrap(), v.to_string());
+        }
+    }
+
+    #[test]
+    fn a_cancelled_child_dies_unreaped_and_ran_nothing() {
+        let dir = std::env::temp_dir().join(format!("keling-spawn-cancel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let argv: Vec<OsString> = ["sh", "-c", "touch ran"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        let opts = SpawnOptions {
+            cwd: Some(dir.clone()),
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
+        let pid = held.pid();
+        held.cancel();
+        let mut status = 0;
+        // SAFETY: our own child, which cancel left for us to reap.
+        let r = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        assert_eq!(r, pid as i32);
+        assert_eq!(status & 0x7f, libc::SIGKILL, "status {status:#x}");
+        assert!(!dir.join("ran").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -34,6 +34,14 @@
 //! core at once (its GPU calls are attributed from the first); the client hears
 //! `accepted` once the exec succeeded, or the step that failed, and then its exit
 //! code.
+//!
+//! The held child execs when the core places it (`Place`), with
+//! `CUDA_VISIBLE_DEVICES` of that GPU written in at its release. At arrival
+//! (the default binding) that is the same step as its arrival. Under late
+//! binding an unpinned task the core cannot run yet stays held, unbound, in the
+//! core's host-level queue: it runs nothing, holds nothing and is never frozen;
+//! its client hears `queued` (position, why) and later `placed`. A queued task
+//! that is signalled, or that Keling ends, is killed before it ran anything.
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
     ffi::OsString,
@@ -43,7 +51,9 @@ use std::{
 };
 
 use keling_common::nvidia::{ObjectKind, status};
-use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSpec, TaskState};
+use keling_sched::{
+    Action, ActionKind, Binding, Input, Output, Scheduler, TaskId, TaskSpec, TaskState,
+};
 use tokio::sync::mpsc;
 
 use super::{
@@ -84,6 +94,9 @@ const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// What the agent keeps about a task beside the core's view.
 struct TaskRuntime {
     pid: u32,
+    /// A launched task not yet released to exec: queued (late binding), or
+    /// between its fork and its `Place`.
+    held: Option<Held>,
     /// Held since launch (our child) or adoption: the task's identity.
     pidfd: Arc<Pidfd>,
     actuator: Arc<dyn Actuator>,
@@ -99,6 +112,22 @@ struct TaskRuntime {
     /// When the kernel reported the root process's exit (the trace's timestamp):
     /// what the decisions its end leads to are timed from.
     exited_ns: Option<u64>,
+}
+
+/// A launched task's child, held before exec until the core places it.
+struct Held {
+    child: HeldChild,
+    env_gpu: EnvGpu,
+}
+
+/// Where a launched task's `CUDA_VISIBLE_DEVICES` comes from.
+#[derive(Clone, Copy, Debug)]
+enum EnvGpu {
+    /// The GPU the launch chose (pinned, or placed at arrival), set at the fork;
+    /// `None` leaves the client's value.
+    Chosen(Option<u32>),
+    /// Late binding: the GPU the core binds it to, written at its release.
+    AtPlacement,
 }
 
 /// A process known to belong to a task (for attributing events).
@@ -297,6 +326,10 @@ impl Daemon {
                 });
                 return;
             }
+            Action::Terminate { .. } | Action::Kill { .. } if self.is_held(id) => {
+                self.tell_ending(id, libc::SIGKILL);
+                self.cancel_held(id, "ended by Keling");
+            }
             Action::Terminate { .. } => {
                 self.tell_ending(id, libc::SIGTERM);
                 actuator.terminate()
@@ -322,6 +355,8 @@ impl Daemon {
                         priority: t.spec.priority,
                     });
                 }
+                // After the notice: the client hears where before the task's output.
+                self.release(id, gpu);
             }
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
@@ -484,7 +519,7 @@ impl Daemon {
     }
 
     /// `{"signal": ...}`: the task's owner or root may signal it.
-    fn signal_request(&self, s: &SignalRequest, peer: &Peer) -> Reply {
+    fn signal_request(&mut self, s: &SignalRequest, peer: &Peer) -> Reply {
         let Some(t) = self.tasks.get(&s.task) else {
             return Reply::Error(format!("no running task {}", s.task));
         };
@@ -497,13 +532,43 @@ impl Daemon {
         if !(1..=64).contains(&s.signal) {
             return Reply::Error(format!("{} is not a signal", s.signal));
         }
+        if t.held.is_some() {
+            return Reply::Signalled(self.signal_held(s.task, s.signal));
+        }
         Reply::Signalled(t.actuator.signal(s.signal))
     }
 
+    /// A signal for a task still held before exec: one whose default action
+    /// ends a process ends it (it never runs); the others have nothing to act
+    /// on. The number of processes signalled.
+    fn signal_held(&mut self, id: TaskId, signal: i32) -> usize {
+        const HARMLESS: [i32; 8] = [
+            libc::SIGCHLD,
+            libc::SIGCONT,
+            libc::SIGSTOP,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+            libc::SIGURG,
+            libc::SIGWINCH,
+        ];
+        if HARMLESS.contains(&signal) {
+            return 0;
+        }
+        self.cancel_held(id, &format!("sent signal {signal}"));
+        1
+    }
+
     /// A signal forwarded by a launch's client to its own task.
-    fn forward(&self, conn: u64, signal: i32) {
+    fn forward(&mut self, conn: u64, signal: i32) {
         if !FORWARDED_SIGNALS.contains(&signal) {
             log::warn!("connection {conn}: signal {signal} is not one that is forwarded");
+            return;
+        }
+        if let Some(&id) = self.conn_task.get(&conn)
+            && self.is_held(id)
+        {
+            self.signal_held(id, signal);
             return;
         }
         if let Some(t) = self.conn_task.get(&conn).and_then(|id| self.tasks.get(id)) {
@@ -552,8 +617,11 @@ impl Daemon {
             self.settings.default_priority,
             req.mem_quota_bytes.or(rule.mem_quota_bytes),
         )?;
+        let late = self.sched.config().binding == Binding::Late;
         let gpu = match req.gpu.or(rule.gpu) {
             Some(g) => Some(g),
+            // Late binding: the core binds it when a GPU can run it.
+            None if late => None,
             None => {
                 let weights = self.sched.placement_weights(monotonic_ns());
                 weights
@@ -569,8 +637,13 @@ impl Daemon {
             .cgroups
             .create_task(&format!("task-{}-{id}", std::process::id()))
             .map_err(|e| format!("{e:#}"))?;
-        let started = self.start_held(req, stdio, &creds, gpu, &cgroup, track);
-        let (pidfd, pending) = match started {
+        let env_gpu = if late && gpu.is_none() {
+            EnvGpu::AtPlacement
+        } else {
+            EnvGpu::Chosen(gpu)
+        };
+        let started = self.start_held(req, stdio, &creds, env_gpu, &cgroup, track);
+        let (pidfd, child) = match started {
             Ok(s) => s,
             Err(e) => {
                 // A failed launch leaves no cgroup behind (nothing entered it).
@@ -581,15 +654,11 @@ impl Daemon {
         let pid = pidfd.pid();
         let pidfd = Arc::new(pidfd);
         self.watch_exit(id, &pidfd);
-        let wakes = self.wakes.clone();
-        tokio::spawn(async move {
-            let outcome = pending.outcome().await;
-            let _ = wakes.send(Wake::Exec(id, outcome));
-        });
         self.tasks.insert(
             id,
             TaskRuntime {
                 pid,
+                held: Some(Held { child, env_gpu }),
                 pidfd,
                 actuator: Arc::new(CgroupActuator::new(cgroup.clone())),
                 cgroup: Some(cgroup),
@@ -622,9 +691,15 @@ impl Daemon {
         );
         self.histories.owner(id, creds.uid);
         log::info!(
-            "task {id}: pid {pid} {:?} for uid {} on GPU {gpu:?}",
+            "task {id}: pid {pid} {:?} for uid {} {}",
             req.argv,
-            creds.uid
+            creds.uid,
+            match (gpu, late) {
+                (Some(g), _) => format!("on GPU {g}"),
+                (None, true) => "unbound (late binding)".into(),
+                (None, false) =>
+                    "on GPU 0 (no GPU list known: CUDA_VISIBLE_DEVICES left as given)".into(),
+            }
         );
         let name = argv0.rsplit('/').next().unwrap_or_default().to_owned();
         let spec = TaskSpec {
@@ -643,7 +718,77 @@ impl Daemon {
             spec,
             ts_ns: monotonic_ns(),
         });
+        if let Some(q) = self.sched.queued(id) {
+            log::info!(
+                "task {id}: queued unbound at position {} ({})",
+                q.position,
+                q.reason.as_str()
+            );
+            if let Some(c) = self.clients.get(&id) {
+                c.reply.notify(Notice::Queued {
+                    task: id,
+                    pid,
+                    position: q.position,
+                    ahead: q.ahead,
+                    reason: q.reason,
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// Lets a held task exec on `gpu` (where the core placed it); the client
+    /// hears the exec's outcome.
+    fn release(&mut self, id: TaskId, gpu: u32) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let Some(Held { child, env_gpu }) = t.held.take() else {
+            return; // released already (a pinned task placed again)
+        };
+        let at = match env_gpu {
+            EnvGpu::Chosen(_) => None, // in its environment since the fork
+            EnvGpu::AtPlacement => Some(gpu),
+        };
+        if let (Some(c), Some(g)) = (self.clients.get_mut(&id), at) {
+            c.accepted.gpu = Some(g);
+        }
+        match child.release_on(at) {
+            Ok(pending) => {
+                let wakes = self.wakes.clone();
+                tokio::spawn(async move {
+                    let outcome = pending.outcome().await;
+                    let _ = wakes.send(Wake::Exec(id, outcome));
+                });
+            }
+            Err(e) => {
+                // The child was reaped; its pidfd reports the end.
+                log::warn!("task {id}: {e:#}");
+                if let Some(c) = self.clients.get_mut(&id) {
+                    c.exec = Some(Err(format!("{e:#}")));
+                }
+            }
+        }
+    }
+
+    fn is_held(&self, id: TaskId) -> bool {
+        self.tasks.get(&id).is_some_and(|t| t.held.is_some())
+    }
+
+    /// Ends a task that is still held (it never ran its command) and says so to
+    /// its client.
+    fn cancel_held(&mut self, id: TaskId, why: &str) {
+        let Some(held) = self.tasks.get_mut(&id).and_then(|t| t.held.take()) else {
+            return;
+        };
+        log::info!("task {id}: {why} while queued; its command never ran");
+        // Killed unreaped: its pidfd reports the end, which ends the task.
+        held.child.cancel();
+        if let Some(c) = self.clients.get_mut(&id) {
+            c.exec = Some(Err(format!(
+                "task {id} was {why} while queued: its command never ran"
+            )));
+        }
     }
 
     /// Forks the task's process as its caller, tracks it, and lets it go on to exec.
@@ -652,10 +797,10 @@ impl Daemon {
         req: &LaunchRequest,
         stdio: &[OwnedFd],
         creds: &crate::os::users::Credentials,
-        gpu: Option<u32>,
+        env_gpu: EnvGpu,
         cgroup: &TaskCgroup,
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-    ) -> anyhow::Result<(Pidfd, crate::os::spawn::PendingExec)> {
+    ) -> anyhow::Result<(Pidfd, HeldChild)> {
         let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
             [
                 stdio[0].as_raw_fd(),
@@ -668,7 +813,7 @@ impl Daemon {
             Some(entries) => parse_env(entries),
             None => vec![(OsString::from("PATH"), OsString::from(MINIMAL_PATH))],
         };
-        if let Some(g) = gpu {
+        if let EnvGpu::Chosen(Some(g)) = env_gpu {
             env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
             env.push((
                 OsString::from("CUDA_VISIBLE_DEVICES"),
@@ -676,6 +821,7 @@ impl Daemon {
             ));
         }
         let opts = SpawnOptions {
+            gpu_at_release: matches!(env_gpu, EnvGpu::AtPlacement),
             env,
             clear_env: true,
             stdio: fds,
@@ -688,8 +834,7 @@ impl Daemon {
         // Our child, not yet reaped: its pid is certainly its own.
         let pidfd = Pidfd::open(held.pid())?;
         track(held.pid())?;
-        let pending = held.release_nowait()?;
-        Ok((pidfd, pending))
+        Ok((pidfd, held))
     }
 
     /// Reports the task's end when its pidfd polls readable.
@@ -790,6 +935,16 @@ impl Daemon {
             .get(&id)
             .and_then(|t| t.exited_ns)
             .unwrap_or_else(monotonic_ns);
+        // Ended while held by something other than Keling (its pid was killed):
+        // it never ran, and no exec outcome will come.
+        if let Some(held) = self.tasks.get_mut(&id).and_then(|t| t.held.take()) {
+            held.child.reaped();
+            if let Some(c) = self.clients.get_mut(&id) {
+                c.exec = Some(Err(format!(
+                    "task {id} ended while queued ({status:?}): its command never ran"
+                )));
+            }
+        }
         self.step(Input::Exit {
             id,
             exit_code: status.code(),
@@ -1021,6 +1176,7 @@ impl Daemon {
             id,
             TaskRuntime {
                 pid,
+                held: None,
                 pidfd: pidfd.clone(),
                 actuator: Arc::new(SignalActuator {
                     pidfd,
@@ -1204,6 +1360,7 @@ impl Daemon {
             state_for_ms: now.saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
                 / 1_000_000,
             waiting: history::waiting(views, t, history, now),
+            queued: self.sched.queued(t.spec.id),
             ending_reason: t.ending_reason,
             exit_code: t.exit_code,
         }
