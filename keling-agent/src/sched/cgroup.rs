@@ -19,6 +19,7 @@ use std::{
     io::{Read, Seek},
     os::unix::ffi::{OsStrExt, OsStringExt},
     path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -70,7 +71,11 @@ impl CgroupRoot {
                 OsString::from_vec(v)
             })
             .unwrap_or_default();
-        TaskCgroup { dir, rel }
+        TaskCgroup {
+            dir,
+            rel,
+            freeze: Arc::default(),
+        }
     }
 
     /// A fresh cgroup for one task.
@@ -82,7 +87,9 @@ impl CgroupRoot {
             let _ = fs::remove_dir(&dir);
         }
         fs::create_dir(&dir).with_context(|| format!("create cgroup {}", dir.display()))?;
-        Ok(self.task_at(dir))
+        let task = self.task_at(dir);
+        task.freeze_file()?;
+        Ok(task)
     }
 
     /// The task cgroups under the root.
@@ -105,6 +112,10 @@ pub struct TaskCgroup {
     pub dir: PathBuf,
     /// Its path as `/proc/PID/cgroup` shows it (`/keling/task-...`).
     rel: OsString,
+    /// `cgroup.freeze`, opened once (at creation, or at the first freeze): a
+    /// freeze or thaw is then one `pwrite`, with no path walk, allocation or
+    /// kernfs open and release on the actuation path.
+    freeze: Arc<OnceLock<fs::File>>,
 }
 
 /// What `cgroup.events` says.
@@ -129,12 +140,28 @@ impl TaskCgroup {
             .unwrap_or_default()
     }
 
+    fn freeze_file(&self) -> anyhow::Result<&fs::File> {
+        if let Some(f) = self.freeze.get() {
+            return Ok(f);
+        }
+        let path = self.dir.join("cgroup.freeze");
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        Ok(self.freeze.get_or_init(|| f))
+    }
+
     pub fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
-        fs::write(
-            self.dir.join("cgroup.freeze"),
-            if frozen { "1" } else { "0" },
-        )
-        .with_context(|| format!("write {}/cgroup.freeze", self.dir.display()))
+        use std::os::unix::fs::FileExt;
+        let value: &[u8] = if frozen { b"1" } else { b"0" };
+        self.freeze_file()?
+            .write_at(value, 0)
+            .with_context(|| format!("write {}/cgroup.freeze", self.dir.display()))
+            .and_then(|n| match n {
+                1 => Ok(()),
+                _ => bail!("short write to {}/cgroup.freeze", self.dir.display()),
+            })
     }
 
     pub fn kill(&self) -> anyhow::Result<()> {
