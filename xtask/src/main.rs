@@ -60,8 +60,9 @@ enum Cmd {
     },
     /// Measure probe overhead and ring-buffer throughput, as ratios from one run.
     Bench {
-        /// Repetitions of each interleaved measurement.
-        #[arg(long, default_value_t = 7)]
+        /// Rounds of the interleaved call-cost measurement (each figure's spread is
+        /// over them; decisions always run 1100 freeze/thaw cycles per host condition).
+        #[arg(long, default_value_t = 15)]
         rounds: usize,
     },
 }

@@ -233,6 +233,19 @@ fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmati
     }
 }
 
+/// An actuation slower than this from its decision is logged with where its
+/// time went.
+const SLOW_ACTUATION_NS: u64 = 2_000_000;
+
+/// (voluntary, involuntary) context switches of this thread so far.
+fn switches() -> (u64, u64) {
+    // SAFETY: a zeroed rusage is valid; getrusage fills it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid rusage pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    (u.ru_nvcsw as u64, u.ru_nivcsw as u64)
+}
+
 fn carry_out(job: Job) -> Option<InFlight> {
     match job {
         Job::Actuate {
@@ -242,6 +255,7 @@ fn carry_out(job: Job) -> Option<InFlight> {
             mut times,
             timeout,
         } => {
+            let (picked_ns, before) = (monotonic_ns(), switches());
             let started = match kind {
                 ActionKind::Freeze => actuator.set_frozen(true),
                 ActionKind::Thaw => actuator.set_frozen(false),
@@ -251,6 +265,23 @@ fn carry_out(job: Job) -> Option<InFlight> {
                 log::warn!("task {id}: {e:#}");
             }
             times.actuated_ns = monotonic_ns();
+            let took_ns = times.actuated_ns.saturating_sub(times.decided_ns);
+            if took_ns > SLOW_ACTUATION_NS {
+                // Where the time went, for `cargo xtask bench` and for whoever
+                // reads the log: the hand-over to this thread, or the write
+                // (blocked in the kernel: voluntary switches; preempted:
+                // involuntary ones).
+                let after = switches();
+                log::info!(
+                    "slow actuation: {kind:?} of task {id} took {:.3} ms: handoff {:.3} ms, \
+                     write {:.3} ms ({} voluntary, {} involuntary context switches in it)",
+                    took_ns as f64 / 1e6,
+                    picked_ns.saturating_sub(times.decided_ns) as f64 / 1e6,
+                    times.actuated_ns.saturating_sub(picked_ns) as f64 / 1e6,
+                    after.0.saturating_sub(before.0),
+                    after.1.saturating_sub(before.1),
+                );
+            }
             Some(InFlight {
                 id,
                 kind,

@@ -18,7 +18,9 @@ fn usage() -> ! {
          syscalls N          N getppid calls; prints ns per call\n\
          ioctls N            N ioctl(FIONREAD) calls on a pipe; prints ns per call\n\
          rmctl DIR N         N RM_CONTROL ioctls on DIR/nvidiactl; prints ns per call\n\
-         rmctl-rate DIR RATE SECS  RATE RM_CONTROL ioctls a second on DIR/nvidiactl for SECS s\n\
+         rmctl-rate DIR RATE SECS [P]  RATE RM_CONTROL ioctls a second on DIR/nvidiactl for\n\
+                             SECS s, from P processes (default 1); prints the calls made\n\
+         bursts DIR N CALLS GAP_MS  N bursts of CALLS RM_CONTROLs on DIR/nvidiactl, GAP_MS apart\n\
          pingpong N          two processes bounce a byte N times over pipes; prints round trips/s\n\
          \n\
          KELING_WL_CPU=N pins the process to CPU N first; pingpong's second process\n\
@@ -173,6 +175,82 @@ fn pin_to_cpu(cpu: usize) {
     }
 }
 
+/// RM_CONTROL = _IOWR('F', 0x2A, 32).
+const RM_CONTROL: u64 = 0xC020_462A;
+
+/// DIR/nvidiactl opened, and a params buffer for RM_CONTROL.
+fn open_rmctl(dir: &str) -> (i32, [u8; 32]) {
+    let path = std::ffi::CString::new(format!("{dir}/nvidiactl")).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
+    assert!(fd >= 0, "open {dir}/nvidiactl");
+    (fd, [0u8; 32])
+}
+
+/// `rate` RM_CONTROLs a second for `secs` s; returns how many were made.
+fn rmctl_rate(dir: &str, rate: u64, secs: u64) -> u64 {
+    let (fd, mut params) = open_rmctl(dir);
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut done = 0u64;
+    // At most a millisecond's worth of calls between looks at the clock, so
+    // a rate this process cannot reach still ends on time.
+    let batch = (rate / 1000).max(1);
+    while Instant::now() < end {
+        // Catch up to the pace, then sleep a millisecond.
+        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+        let upto = due.min(done + batch);
+        while done < upto {
+            // SAFETY: the kernel reads/writes at most 32 bytes of params.
+            black_box(unsafe { libc::ioctl(fd, RM_CONTROL, params.as_mut_ptr()) });
+            done += 1;
+        }
+        if done >= due {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    done
+}
+
+/// [`rmctl_rate`] from `producers` processes at once (this one and forked
+/// children, each `rate / producers`): the calls made by all.
+fn rmctl_rate_from(producers: u64, dir: &str, rate: u64, secs: u64) -> u64 {
+    let share = (rate / producers).max(1);
+    let mut children = Vec::new();
+    for _ in 1..producers {
+        let mut fds = [0; 2];
+        // SAFETY: a valid 2-int array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: this program is single-threaded here; the child only calls
+        // rmctl_rate, writes its count and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let n = rmctl_rate(dir, share, secs);
+            // SAFETY: writing 8 bytes from a valid buffer to our pipe, then exiting.
+            unsafe {
+                libc::write(fds[1], n.to_ne_bytes().as_ptr().cast(), 8);
+                libc::_exit(0)
+            }
+        }
+        // SAFETY: closing our copy of the write end.
+        unsafe { libc::close(fds[1]) };
+        children.push((pid, fds[0]));
+    }
+    let mut total = rmctl_rate(dir, share, secs);
+    for (pid, fd) in children {
+        let mut b = [0u8; 8];
+        // SAFETY: reading 8 bytes into a valid buffer; waiting for our child.
+        unsafe {
+            libc::read(fd, b.as_mut_ptr().cast(), 8);
+            libc::close(fd);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        total += u64::from_ne_bytes(b);
+    }
+    total
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(cpu) = std::env::var("KELING_WL_CPU")
@@ -228,16 +306,10 @@ fn main() {
             println!("{ns:.1}");
         }
         Some("rmctl") => {
-            // RM_CONTROL = _IOWR('F', 0x2A, 32) on whatever DIR/nvidiactl is (for the
+            // RM_CONTROL on whatever DIR/nvidiactl is (for the
             // benchmark: a plain file, so the call fails fast with ENOTTY and what is
             // measured is the probes' decode-and-report path, not a driver).
-            let dir: String = arg(&args, 2);
-            let path = std::ffi::CString::new(format!("{dir}/nvidiactl")).unwrap();
-            // SAFETY: a valid NUL-terminated path.
-            let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
-            assert!(fd >= 0, "open {dir}/nvidiactl");
-            let mut params = [0u8; 32];
-            const RM_CONTROL: u64 = 0xC020_462A;
+            let (fd, mut params) = open_rmctl(&arg::<String>(&args, 2));
             // SAFETY: the kernel reads/writes at most 32 bytes of params.
             let ns = per_call_ns(arg(&args, 3), || unsafe {
                 black_box(libc::ioctl(fd, RM_CONTROL, params.as_mut_ptr()));
@@ -247,32 +319,20 @@ fn main() {
         Some("rmctl-rate") => {
             let dir: String = arg(&args, 2);
             let (rate, secs): (u64, u64) = (arg(&args, 3), arg(&args, 4));
-            let path = std::ffi::CString::new(format!("{dir}/nvidiactl")).unwrap();
-            // SAFETY: a valid NUL-terminated path.
-            let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR) };
-            assert!(fd >= 0, "open {dir}/nvidiactl");
-            let mut params = [0u8; 32];
-            const RM_CONTROL: u64 = 0xC020_462A;
-            let start = Instant::now();
-            let end = start + Duration::from_secs(secs);
-            let mut done = 0u64;
-            // At most a millisecond's worth of calls between looks at the clock, so
-            // a rate this process cannot reach still ends on time.
-            let batch = (rate / 1000).max(1);
-            while Instant::now() < end {
-                // Catch up to the pace, then sleep a millisecond.
-                let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
-                let upto = due.min(done + batch);
-                while done < upto {
+            let producers: u64 = if args.len() > 5 { arg(&args, 5) } else { 1 };
+            println!("{}", rmctl_rate_from(producers.max(1), &dir, rate, secs));
+        }
+        Some("bursts") => {
+            let dir: String = arg(&args, 2);
+            let (n, calls, gap_ms): (u64, u64, u64) = (arg(&args, 3), arg(&args, 4), arg(&args, 5));
+            let (fd, mut params) = open_rmctl(&dir);
+            for _ in 0..n {
+                for _ in 0..calls {
                     // SAFETY: the kernel reads/writes at most 32 bytes of params.
                     black_box(unsafe { libc::ioctl(fd, RM_CONTROL, params.as_mut_ptr()) });
-                    done += 1;
                 }
-                if done >= due {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+                std::thread::sleep(Duration::from_millis(gap_ms));
             }
-            println!("{done}");
         }
         Some("pingpong") => pingpong(arg(&args, 2)),
         _ => usage(),
