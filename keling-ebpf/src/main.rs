@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use keling_common::{
     DROP_COUNTERS, DROP_RINGBUF_FULL, EventHeader, EventKind, MAX_TRACKED_PIDS, MAX_TRACKED_TIDS,
-    ProbeConfig, TrackedProcess,
+    ProbeConfig, TrackedProcess, undecoded,
 };
 
 /// Events to the agent. 256 KiB unless the agent sets another size at load time.
@@ -26,6 +26,13 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 /// Events lost because `EVENTS` was full, per CPU and per reason.
 #[map]
 static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_COUNTERS, 0);
+
+/// NVIDIA calls (and table entries) Keling could not account for, per CPU and per
+/// `undecoded` reason; and per process.
+#[map]
+static UNDECODED: PerCpuArray<u64> = PerCpuArray::with_max_entries(undecoded::COUNT, 0);
+#[map]
+static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
 
 /// Tracked processes: pid -> who asked.
 #[map]
@@ -118,6 +125,23 @@ fn count_drop(reason: u32) {
         // SAFETY: per-CPU slot: no other program writes it concurrently.
         unsafe { *counter += 1 };
     }
+}
+
+/// Counts one thing `pid` did that Keling could not account for (`reason`: an
+/// `undecoded` code): per CPU by reason, and per process.
+fn count_undecoded(pid: u32, reason: u32) {
+    if let Some(c) = UNDECODED.get_ptr_mut(reason) {
+        // SAFETY: per-CPU slot.
+        unsafe { *c += 1 };
+    }
+    match UNDECODED_PID.get_ptr_mut(pid) {
+        // SAFETY: an aligned map value, updated atomically.
+        Some(p) => unsafe { atomic_add(p, 1) },
+        None => {
+            let _ = UNDECODED_PID.insert(pid, 1u64, 0);
+            0
+        }
+    };
 }
 
 /// Writes `event` to the ring buffer and wakes the agent, or counts it as dropped.

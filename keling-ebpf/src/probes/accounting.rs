@@ -11,25 +11,27 @@
 //! when only export files still hold it, in no contributor (the process stays
 //! charged until the last export reference goes). So a client teardown subtracts
 //! its contributors en bloc, after moving out the memories it shares with others.
+//!
+//! This module owns `CLIENTS`, `OBJECTS`, `MEMS` and `TOTALS`. The open files'
+//! entries (`FILES`) belong to files.rs; a file's release and a client's teardown
+//! are queued as deferred work (deferred.rs) and done a step at a time by the work
+//! programs (work.rs), which call [`release_file`], [`teardown_shared`] and
+//! [`teardown_contributors`] here.
 use aya_ebpf::{
-    EbpfContext,
-    macros::{map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, ProgramArray},
-    programs::TracePointContext,
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
 };
 use keling_common::{
     ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, Contributor, EventKind, FILE_CLIENTS, FILE_EXPORTS,
-    FileInfo, GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_FILES, MAX_MEMS,
-    MAX_OBJECTS, MAX_TOTALS, MAX_TRACKED_PIDS, MEM_HANDLES, MemHandle, MemInfo, NO_HANDLE,
-    ObjectInfo, ObjectKey, ProcFds, TotalKey, Totals, mem_kind, tail_call, teardown, undecoded,
+    GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_MEMS, MAX_OBJECTS, MAX_TOTALS,
+    MEM_HANDLES, MemHandle, MemInfo, NO_HANDLE, ObjectInfo, ObjectKey, TotalKey, Totals, mem_kind,
+    teardown, undecoded,
 };
 
-use crate::{atomic_add, atomic_cas, emit, header};
+use super::deferred::{self, Scope, Teardown, Work};
+use super::files::{FILES, file_info};
+use crate::{atomic_add, atomic_cas, count_undecoded, emit, header};
 
-#[map]
-pub static PROC_FDS: HashMap<u32, ProcFds> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
-#[map]
-pub static FILES: HashMap<u64, FileInfo> = HashMap::with_max_entries(MAX_FILES, 0);
 #[map]
 pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(MAX_CLIENTS, 0);
 #[map]
@@ -38,14 +40,8 @@ pub static OBJECTS: HashMap<ObjectKey, ObjectInfo> = HashMap::with_max_entries(M
 pub static MEMS: HashMap<u64, MemInfo> = HashMap::with_max_entries(MAX_MEMS, 0);
 #[map]
 pub static TOTALS: HashMap<TotalKey, Totals> = HashMap::with_max_entries(MAX_TOTALS, 0);
-#[map]
-pub static UNDECODED: PerCpuArray<u64> = PerCpuArray::with_max_entries(undecoded::COUNT, 0);
-#[map]
-pub static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
 
 /// Zeroed values to insert from (too large for the 512-byte BPF stack).
-#[map]
-static ZERO_FDS: Array<ProcFds> = Array::with_max_entries(1, 0);
 #[map]
 static ZERO_CLIENT: Array<ClientInfo> = Array::with_max_entries(1, 0);
 #[map]
@@ -64,21 +60,6 @@ fn next_id(idx: u32) -> u64 {
         Some(p) => (unsafe { atomic_add(p, 1) }) + 1,
         None => 1,
     }
-}
-
-pub fn count_undecoded(pid: u32, reason: u32) {
-    if let Some(c) = UNDECODED.get_ptr_mut(reason) {
-        // SAFETY: per-CPU slot.
-        unsafe { *c += 1 };
-    }
-    match UNDECODED_PID.get_ptr_mut(pid) {
-        // SAFETY: an aligned map value, updated atomically.
-        Some(p) => unsafe { atomic_add(p, 1) },
-        None => {
-            let _ = UNDECODED_PID.insert(pid, 1u64, 0);
-            0
-        }
-    };
 }
 
 // --- Totals ------------------------------------------------------------------------
@@ -208,21 +189,6 @@ fn driver_figure(creator: u32, gpu: u32, kind: u32, bytes: i64) {
 }
 
 // --- Files and clients ----------------------------------------------------------
-
-/// The `FILES` entry of `file_id`, created if needed.
-pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
-    if let Some(f) = FILES.get_ptr_mut(file_id) {
-        return Some(f);
-    }
-    let info = FileInfo {
-        device,
-        opener_pid: pid,
-        clients: [0; FILE_CLIENTS],
-        exports: [0; FILE_EXPORTS],
-    };
-    let _ = FILES.insert(file_id, info, BPF_NOEXIST);
-    FILES.get_ptr_mut(file_id)
-}
 
 /// Records a new client created through the open file `file_id` (0: not known yet).
 pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
@@ -802,7 +768,7 @@ fn in_scope(h_device: u32, h_sub: u32, device: u32, sub: u32) -> bool {
 }
 
 /// One handle to a shared memory of a client whose handles go in a teardown, the
-/// one at `w.cursor` on the client's list (its head when `w.index` is 0): if it is
+/// one at `t.next_handle` on the client's list (its head when that is 0): if it is
 /// in the teardown's scope it goes; if it was the charged handle, its memory's
 /// bytes move out of this client (to the oldest survivor, or to its export files)
 /// before the contributors are subtracted en bloc, or, with no reference left,
@@ -810,26 +776,26 @@ fn in_scope(h_device: u32, h_sub: u32, device: u32, sub: u32) -> bool {
 /// list, or `None` at its end. (One handle per program run: more is too much for
 /// the verifier.)
 #[inline(never)]
-fn teardown_shared(pid: u32, tid: u32, w: &Work) -> Option<u32> {
-    let client = CLIENTS.get_ptr(w.client)?;
-    let handle = if w.index == 0 {
+pub fn teardown_shared(pid: u32, tid: u32, t: &Teardown) -> Option<u32> {
+    let client = CLIENTS.get_ptr(t.client)?;
+    let handle = if t.next_handle == 0 {
         // SAFETY: a map value pointer.
         unsafe { (*client).shared_head }
     } else {
-        w.cursor
+        t.next_handle
     };
     if handle == 0 {
         return None;
     }
     let key = ObjectKey {
-        client: w.client,
+        client: t.client,
         handle,
     };
     let obj = OBJECTS.get_ptr(key)?;
     // SAFETY: a map value pointer, valid for this program run.
     let (next, device, sub, mem_id) =
         unsafe { ((*obj).shared_next, (*obj).device, (*obj).sub, (*obj).mem_id) };
-    if !in_scope(device, sub, w.device, w.sub) {
+    if !in_scope(device, sub, t.scope.device, t.scope.sub) {
         return Some(next);
     }
     unlink_shared(&key);
@@ -838,24 +804,24 @@ fn teardown_shared(pid: u32, tid: u32, w: &Work) -> Option<u32> {
     };
     let lost_charge = remove_handle(m, &key);
     if lost_charge.client != 0 {
-        settle_lost_charge(pid, tid, w, mem_id, &lost_charge);
+        settle_lost_charge(pid, tid, t, mem_id, &lost_charge);
     }
     Some(next)
 }
 
 /// A teardown removed the charged handle `lost` of memory `mem_id`: its bytes move
-/// out of `w`'s client to a survivor (or wait in export files), or, with no
+/// out of `t`'s client to a survivor (or wait in export files), or, with no
 /// reference left, stay in the contributor and go with it.
 #[inline(never)]
-fn settle_lost_charge(pid: u32, tid: u32, w: &Work, mem_id: u64, lost: &MemHandle) {
-    let (Some(m), Some(client)) = (MEMS.get_ptr_mut(mem_id), CLIENTS.get_ptr_mut(w.client)) else {
+fn settle_lost_charge(pid: u32, tid: u32, t: &Teardown, mem_id: u64, lost: &MemHandle) {
+    let (Some(m), Some(client)) = (MEMS.get_ptr_mut(mem_id), CLIENTS.get_ptr_mut(t.client)) else {
         return;
     };
     let x = Exclude {
-        file: w.file_id,
-        client: w.client,
-        device: w.device,
-        sub: w.sub,
+        file: t.releasing_file,
+        client: t.client,
+        device: t.scope.device,
+        sub: t.scope.sub,
         _reserved: 0,
     };
     // SAFETY: a map value pointer.
@@ -914,16 +880,17 @@ fn move_out(client: *mut ClientInfo, h: &MemHandle, m: *mut MemInfo) {
     );
 }
 
-/// Frees what a client's contributors in `w`'s scope hold, as the driver does, and
-/// reports each; the client itself goes when the whole of it does.
+/// Frees what the contributors in `t`'s scope hold, from slot `t.next_contributor`
+/// on ([`CONTRIBUTORS_PER_RUN`] of them), as the driver does, and reports each; the
+/// client itself goes when the whole of it does. Returns whether slots are left.
 #[inline(never)]
-fn teardown_contributors(pid: u32, tid: u32, w: &Work) -> bool {
-    let Some(client) = CLIENTS.get_ptr_mut(w.client) else {
+pub fn teardown_contributors(pid: u32, tid: u32, t: &Teardown) -> bool {
+    let Some(client) = CLIENTS.get_ptr_mut(t.client) else {
         return false;
     };
     // SAFETY: a map value pointer.
     let creator = unsafe { (*client).creator_pid };
-    let first = w.index as usize;
+    let first = t.next_contributor as usize;
     for k in 0..CONTRIBUTORS_PER_RUN {
         if first + k >= CLIENT_CONTRIBUTORS {
             break;
@@ -934,7 +901,7 @@ fn teardown_contributors(pid: u32, tid: u32, w: &Work) -> bool {
         let i = core::hint::black_box(first + k) & (CLIENT_CONTRIBUTORS - 1);
         // SAFETY: as above; i is in bounds.
         let c = unsafe { &mut (*client).contributors[i] };
-        if c.pid == 0 || !in_scope(c.device, c.sub, w.device, w.sub) {
+        if c.pid == 0 || !in_scope(c.device, c.sub, t.scope.device, t.scope.sub) {
             continue;
         }
         let d = Delta {
@@ -947,28 +914,28 @@ fn teardown_contributors(pid: u32, tid: u32, w: &Work) -> bool {
         };
         sub_totals(c.pid, c.gpu, &d);
         driver_figure(creator, c.gpu, mem_kind::VIDEO, -(c.bytes as i64));
-        emit_teardown(pid, tid, w, c);
+        emit_teardown(pid, tid, t, c);
         *c = Contributor::default();
     }
     if first + CONTRIBUTORS_PER_RUN < CLIENT_CONTRIBUTORS {
         return true;
     }
-    if w.device == 0 && w.sub == 0 {
-        let _ = CLIENTS.remove(w.client);
+    if t.scope.device == 0 && t.scope.sub == 0 {
+        let _ = CLIENTS.remove(t.client);
     }
     false
 }
 
 /// Contributor slots one run of [`teardown_contributors`] handles (all 16 are too
 /// much for the verifier in one program).
-const CONTRIBUTORS_PER_RUN: usize = 4;
+pub const CONTRIBUTORS_PER_RUN: usize = 4;
 
 #[inline(never)]
-fn emit_teardown(pid: u32, tid: u32, w: &Work, c: &Contributor) {
+fn emit_teardown(pid: u32, tid: u32, t: &Teardown, c: &Contributor) {
     emit(GpuTeardownEvent {
         header: header(EventKind::GpuTeardown, pid, tid),
-        client: w.client,
-        reason: w.reason,
+        client: t.client,
+        reason: t.reason,
         owner_pid: c.pid,
         gpu: c.gpu,
         device: c.device,
@@ -981,313 +948,15 @@ fn emit_teardown(pid: u32, tid: u32, w: &Work, c: &Contributor) {
     });
 }
 
-/// What a teardown covers: all of a client, a device or a subdevice.
-#[derive(Clone, Copy, Default)]
-pub struct Scope {
-    pub device: u32,
-    pub sub: u32,
-}
-
-/// Deferred accounting work: the release of a file and the teardown of a client
-/// are too much to verify inside every program that can cause one, so they are
-/// queued per CPU and done by the `keling_*` work programs, reached by tail call
-/// (one item per call), at the end of the program that queued them, or at the next
-/// context switch on that CPU if a chain of tail calls ran out.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Work {
-    kind: u32,
-    /// A [`teardown`] reason.
-    reason: u32,
-    client: u32,
-    device: u32,
-    sub: u32,
-    /// TEARDOWN_SHARED: 0 before the first step, then 1; TEARDOWN_CONTRIBUTORS:
-    /// the next contributor slot; CLOSE_RANGE: the next fd slot.
-    index: u32,
-    /// TEARDOWN_SHARED: the next handle on the client's shared list.
-    cursor: u32,
-    _reserved: u32,
-    /// RELEASE_FILE, ORPHAN: the file. Teardowns: the file being released (its
-    /// clients' handles are all going, so none of them may inherit a charge), or 0.
-    pub file_id: u64,
-}
-
-// Work kinds are the slots of their programs in `WORK_PROG` (keling-common).
-const WORK_RELEASE_FILE: u32 = tail_call::work::RELEASE_FILE;
-const WORK_TEARDOWN_SHARED: u32 = tail_call::work::TEARDOWN_SHARED;
-const WORK_TEARDOWN_CONTRIBUTORS: u32 = tail_call::work::TEARDOWN_CONTRIBUTORS;
-/// `client`: the pid; `device`, `sub`: first and last fd; `index`: next slot.
-const WORK_CLOSE_RANGE: u32 = tail_call::work::CLOSE_RANGE;
-/// `file_id`: a file whose fd went while other references remain (see orphans.rs).
-const WORK_ORPHAN: u32 = tail_call::work::ORPHAN;
-/// Check a few orphans (see orphans.rs).
-const WORK_SWEEP: u32 = tail_call::work::SWEEP;
-/// Items queued per CPU (a power of two).
-const WORK_SLOTS: usize = 64;
-
-/// A FIFO of work, per CPU.
-#[repr(C)]
-pub struct WorkQueue {
-    pid: u32,
-    tid: u32,
-    start: u32,
-    len: u32,
-    items: [Work; WORK_SLOTS],
-}
-
-#[map]
-static WORK_QUEUE: PerCpuArray<WorkQueue> = PerCpuArray::with_max_entries(1, 0);
-/// The work programs by work kind, set by the agent at load time.
-#[map]
-static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(tail_call::SLOTS, 0);
-
-#[inline(always)]
-fn push_work(pid: u32, tid: u32, w: &Work) {
-    let Some(q) = WORK_QUEUE.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's slot; programs run to completion on one CPU.
-    unsafe {
-        let len = (*q).len as usize;
-        if len >= WORK_SLOTS {
-            count_undecoded(pid, undecoded::TABLE_FULL);
-            return;
-        }
-        let at = ((*q).start as usize + len) & (WORK_SLOTS - 1);
-        (*q).items[at] = *w;
-        (*q).len += 1;
-        (*q).pid = pid;
-        (*q).tid = tid;
-    }
-}
-
-/// Puts `w` at the front of the queue (the item just taken off it goes on).
-#[inline(always)]
-fn push_front(pid: u32, tid: u32, w: &Work) {
-    let Some(q) = WORK_QUEUE.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's slot; programs run to completion on one CPU.
-    unsafe {
-        if (*q).len as usize >= WORK_SLOTS {
-            count_undecoded(pid, undecoded::TABLE_FULL);
-            return;
-        }
-        let at = ((*q).start.wrapping_sub(1)) & (WORK_SLOTS as u32 - 1);
-        (*q).items[at as usize] = *w;
-        (*q).start = at;
-        (*q).len += 1;
-        (*q).pid = pid;
-        (*q).tid = tid;
-    }
-}
-
-/// Queues the release of `file_id` (only files through which something was created
-/// matter).
-pub fn queue_release(pid: u32, tid: u32, file_id: u64) {
-    if FILES.get_ptr(file_id).is_none() {
-        return;
-    }
-    push_work(
-        pid,
-        tid,
-        &Work {
-            kind: WORK_RELEASE_FILE,
-            file_id,
-            ..Default::default()
-        },
-    );
-}
-
-/// Queues the check of `file`, whose fd `pid` dropped while the kernel still counts
-/// other references (only files through which something was created matter).
-pub fn queue_orphan(pid: u32, tid: u32, file_id: u64) {
-    if FILES.get_ptr(file_id).is_none() {
-        return;
-    }
-    push_work(
-        pid,
-        tid,
-        &Work {
-            kind: WORK_ORPHAN,
-            file_id,
-            ..Default::default()
-        },
-    );
-}
-
-/// Queues a sweep of the orphans, as no process (pid 0): call only when this CPU's
-/// queue is empty.
-pub fn queue_sweep() {
-    push_work(
-        0,
-        0,
-        &Work {
-            kind: WORK_SWEEP,
-            ..Default::default()
-        },
-    );
-}
-
-/// Whether this CPU's work queue is empty.
-#[inline(always)]
-pub fn work_queue_empty() -> bool {
-    // SAFETY: this CPU's slot.
-    WORK_QUEUE
-        .get_ptr(0)
-        .is_none_or(|q| unsafe { (*q).len } == 0)
-}
-
-/// Queues the judging of a close_range's slots, at the front: it must run before
-/// the kernel closes them.
-pub fn queue_close_range(pid: u32, tid: u32, first: u32, last: u32) {
-    push_front(
-        pid,
-        tid,
-        &Work {
-            kind: WORK_CLOSE_RANGE,
-            reason: 0,
-            client: pid,
-            device: first,
-            sub: last,
-            index: 0,
-            cursor: 0,
-            _reserved: 0,
-            file_id: 0,
-        },
-    );
-}
-
 /// Queues the teardown of a client (all of it, or a device or subdevice).
 pub fn queue_teardown(pid: u32, tid: u32, client: u32, scope: &Scope, reason: u32) {
-    push_work(
-        pid,
-        tid,
-        &Work {
-            kind: WORK_TEARDOWN_SHARED,
-            reason,
-            client,
-            device: scope.device,
-            sub: scope.sub,
-            index: 0,
-            cursor: 0,
-            _reserved: 0,
-            file_id: 0,
-        },
-    );
-}
-
-/// Does the queued work, one item per tail call, each kind in its own program
-/// (together they are too much for the verifier). Call last: on success it does
-/// not return.
-#[inline(always)]
-pub fn run_work<C: EbpfContext>(ctx: &C) {
-    let Some(q) = WORK_QUEUE.get_ptr(0) else {
-        return;
-    };
-    // SAFETY: this CPU's slot.
-    let (len, start) = unsafe { ((*q).len, (*q).start) };
-    if len == 0 {
-        return;
-    }
-    // SAFETY: as above; the index is masked into bounds.
-    let kind = unsafe { (*q).items[start as usize & (WORK_SLOTS - 1)].kind };
-    // SAFETY: a tail call to a program of the same type.
-    unsafe { WORK_PROG.tail_call(ctx, kind) };
-    // Only reached if the tail call failed (the chain is at its limit): the work
-    // stays queued for the next program on this CPU.
-}
-
-/// Takes the next work item off this CPU's queue: (pid, tid, item).
-#[inline(always)]
-pub fn pop_work() -> Option<(u32, u32, Work)> {
-    let q = WORK_QUEUE.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot.
-    let q = unsafe { &mut *q };
-    if q.len == 0 {
-        return None;
-    }
-    let w = q.items[q.start as usize & (WORK_SLOTS - 1)];
-    q.start = (q.start + 1) & (WORK_SLOTS as u32 - 1);
-    q.len -= 1;
-    Some((q.pid, q.tid, w))
-}
-
-/// [`WORK_RELEASE_FILE`]. Attached to nothing: reached through `WORK_PROG` only.
-#[tracepoint(category = "keling", name = "keling_release_file")]
-pub fn keling_release_file(ctx: TracePointContext) -> i32 {
-    if let Some((pid, tid, w)) = pop_work() {
-        release_file(pid, tid, w.file_id);
-    }
-    run_work(&ctx);
-    0
-}
-
-/// The item at the front of this CPU's queue, in place: (pid, tid, item).
-#[inline(always)]
-fn front_work() -> Option<(u32, u32, &'static mut Work)> {
-    let q = WORK_QUEUE.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot; programs run to completion on one CPU.
-    let q = unsafe { &mut *q };
-    if q.len == 0 {
-        return None;
-    }
-    let w = &mut q.items[q.start as usize & (WORK_SLOTS - 1)];
-    Some((q.pid, q.tid, w))
-}
-
-/// [`WORK_TEARDOWN_SHARED`]: one handle of the client's shared list per run, the
-/// item updated in place; then the contributors' part.
-#[tracepoint(category = "keling", name = "keling_teardown_shared")]
-pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
-    if let Some((pid, tid, w)) = front_work() {
-        match teardown_shared(pid, tid, w) {
-            Some(cursor) if cursor != 0 => {
-                w.index = 1;
-                w.cursor = cursor;
-            }
-            _ => {
-                w.kind = WORK_TEARDOWN_CONTRIBUTORS;
-                w.index = 0;
-            }
-        }
-    }
-    run_work(&ctx);
-    0
-}
-
-/// [`WORK_CLOSE_RANGE`]: one slot per run.
-#[tracepoint(category = "keling", name = "keling_close_range")]
-pub fn keling_close_range(ctx: TracePointContext) -> i32 {
-    if let Some((pid, tid, w)) = pop_work() {
-        let index = super::files::close_range_step(w.client, tid, w.device, w.sub, w.index);
-        if index != u32::MAX {
-            push_front(pid, tid, &Work { index, ..w });
-        }
-    }
-    run_work(&ctx);
-    0
-}
-
-/// [`WORK_TEARDOWN_CONTRIBUTORS`].
-#[tracepoint(category = "keling", name = "keling_teardown_contributors")]
-pub fn keling_teardown_contributors(ctx: TracePointContext) -> i32 {
-    if let Some((pid, tid, w)) = front_work() {
-        if teardown_contributors(pid, tid, w) {
-            w.index += CONTRIBUTORS_PER_RUN as u32;
-        } else {
-            let _ = pop_work();
-        }
-    }
-    run_work(&ctx);
-    0
+    deferred::push(pid, tid, Work::teardown(client, *scope, reason, 0));
 }
 
 /// The last reference to an open file went away: the driver frees every client
 /// created on it, and the references its exported objects held.
 #[inline(never)]
-fn release_file(pid: u32, tid: u32, file_id: u64) {
+pub fn release_file(pid: u32, tid: u32, file_id: u64) {
     let Some(f) = FILES.get_ptr(file_id) else {
         return;
     };
@@ -1306,41 +975,10 @@ fn release_file(pid: u32, tid: u32, file_id: u64) {
         // SAFETY: copied out at once.
         let on_this_file = unsafe { CLIENTS.get(client) }.is_some_and(|c| c.file_id == file_id);
         if on_this_file {
-            push_work(
-                pid,
-                tid,
-                &Work {
-                    kind: WORK_TEARDOWN_SHARED,
-                    reason: teardown::FILE_RELEASED,
-                    client,
-                    device: 0,
-                    sub: 0,
-                    index: 0,
-                    cursor: 0,
-                    _reserved: 0,
-                    file_id,
-                },
-            );
+            let scope = Scope::default();
+            let w = Work::teardown(client, scope, teardown::FILE_RELEASED, file_id);
+            deferred::push(pid, tid, w);
         }
     }
     let _ = FILES.remove(file_id);
-}
-
-/// The fd table of `pid`, created empty if needed.
-pub fn proc_fds(pid: u32, create: bool) -> Option<*mut ProcFds> {
-    if let Some(p) = PROC_FDS.get_ptr_mut(pid) {
-        return Some(p);
-    }
-    if !create {
-        return None;
-    }
-    let zero = ZERO_FDS.get_ptr(0)?;
-    #[expect(
-        clippy::needless_borrows_for_generic_args,
-        reason = "a copy would go on the stack"
-    )]
-    // SAFETY: a map value pointer, valid for this program run.
-    let inserted = PROC_FDS.insert(pid, unsafe { &*zero }, 0);
-    inserted.ok()?;
-    PROC_FDS.get_ptr_mut(pid)
 }

@@ -15,21 +15,40 @@
 //! own count of the file's references, so references held elsewhere (an unknown fd,
 //! a message in flight, another process) keep it open exactly as in the kernel.
 //!
+//! `FILES[file]` holds what accounting keeps per open NVIDIA file (the clients
+//! created through it, the memories an export file holds); this module owns the
+//! map, creates its entries for accounting ([`file_info`]) and queues a file's
+//! release or orphan check only when it has one. The release itself (tearing down
+//! the clients) is accounting's, run later by the work programs (work.rs).
+//!
 //! Syscall tracepoint records put argument i at byte 16 + 8 * i, and the return
 //! value of sys_exit_* at 16; that layout is fixed by the syscall tracing ABI.
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_probe_read_user},
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{Array, HashMap},
     programs::TracePointContext,
 };
 use keling_common::{
-    FD_SLOTS, FILE_UNRESOLVED, FdSlot, GpuCloseEvent, GpuOpenEvent, ProcFds, SimFileKey,
-    device_file, nvidia, open_how, undecoded,
+    FD_SLOTS, FILE_CLIENTS, FILE_EXPORTS, FILE_UNRESOLVED, FdSlot, FileInfo, GpuCloseEvent,
+    GpuOpenEvent, MAX_FILES, MAX_TRACKED_PIDS, ProcFds, SimFileKey, device_file, nvidia, open_how,
+    undecoded,
 };
 
-use super::accounting::{FILES, PROC_FDS, count_undecoded, proc_fds, queue_orphan, queue_release};
-use crate::{current_ids, emit, header, is_tracked_pid, kread, track};
+use super::deferred::{self, Work};
+use crate::{count_undecoded, current_ids, emit, header, is_tracked_pid, kread, track};
+
+/// The NVIDIA fds Keling knows, per process.
+#[map]
+pub static PROC_FDS: HashMap<u32, ProcFds> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
+/// Open NVIDIA files through which something was created, by `struct file` address.
+#[map]
+pub static FILES: HashMap<u64, FileInfo> = HashMap::with_max_entries(MAX_FILES, 0);
+/// A zeroed fd table to insert from (too large for the 512-byte BPF stack).
+#[map]
+static ZERO_FDS: Array<ProcFds> = Array::with_max_entries(1, 0);
+
+const BPF_NOEXIST: u64 = 1;
 
 /// Simulated-driver files: (filesystem device, inode) -> device code. Filled by the
 /// agent at load time from the files under `--dev-dir`.
@@ -62,6 +81,58 @@ const SCM_RIGHTS: u32 = 1;
 const RECV_FDS: usize = 8;
 /// `file_ref_t` values from here up mean released (6.13+).
 const FILE_REF_RELEASED: u64 = 0xC000_0000_0000_0000;
+
+/// The fd table of `pid`, created empty if needed.
+pub fn proc_fds(pid: u32, create: bool) -> Option<*mut ProcFds> {
+    if let Some(p) = PROC_FDS.get_ptr_mut(pid) {
+        return Some(p);
+    }
+    if !create {
+        return None;
+    }
+    let zero = ZERO_FDS.get_ptr(0)?;
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "a copy would go on the stack"
+    )]
+    // SAFETY: a map value pointer, valid for this program run.
+    let inserted = PROC_FDS.insert(pid, unsafe { &*zero }, 0);
+    inserted.ok()?;
+    PROC_FDS.get_ptr_mut(pid)
+}
+
+/// The `FILES` entry of `file_id`, created if needed.
+pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
+    if let Some(f) = FILES.get_ptr_mut(file_id) {
+        return Some(f);
+    }
+    let info = FileInfo {
+        device,
+        opener_pid: pid,
+        clients: [0; FILE_CLIENTS],
+        exports: [0; FILE_EXPORTS],
+    };
+    let _ = FILES.insert(file_id, info, BPF_NOEXIST);
+    FILES.get_ptr_mut(file_id)
+}
+
+/// Queues the release of `file_id` (only files through which something was created
+/// matter).
+pub fn queue_release(pid: u32, tid: u32, file_id: u64) {
+    if FILES.get_ptr(file_id).is_none() {
+        return;
+    }
+    deferred::push(pid, tid, Work::ReleaseFile { file_id });
+}
+
+/// Queues the check of `file_id`, whose fd `pid` dropped while the kernel still
+/// counts other references (only files through which something was created matter).
+pub fn queue_orphan(pid: u32, tid: u32, file_id: u64) {
+    if FILES.get_ptr(file_id).is_none() {
+        return;
+    }
+    deferred::push(pid, tid, Work::Orphan { file_id });
+}
 
 #[inline(always)]
 fn arg(ctx: &TracePointContext, i: usize) -> u64 {
@@ -295,7 +366,7 @@ fn exit_open(ctx: &TracePointContext) -> i32 {
             if FILES.get_ptr(file).is_some() {
                 // A new open file where Keling still has one: that one was released
                 // where Keling did not see it (see orphans.rs), and its memory reused.
-                if super::accounting::work_queue_empty() {
+                if deferred::is_empty() {
                     queue_release(0, 0, file);
                 } else {
                     queue_release(pid, tid, file);
@@ -304,7 +375,7 @@ fn exit_open(ctx: &TracePointContext) -> i32 {
             add_fd(fd as i32, device, file, open_how::OPEN, -1);
         }
     }
-    super::accounting::run_work(ctx);
+    deferred::run(ctx);
     0
 }
 
@@ -374,7 +445,7 @@ fn exit_dup2(ctx: &TracePointContext) -> i32 {
     if device != device_file::NONE {
         add_fd(fd, device, now, open_how::DUP, -1);
     }
-    super::accounting::run_work(ctx);
+    deferred::run(ctx);
     0
 }
 
@@ -504,7 +575,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> i32 {
     let gone = *slot;
     *slot = FdSlot::default();
     closed(pid, tid, &gone, released);
-    super::accounting::run_work(&ctx);
+    deferred::run(&ctx);
     0
 }
 
@@ -520,14 +591,11 @@ pub fn sys_enter_close_range(ctx: TracePointContext) -> i32 {
         return 0;
     }
     // One slot per tail call (all 16 in one program are too much for the
-    // verifier), before the kernel closes anything.
-    super::accounting::queue_close_range(
-        pid,
-        tid,
-        first.min(u32::MAX as u64) as u32,
-        last.min(u32::MAX as u64) as u32,
-    );
-    super::accounting::run_work(&ctx);
+    // verifier), at the front of the queue: before the kernel closes anything.
+    let first = first.min(u32::MAX as u64) as u32;
+    let last = last.min(u32::MAX as u64) as u32;
+    deferred::push_front(pid, tid, Work::close_range(pid, first, last));
+    deferred::run(&ctx);
     0
 }
 

@@ -28,13 +28,13 @@ use keling_common::{
 
 use super::{
     accounting::{
-        CLIENTS, FILES, NO_BYTES_EXPORT, OBJECTS, Scope, add_handle, charge_new, claim_charge,
-        count_undecoded, export_memory, exported, free_mem_handle, link_shared, new_client,
-        proc_fds, queue_teardown, run_work, scratch_object, share,
+        CLIENTS, NO_BYTES_EXPORT, OBJECTS, add_handle, charge_new, claim_charge, export_memory,
+        exported, free_mem_handle, link_shared, new_client, queue_teardown, scratch_object, share,
     },
-    files::{add_fd, device_of_file, file_of_fd, find_slot, follows},
+    deferred::{self, Scope},
+    files::{FILES, add_fd, device_of_file, file_of_fd, find_slot, follows, proc_fds},
 };
-use crate::{atomic_add, current_ids, emit, emit_quiet, header};
+use crate::{atomic_add, count_undecoded, current_ids, emit, emit_quiet, header};
 
 /// What sys_enter learned, for sys_exit.
 #[derive(Clone, Copy)]
@@ -538,7 +538,7 @@ fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<R
         // Fully reported; a teardown it queued is done now.
         Ok(None) => {
             let _ = PENDING_IOCTL.remove(tid);
-            run_work(ctx);
+            deferred::run(ctx);
         }
         Ok(Some(report)) => {
             let reason = p.undecoded;
@@ -559,7 +559,7 @@ fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<R
             };
             report_ioctl(p, &report, 1 + r);
             let _ = PENDING_IOCTL.remove(tid);
-            run_work(ctx);
+            deferred::run(ctx);
         }
     }
 }

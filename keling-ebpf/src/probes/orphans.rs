@@ -12,18 +12,18 @@
 //! reads 0, or whose `struct file` now belongs to another inode (freed and reused:
 //! files are `SLAB_TYPESAFE_BY_RCU`, so the memory stays a `struct file`), is
 //! released. Its release is reported with pid 0: no process Keling watches did it.
+//!
+//! The orphan check and the sweep are deferred work (`keling_orphan`,
+//! `keling_sweep` in work.rs); this module holds what they do.
 use aya_ebpf::{
-    macros::{map, tracepoint},
+    macros::map,
     maps::{Array, PerCpuArray},
-    programs::TracePointContext,
 };
 use keling_common::{FD_SLOTS, ORPHAN_SLOTS, OrphanSlot, OrphanSweep, undecoded};
 
-use super::accounting::{
-    FILES, PROC_FDS, count_undecoded, pop_work, queue_release, run_work, work_queue_empty,
-};
-use super::files::file_refs;
-use crate::{atomic_add, atomic_cas, kread};
+use super::deferred::{self, Work};
+use super::files::{FILES, PROC_FDS, file_refs, queue_release};
+use crate::{atomic_add, atomic_cas, count_undecoded, kread};
 
 #[map]
 static ORPHANS: Array<OrphanSlot> = Array::with_max_entries(ORPHAN_SLOTS, 0);
@@ -46,7 +46,7 @@ pub fn sweep_due() -> bool {
         return false;
     };
     // SAFETY: a map value pointer; a racy read of a counter is fine here.
-    if unsafe { core::ptr::read_volatile(&(*s).occupied) } == 0 || !work_queue_empty() {
+    if unsafe { core::ptr::read_volatile(&(*s).occupied) } == 0 || !deferred::is_empty() {
         return false;
     }
     let Some(last) = ORPHAN_LAST.get_ptr_mut(0) else {
@@ -70,19 +70,17 @@ fn inode_of(file: u64) -> u64 {
     kread::<u64>(file, config!(file_inode_off)).unwrap_or(0)
 }
 
-/// `WORK_ORPHAN`: `file`, whose fd `pid` just dropped while other references
-/// remain, becomes an orphan unless `pid` still has another fd of it.
-#[tracepoint(category = "keling", name = "keling_orphan")]
-pub fn keling_orphan(ctx: TracePointContext) -> i32 {
-    if let Some((pid, _, w)) = pop_work() {
-        add_orphan(pid, w.file_id);
-    }
-    run_work(&ctx);
-    0
+/// Queues a sweep of the orphans, as no process (pid 0): call only when
+/// [`sweep_due`].
+#[inline(always)]
+pub fn queue_sweep() {
+    deferred::push(0, 0, Work::Sweep);
 }
 
+/// `file`, whose fd `pid` just dropped while other references remain, becomes an
+/// orphan unless `pid` still has another fd of it.
 #[inline(always)]
-fn add_orphan(pid: u32, file: u64) {
+pub fn add_orphan(pid: u32, file: u64) {
     if FILES.get_ptr(file).is_none() {
         return;
     }
@@ -124,15 +122,12 @@ fn add_orphan(pid: u32, file: u64) {
     }
 }
 
-/// `WORK_SWEEP`: checks the next few slots.
-#[tracepoint(category = "keling", name = "keling_sweep")]
-pub fn keling_sweep(ctx: TracePointContext) -> i32 {
-    let _ = pop_work();
+/// Checks the next few slots.
+#[inline(always)]
+pub fn sweep() {
     for _ in 0..SWEEP_SLOTS {
         sweep_one();
     }
-    run_work(&ctx);
-    0
 }
 
 #[inline(always)]

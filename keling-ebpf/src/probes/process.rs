@@ -108,7 +108,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> i32 {
         Err(_) => 1,
     };
     // Files whose last fd went away are released in a tail call, last.
-    super::accounting::run_work(&ctx);
+    super::deferred::run(&ctx);
     rc
 }
 
@@ -154,7 +154,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> i32 {
         Err(_) => 1,
     };
     // Files whose last fd went away are released in a tail call, last.
-    super::accounting::run_work(&ctx);
+    super::deferred::run(&ctx);
     rc
 }
 

@@ -16,10 +16,10 @@ pub fn sched_switch(ctx: TracePointContext) -> i32 {
     };
     // Orphaned files are checked from here now and then (see orphans.rs).
     if super::orphans::sweep_due() {
-        super::accounting::queue_sweep();
+        super::orphans::queue_sweep();
     }
     // Accounting work a chain of tail calls left on this CPU is done here.
-    super::accounting::run_work(&ctx);
+    super::deferred::run(&ctx);
     rc
 }
 
