@@ -1,5 +1,10 @@
-//! The HdrHistogram interval log `keling run --histo-log` appends to, and reading it back
-//! for `keling histo export` and `keling histo tune`.
+//! The HdrHistogram interval log: its one writer, [`IntervalLogAppender`], and reading it
+//! back ([`read`]) for `keling histo export` and `keling histo tune`.
+//!
+//! Two uses write through the appender: `keling run --histo-log` appends an interval to a
+//! file every few seconds ([`IntervalLogAppender::append`]), and `keling status --export
+//! interval-log` writes the whole recording as one interval
+//! ([`LatencyRecorder::write_interval_log`]).
 //!
 //! # Format
 //! The standard interval log (format version 1.3), histograms V2 deflate-compressed and
@@ -17,15 +22,31 @@
 //! histograms, timestamps in seconds since the BaseTime:
 //! ```text
 //! #[Keling interval: model=adaptive multiplier=1.2 timeout_ns=23800000 decisions=3 late=0]
-//! 12.000,1.000,0.412,HISTFAAAA...            (end-to-end, all actions; always written)
-//! Tag=delivery,12.000,1.000,0.003,HISTF...   (each stage with data, all actions)
-//! Tag=freeze/end_to_end ...                  (no: STAGE/ACTION, e.g. Tag=end_to_end/freeze)
+//! 12.000,1.000,0.412,HISTFAAAA...                (end-to-end, all actions; always written)
+//! Tag=delivery,12.000,1.000,0.003,HISTF...       (each other stage with data, all actions)
+//! Tag=end_to_end/freeze,12.000,1.000,0.412,...   (each stage with data, per action: STAGE/ACTION)
 //! ```
+//! An action's characters that a tag cannot hold (`,`, space, CR, LF) become `_`.
+//!
+//! The one-shot export has no wall clock to give, so its header names none and its
+//! timestamps are seconds of `CLOCK_MONOTONIC`:
+//! ```text
+//! #[Histogram log format version 1.3]
+//! #[Keling decision latency: values in ns, interval timestamps in s of CLOCK_MONOTONIC, ...]
+//! #[MaxValueDivisor: 1000000.000]
+//! #[Keling interval: model=adaptive multiplier=1.2 timeout_ns=18000000 decisions=300 late=0]
+//! 5.000,2.995,15.008,HISTFAAAA...
+//! ```
+//! and its one interval holds every histogram in export order (end-to-end, the other stages,
+//! then per stage and action), the all-action ones even when empty.
+//!
 //! Readers that know nothing of Keling (the hdrhistogram crate's `IntervalLogIterator`,
 //! Java's `HistogramLogReader`, HdrHistogram_py) skip the comments.
 use std::{
     collections::BTreeMap,
+    fmt,
     io::{self, Write},
+    time::Duration,
 };
 
 use base64::Engine;
@@ -37,19 +58,26 @@ use hdrhistogram::{
     },
 };
 
-use super::{
-    HIST_HIGH_NS, HIST_LOW_NS, HIST_SIGFIG, Interval, LatencyRecorder, ModelKind, NS_PER_MS, Stage,
-    TimeoutModel, sanitize_tag,
-};
+use super::model::{ModelKind, TimeoutModel};
+use super::recorder::{Interval, LatencyRecorder, NS_PER_MS, Stage, new_histogram};
 
 const LEGEND: &str =
     "\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"";
+const VERSION_COMMENT: &str = "#[Histogram log format version 1.3]";
 const INTERVAL_COMMENT: &str = "#[Keling interval: ";
 
-/// Appends intervals to an interval log.
+/// What a log's timestamps count from; its header says which.
+enum TimeBase {
+    /// Seconds since the BaseTime: the wall clock, ns since the epoch, at the log's start.
+    Wall { epoch_ns: u128 },
+    /// Seconds of `CLOCK_MONOTONIC`; the header has no StartTime or BaseTime.
+    Monotonic,
+}
+
+/// Writes an interval log: a header, then intervals. The only writer of the format.
 pub struct IntervalLogAppender<W: Write> {
     w: W,
-    /// `CLOCK_MONOTONIC` at the BaseTime.
+    /// `CLOCK_MONOTONIC` at the BaseTime (0 when timestamps are monotonic seconds).
     base_mono_ns: u64,
     /// Where the next interval starts (monotonic ns).
     next_start_ns: u64,
@@ -60,30 +88,62 @@ pub struct IntervalLogAppender<W: Write> {
 impl<W: Write> IntervalLogAppender<W> {
     /// Writes a header whose StartTime and BaseTime are `wall_epoch_ns` (the wall clock
     /// now), taken at `mono_ns` (the monotonic clock now).
-    pub fn start(mut w: W, wall_epoch_ns: u128, mono_ns: u64) -> io::Result<Self> {
-        let secs = wall_epoch_ns as f64 / 1e9;
-        writeln!(
+    pub fn start(w: W, wall_epoch_ns: u128, mono_ns: u64) -> io::Result<Self> {
+        Self::begin(
             w,
-            "#[Logged with Keling {} (keling run --histo-log)]",
-            env!("CARGO_PKG_VERSION")
-        )?;
-        writeln!(w, "#[Histogram log format version 1.3]")?;
-        writeln!(
-            w,
-            "#[Keling decision latency: values in ns; untagged = end_to_end of all actions, \
-             Tag=STAGE of all actions, Tag=STAGE/ACTION]"
-        )?;
-        writeln!(
-            w,
-            "#[StartTime: {secs:.3} (seconds since epoch), {}]",
-            rfc3339((wall_epoch_ns / 1_000_000_000) as u64)
-        )?;
-        writeln!(w, "#[BaseTime: {secs:.3} (seconds since epoch)]")?;
-        writeln!(w, "{LEGEND}")?;
+            TimeBase::Wall {
+                epoch_ns: wall_epoch_ns,
+            },
+            mono_ns,
+        )
+    }
+
+    /// Writes a header without StartTime or BaseTime: timestamps are seconds of
+    /// `CLOCK_MONOTONIC`, and the first interval starts at `mono_ns`.
+    pub fn start_monotonic(w: W, mono_ns: u64) -> io::Result<Self> {
+        Self::begin(w, TimeBase::Monotonic, mono_ns)
+    }
+
+    fn begin(mut w: W, base: TimeBase, mono_ns: u64) -> io::Result<Self> {
+        let base_mono_ns = match base {
+            TimeBase::Wall { epoch_ns } => {
+                let secs = epoch_ns as f64 / 1e9;
+                writeln!(
+                    w,
+                    "#[Logged with Keling {} (keling run --histo-log)]",
+                    env!("CARGO_PKG_VERSION")
+                )?;
+                writeln!(w, "{VERSION_COMMENT}")?;
+                writeln!(
+                    w,
+                    "#[Keling decision latency: values in ns; untagged = end_to_end of all actions, \
+                     Tag=STAGE of all actions, Tag=STAGE/ACTION]"
+                )?;
+                writeln!(
+                    w,
+                    "#[StartTime: {secs:.3} (seconds since epoch), {}]",
+                    rfc3339((epoch_ns / 1_000_000_000) as u64)
+                )?;
+                writeln!(w, "#[BaseTime: {secs:.3} (seconds since epoch)]")?;
+                writeln!(w, "{LEGEND}")?;
+                mono_ns
+            }
+            TimeBase::Monotonic => {
+                writeln!(w, "{VERSION_COMMENT}")?;
+                writeln!(
+                    w,
+                    "#[Keling decision latency: values in ns, interval timestamps in s of \
+                     CLOCK_MONOTONIC, untagged = end_to_end of all actions]"
+                )?;
+                // The line hdrhistogram's own writer adds for a max value divisor.
+                writeln!(w, "#[MaxValueDivisor: {NS_PER_MS:.3}]")?;
+                0
+            }
+        };
         w.flush()?;
         Ok(Self {
             w,
-            base_mono_ns: mono_ns,
+            base_mono_ns,
             next_start_ns: mono_ns,
             serializer: V2DeflateSerializer::new(),
             buf: Vec::new(),
@@ -99,33 +159,37 @@ impl<W: Write> IntervalLogAppender<W> {
         model: &TimeoutModel,
         now_mono_ns: u64,
     ) -> io::Result<()> {
-        let start_ns = self.next_start_ns;
-        let length_ns = now_mono_ns.saturating_sub(start_ns);
-        self.next_start_ns = start_ns + length_ns;
-        writeln!(
-            self.w,
-            "{INTERVAL_COMMENT}model={} multiplier={} timeout_ns={} decisions={} late={}]",
-            model.kind().as_str(),
-            model.multiplier(),
-            model.timeout_ns(),
-            iv.decisions,
-            iv.late
-        )?;
+        let untagged = (Stage::EndToEnd, None);
         let empty = new_histogram();
-        let e2e = iv
+        let e2e = iv.histograms.get(&untagged).unwrap_or(&empty);
+        let others = iv
             .histograms
-            .get(&(Stage::EndToEnd, None))
-            .unwrap_or(&empty);
-        self.line(None, e2e, start_ns, length_ns)?;
-        for ((stage, action), h) in &iv.histograms {
-            if h.is_empty() || (*stage == Stage::EndToEnd && action.is_none()) {
-                continue;
-            }
-            let tag = match action {
-                None => stage.as_str().to_owned(),
-                Some(a) => format!("{}/{}", stage.as_str(), sanitize_tag(a)),
-            };
-            self.line(Some(&tag), h, start_ns, length_ns)?;
+            .iter()
+            .filter(|(key, h)| **key != untagged && !h.is_empty())
+            .map(|((stage, action), h)| (*stage, action.as_deref(), h));
+        self.write_interval(
+            &IntervalMeta::of(model, iv.decisions, iv.late),
+            std::iter::once((Stage::EndToEnd, None, e2e)).chain(others),
+            now_mono_ns,
+        )
+    }
+
+    /// Appends one interval, from the previous one's end to `end_mono_ns`: the Keling
+    /// comment with `meta`, then a line per histogram in the order given. The untagged
+    /// end-to-end histogram of all actions must come first: [`read`] takes the comment
+    /// just above it as its interval's. Flushes.
+    pub(super) fn write_interval<'h>(
+        &mut self,
+        meta: &IntervalMeta,
+        histograms: impl IntoIterator<Item = (Stage, Option<&'h str>, &'h Histogram<u64>)>,
+        end_mono_ns: u64,
+    ) -> io::Result<()> {
+        let start_ns = self.next_start_ns;
+        let length_ns = end_mono_ns.saturating_sub(start_ns);
+        self.next_start_ns = start_ns + length_ns;
+        writeln!(self.w, "{meta}")?;
+        for (stage, action, h) in histograms {
+            self.line(tag(stage, action).as_deref(), h, start_ns, length_ns)?;
         }
         self.w.flush()
     }
@@ -147,17 +211,40 @@ impl<W: Write> IntervalLogAppender<W> {
         writeln!(
             self.w,
             "{:.3},{:.3},{:.3},{}",
-            start_ns.saturating_sub(self.base_mono_ns) as f64 / 1e9,
-            length_ns as f64 / 1e9,
+            seconds(start_ns.saturating_sub(self.base_mono_ns)),
+            seconds(length_ns),
             h.max() as f64 / NS_PER_MS,
             base64::engine::general_purpose::STANDARD.encode(&self.buf)
         )
     }
 }
 
-fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(HIST_LOW_NS, HIST_HIGH_NS, HIST_SIGFIG)
-        .expect("constant histogram bounds are valid")
+/// A histogram's tag: none for end-to-end of all actions, `STAGE` for another stage of
+/// all actions, `STAGE/ACTION` for one action.
+fn tag(stage: Stage, action: Option<&str>) -> Option<String> {
+    match action {
+        None if stage == Stage::EndToEnd => None,
+        None => Some(stage.as_str().to_owned()),
+        Some(a) => Some(format!("{}/{}", stage.as_str(), sanitize_tag(a))),
+    }
+}
+
+/// Replaces the characters an interval-log tag cannot hold.
+fn sanitize_tag(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            ',' | ' ' | '\r' | '\n' => '_',
+            c => c,
+        })
+        .collect()
+}
+
+/// `ns` in seconds for a timestamp column: whole seconds plus the fraction, as the
+/// hdrhistogram crate's writer computes them (`ns as f64` alone drops nanoseconds past
+/// 2^53 ns, 104 days, and then rounds the third decimal wrongly more often).
+fn seconds(ns: u64) -> f64 {
+    let d = Duration::from_nanos(ns);
+    d.as_secs() as f64 + f64::from(d.subsec_nanos()) / 1e9
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` of seconds since the epoch (UTC).
@@ -190,6 +277,34 @@ pub struct IntervalMeta {
     pub timeout_ns: u64,
     pub decisions: u64,
     pub late: u64,
+}
+
+impl IntervalMeta {
+    /// Where `model` stands after an interval of `decisions` decisions, `late` of them late.
+    pub fn of(model: &TimeoutModel, decisions: u64, late: u64) -> Self {
+        IntervalMeta {
+            model: model.kind(),
+            multiplier: model.multiplier(),
+            timeout_ns: model.timeout_ns(),
+            decisions,
+            late,
+        }
+    }
+}
+
+/// The Keling comment line before an interval; `parse_meta` reads it back.
+impl fmt::Display for IntervalMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{INTERVAL_COMMENT}model={} multiplier={} timeout_ns={} decisions={} late={}]",
+            self.model.as_str(),
+            self.multiplier,
+            self.timeout_ns,
+            self.decisions,
+            self.late
+        )
+    }
 }
 
 /// One interval read back: its end-to-end histogram over all actions.
@@ -358,7 +473,7 @@ pub fn read(input: &[u8]) -> Result<ReadLog, ReadError> {
 }
 
 impl ReadLog {
-    /// `(ts_ns, end_to_end_ns)` of every decision, for [`super::tune_report`]: an
+    /// `(ts_ns, end_to_end_ns)` of every decision, for [`super::tune::tune_report`]: an
     /// interval's decisions are spread evenly over it, in a fixed pseudo-random order of
     /// their values. With intervals of 1 s or less (the models recompute at most once a
     /// second) this is what the live models saw, to the histograms' precision.
@@ -477,6 +592,129 @@ mod tests {
         }
         assert_eq!(untagged, 5);
         assert_eq!(e2e_count, r.decisions());
+    }
+
+    /// Each histogram line of a log as the crate's reader gives it: (tag, start,
+    /// length, max column, histogram, the line's payload).
+    type Read = (
+        Option<String>,
+        Duration,
+        Duration,
+        f64,
+        Histogram<u64>,
+        String,
+    );
+
+    fn read_with_the_crate(log: &[u8]) -> Vec<Read> {
+        let mut d = Deserializer::new();
+        IntervalLogIterator::new(log)
+            .filter_map(|e| match e.expect("the crate's reader parses every line") {
+                LogEntry::Interval(h) => Some(h),
+                LogEntry::StartTime(_) | LogEntry::BaseTime(_) => None,
+            })
+            .map(|h| {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(h.encoded_histogram())
+                    .unwrap();
+                let hist: Histogram<u64> = d.deserialize(&mut bytes.as_slice()).unwrap();
+                (
+                    h.tag().map(|t| t.as_str().to_owned()),
+                    h.start_timestamp(),
+                    h.duration(),
+                    h.max(),
+                    hist,
+                    h.encoded_histogram().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn both_uses_write_what_the_crates_reader_reads_back() {
+        // One recording written both ways: appended as one interval of a live log, and
+        // exported at once. Nothing confirmed (so the all-action confirmation histogram is
+        // empty), some decisions late, an action name a tag cannot hold.
+        let mut r = LatencyRecorder::new(ModelKind::Static);
+        r.keep_intervals();
+        let t0 = 100 * S;
+        for i in 0..60u64 {
+            let at = t0 + i * 50 * MS;
+            let action = ["freeze", "thaw", "a, b"][(i % 3) as usize];
+            // Unconfirmed, so the end-to-end latency is half of this: 30 ms is late.
+            let e2e = if i % 7 == 0 {
+                60 * MS
+            } else {
+                (1 + i % 5) * MS
+            };
+            r.record(&decision(action, at, e2e, false));
+            r.tick(at);
+        }
+        assert!(r.late_count() > 0);
+        let end = r.last_ns().unwrap();
+        let mut live = Vec::new();
+        let mut app = IntervalLogAppender::start(&mut live, 1_764_589_102_123_000_000, t0).unwrap();
+        app.append(&r.take_interval().unwrap(), r.model(), end)
+            .unwrap();
+        let mut oneshot = Vec::new();
+        r.write_interval_log(&mut oneshot, t0).unwrap();
+
+        let live = (read_with_the_crate(&live), live);
+        let oneshot = (read_with_the_crate(&oneshot), oneshot);
+        for (stage, action, h) in r.histograms() {
+            let want = tag(stage, action);
+            let find = |log: &[Read]| log.iter().find(|e| e.0 == want).cloned();
+            // The one-shot holds every histogram; the live log all but the empty ones
+            // (end-to-end of all actions it always holds).
+            let o = find(&oneshot.0).unwrap_or_else(|| panic!("{want:?} in the one-shot"));
+            assert_eq!(&o.4, h, "{want:?}");
+            assert!((o.3 - h.max() as f64 / 1e6).abs() < 0.001, "{want:?}");
+            match find(&live.0) {
+                Some(l) => {
+                    assert_eq!(&l.4, h, "{want:?}");
+                    // One writer: the same line but for the timestamps.
+                    assert_eq!((l.3, &l.5), (o.3, &o.5), "{want:?}");
+                    assert_eq!(l.1, Duration::ZERO, "live: seconds since its BaseTime");
+                    assert_eq!(o.1, Duration::from_secs(100), "one-shot: monotonic seconds");
+                    assert_eq!(l.2, o.2);
+                    let length = Duration::from_nanos(end - t0);
+                    assert!(
+                        l.2.abs_diff(length) <= Duration::from_micros(500),
+                        "to the ms"
+                    );
+                }
+                None => assert!(
+                    h.is_empty() && want.is_some(),
+                    "{want:?} not in the live log"
+                ),
+            }
+        }
+        assert!(
+            oneshot
+                .0
+                .iter()
+                .any(|e| e.0.as_deref() == Some("confirmation") && e.4.is_empty())
+        );
+        assert!(
+            live.0
+                .iter()
+                .any(|e| e.0.as_deref() == Some("end_to_end/a__b"))
+        );
+        assert_eq!(oneshot.0.len(), r.histograms().len());
+        assert_eq!(live.0[0].0, None, "untagged end-to-end first");
+        assert_eq!(oneshot.0[0].0, None, "untagged end-to-end first");
+
+        // Both carry the model's state, so reading either back keeps it.
+        for (_, log) in [&live, &oneshot] {
+            let back = read(log).unwrap();
+            assert_eq!(back.segments, 1);
+            assert_eq!(back.intervals.len(), 1);
+            let b = &back.recorder;
+            assert_eq!(b.decisions(), r.decisions());
+            assert_eq!(b.late_count(), r.late_count());
+            assert_eq!(b.timeout_ns(), r.timeout_ns());
+            assert_eq!(b.model().kind(), ModelKind::Static);
+            assert_eq!(b.model().multiplier(), r.model().multiplier());
+        }
     }
 
     #[test]

@@ -22,7 +22,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{LatencyRecorder, NS_PER_S, Selection, Stage};
+use super::export::Selection;
+use super::recorder::{Hist, LatencyRecorder, NS_PER_S, Stage};
 
 /// Bucket bounds, seconds: 100 us to 60 s (the histograms' range), with the design's
 /// default timeout, 23.8 ms, as a bound of its own.
@@ -88,19 +89,19 @@ impl LatencyFamilies {
             late: r.late_count(),
             ..Self::default()
         };
-        for ((stage, action), h) in &r.by_action {
-            if sel.stage(*stage) && sel.action(Some(action)) {
+        for (stage, action, h) in r.per_action() {
+            if sel.stage(stage) && sel.action(Some(action)) {
                 let labels = vec![
                     ("stage", stage.as_str().to_owned()),
-                    ("action", action.clone()),
+                    ("action", action.to_owned()),
                 ];
                 f.by_action.push(PromHistogram::of(labels, &h.h, h.sum_ns));
             }
         }
         if sel.action.is_none() {
-            let empty = super::Hist::new();
+            let empty = Hist::new();
             for stage in Stage::ALL.into_iter().filter(|&s| sel.stage(s)) {
-                let h = r.all.get(&stage).unwrap_or(&empty);
+                let h = r.hist(stage, None).unwrap_or(&empty);
                 let labels = vec![("stage", stage.as_str().to_owned())];
                 f.all_actions
                     .push(PromHistogram::of(labels, &h.h, h.sum_ns));

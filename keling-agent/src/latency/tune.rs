@@ -1,5 +1,7 @@
 //! Tuning the decision timeout: replays a series of end-to-end latencies through both
-//! timeout models at a range of multipliers and recommends one.
+//! timeout models at a range of multipliers and recommends one ([`tune`]); the report
+//! (`keling histo tune`, `keling status --export tune`) puts the design's two settings
+//! beside it ([`tune_report`]).
 //!
 //! The replay is causal, as the live agent is: for each decision, in time order, the model
 //! recomputes (at most once per second), judges the decision against the timeout then in
@@ -15,7 +17,8 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::{ModelKind, NS_PER_MS, TimeoutModel};
+use super::model::{ModelKind, TimeoutModel};
+use super::recorder::NS_PER_MS;
 
 /// Sigmas over the mean tried for the static model.
 pub const STATIC_SIGMAS_GRID: [f64; 6] = [2.0, 2.5, 3.0, 4.0, 5.0, 6.0];
@@ -222,5 +225,184 @@ impl fmt::Display for Tuning {
         writeln!(f)?;
         writeln!(f, "recommended: {}", self.recommended.flags())?;
         writeln!(f, "why: {}", self.reasoning)
+    }
+}
+
+/// What one model would have done over a replayed series.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ModelSummary {
+    /// The timeout the model ends with (recomputed over the final window), ms.
+    pub timeout_ms: f64,
+    /// Decisions over the timeout in force when they were made.
+    pub late: u64,
+    pub decisions: u64,
+}
+
+/// Both models replayed over the same series, at their default multipliers
+/// (`static`, `adaptive`) and over a range of multipliers with a recommendation
+/// ([`Tuning`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TuneReport {
+    #[serde(rename = "static")]
+    pub static_: ModelSummary,
+    pub adaptive: ModelSummary,
+    #[serde(flatten)]
+    pub tuning: Tuning,
+}
+
+impl fmt::Display for TuneReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "The design's settings (static: mean + 3 sigma; adaptive: p99 x 1.2):"
+        )?;
+        writeln!(
+            f,
+            "{:<10} {:>12} {:>10} {:>10}",
+            "model", "timeout_ms", "late", "decisions"
+        )?;
+        for (name, s) in [("static", &self.static_), ("adaptive", &self.adaptive)] {
+            writeln!(
+                f,
+                "{:<10} {:>12.3} {:>10} {:>10}",
+                name, s.timeout_ms, s.late, s.decisions
+            )?;
+        }
+        writeln!(f)?;
+        writeln!(f, "Every setting tried (* recommended):")?;
+        write!(f, "{}", self.tuning)
+    }
+}
+
+/// Replays `(ts_ns, end_to_end_ns)` samples, in time order (stable for equal timestamps),
+/// through both models at every multiplier of the grids ([`tune`]). For each sample:
+/// `maybe_recompute(ts)`, judge (late = latency > the timeout now in force), then
+/// `observe(latency, ts)`. The final timeout is a forced recomputation at the last sample's
+/// time, so it reflects the whole final window.
+pub fn tune_report(end_to_end_ns: &[(u64, u64)]) -> TuneReport {
+    let tuning = tune(end_to_end_ns);
+    let summary = |kind: ModelKind| {
+        let c = tuning
+            .grid
+            .iter()
+            .find(|c| c.model == kind && c.is_default())
+            .expect("the grid holds both defaults");
+        ModelSummary {
+            timeout_ms: c.timeout_ms,
+            late: c.late,
+            decisions: c.decisions,
+        }
+    };
+    TuneReport {
+        static_: summary(ModelKind::Static),
+        adaptive: summary(ModelKind::Adaptive),
+        tuning,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn tune_report_step_change_by_hand() {
+        // 30 decisions at 10 ms (t = 0..29 s), then 70 at 40 ms (t = 30..99 s), 1 s apart.
+        let mut series: Vec<(u64, u64)> = (0..30).map(|i| (i * S, 10 * MS)).collect();
+        series.extend((30..100).map(|i| (i * S, 40 * MS)));
+        // Given out of order: the report sorts by time.
+        series.reverse();
+        let r = tune_report(&series);
+        // Hand computation (late = latency > timeout in force, recomputed at each sample):
+        // t < 20 s: window < 20 -> 23.8 ms, nothing late.
+        // 20..29 s: static 10 ms (sigma 0; 10 is not > 10), adaptive 12 ms: nothing late.
+        // t = 30 s: first 40 ms sample, both models still at 10 / 12 ms: late for both.
+        // adaptive from 31 s: p99 of <= 61 values is the max, 40 ms -> 48 ms: never late again.
+        // static with k 40-ms samples among 30 10-ms ones: p = k/(30+k),
+        //   timeout = 10 + 30p + 90 sqrt(p(1-p)) ms, > 40 iff p > 0.1 iff k >= 4, so
+        //   k = 1, 2, 3 (t = 31, 32, 33 s) are late (26.9, 33.7, 38.6 ms), later ones are not;
+        //   from t = 90 s the window holds only 40 ms samples: 40 ms, and 40 is not > 40.
+        // Final window (t = 99 s, ages <= 60 s): only 40 ms -> static 40 ms, adaptive 48 ms.
+        assert_eq!(
+            r.static_,
+            ModelSummary {
+                timeout_ms: 40.0,
+                late: 4,
+                decisions: 100
+            }
+        );
+        assert_eq!(
+            r.adaptive,
+            ModelSummary {
+                timeout_ms: 48.0,
+                late: 1,
+                decisions: 100
+            }
+        );
+        let shown = r.to_string();
+        assert!(
+            shown.contains("static") && shown.contains("48.000"),
+            "{shown}"
+        );
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["static"]["late"], 4);
+        assert_eq!(j["adaptive"]["timeout_ms"], 48.0);
+
+        // Before the step the adaptive timeout was 12 ms; after it, higher.
+        let before = tune_report(
+            &series
+                .iter()
+                .copied()
+                .filter(|&(t, _)| t < 30 * S)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(before.adaptive.timeout_ms, 12.0);
+        assert_eq!(before.static_.timeout_ms, 10.0);
+        assert!(r.adaptive.timeout_ms > before.adaptive.timeout_ms);
+    }
+
+    #[test]
+    fn tune_report_step_change_with_jitter() {
+        // ~10 ms for 60 s, then ~40 ms for 120 s, 10 decisions a second, deterministic jitter.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut jitter = |spread_ms: f64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x % 10_000) as f64 / 10_000.0 - 0.5) * spread_ms * MS as f64
+        };
+        let mut series = Vec::new();
+        for i in 0..1800u64 {
+            let ts = i * 100 * MS;
+            let base = if ts < 60 * S { 10.0 } else { 40.0 };
+            series.push((ts, (base * MS as f64 + jitter(4.0)) as u64));
+        }
+        let r = tune_report(&series);
+        // The replay is causal, so the prefix's counts are the full run's counts before the step.
+        let pre: Vec<(u64, u64)> = series
+            .iter()
+            .copied()
+            .filter(|&(t, _)| t < 60 * S)
+            .collect();
+        let pre_r = tune_report(&pre);
+        assert_eq!(pre.len(), 600);
+        assert!(
+            r.adaptive.timeout_ms > pre_r.adaptive.timeout_ms + 20.0,
+            "{r}"
+        );
+        assert!(r.adaptive.timeout_ms > r.static_.timeout_ms, "{r}");
+        let adaptive_after = r.adaptive.late - pre_r.adaptive.late;
+        let static_after = r.static_.late - pre_r.static_.late;
+        assert!(adaptive_after < static_after, "{r}\n{pre_r}");
+    }
+
+    #[test]
+    fn tune_report_empty() {
+        let r = tune_report(&[]);
+        assert_eq!(r.static_.timeout_ms, 23.8);
+        assert_eq!(r.adaptive.late, 0);
+        assert_eq!(r.adaptive.decisions, 0);
     }
 }
