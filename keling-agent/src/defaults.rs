@@ -36,6 +36,9 @@ pub const LOCK_FILE: &str = "/run/keling/keling.lock";
 pub const WATCHDOG_MS: u64 = 1000;
 /// SCHED_FIFO priority of the actuation thread and the fail-safe (0: ordinary class).
 pub const ACTUATOR_RT_PRIORITY: u8 = 50;
+/// `keling run --loop-priority`: the event loop's SCHED_FIFO priority, below the
+/// actuation thread's (a thaw's writer must not wait for the loop).
+pub const LOOP_RT_PRIORITY: u8 = 40;
 /// Finished (archived) tasks stay in `keling status` this long, s.
 pub const ARCHIVE_RETENTION_S: u64 = 600;
 /// The scheduling log and the input log each rotate at this size (one old file

@@ -29,16 +29,17 @@ use crate::{
         lock::{InstanceLock, LockError},
         monotonic_ns,
     },
-    replay::log::{INPUT_LOG_VERSION, InputLogHeader},
     sched::{
         access::AccessPolicy,
         cgroup,
         config::Config,
-        daemon::{Daemon, DaemonSettings, Wake},
+        daemon::{Daemon, DaemonSettings},
         log::Logs,
+        members::Wake,
         supervisor::{self, Notice},
         worker::Confirmation,
     },
+    sched_log::{INPUT_LOG_VERSION, InputLogHeader},
 };
 
 /// What the agent cannot do without: seeing processes and their GPU memory.
@@ -119,6 +120,13 @@ pub struct RunArgs {
     /// ordinary class; thaws of busy tasks are then much slower).
     #[arg(long, default_value_t = defaults::ACTUATOR_RT_PRIORITY, value_parser = clap::value_parser!(u8).range(0..=99))]
     pub actuator_priority: u8,
+    /// SCHED_FIFO priority of the event loop (the thread that reads the kernel's
+    /// events, decides and answers clients), 1-99, below the actuation thread's;
+    /// 0: the ordinary class, where a host busy on every CPU delays the events
+    /// behind a freeze by its time slices (tens of ms). The kernel's real-time
+    /// throttling still leaves other tasks 5% of each CPU.
+    #[arg(long, default_value_t = defaults::LOOP_RT_PRIORITY, value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub loop_priority: u8,
     /// Only one agent runs at a time: it holds this lock (a second one exits at once
     /// and touches nothing).
     #[arg(long, default_value = defaults::LOCK_FILE, value_name = "PATH")]
@@ -486,6 +494,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    if args.loop_priority > 0 {
+        // This thread runs the event loop (a current-thread runtime). Threads and
+        // processes it starts from now on do not inherit the class (reset on fork).
+        match crate::os::set_thread_realtime(args.loop_priority) {
+            Ok(()) => log::info!("event loop in the real-time class (SCHED_FIFO {})", args.loop_priority),
+            Err(e) => log::warn!(
+                "event loop: SCHED_FIFO {} refused ({e}); running in the ordinary class \
+                 (decisions are slower on a busy host)",
+                args.loop_priority
+            ),
+        }
+    }
     runtime.block_on(async move {
         // The fail-safe, before anything can be frozen.
         let mut failsafe = supervisor::spawn(failsafe_settings)?;
