@@ -1,8 +1,17 @@
 //! Joins the trace to the scheduler core: turns kernel events into scheduler
-//! inputs, carries out the core's actions through the [`Actuator`]s (freezes, thaws
+//! inputs, carries out the core's actions through the [`Actuator`](super::actuator::Actuator)s (freezes, thaws
 //! and stops on the actuation thread, [`super::worker`]), feeds confirmations
-//! back, measures each decision's latency, answers control requests, and writes
-//! the logs.
+//! back, measures each decision's latency, answers control requests, and exports
+//! status and the logs.
+//!
+//! Beside it, each with one job: [`super::launch`] (launch requests and the held
+//! children of launched tasks), [`super::members`] (which process is whose,
+//! adoption, reconcile) and [`super::notify`] (what a launch's client hears). The
+//! daemon is the only one that feeds the core: they hand it what to feed.
+//!
+//! Every input goes to the core through [`Daemon::step`] with its [`Cause`]: the
+//! kernel timestamp and receipt time the decisions it leads to are timed from,
+//! and the refused allocation an eviction is for.
 //!
 //! "Active" (what the core's `Active` input means here): a task is active when a
 //! process of it made an NVIDIA call (any GPU event of that process) or was switched
@@ -12,72 +21,37 @@
 //! is neither, by construction).
 //!
 //! Memory inputs come from video memory only ([`memory_inputs`]).
-//!
-//! # Membership and identity
-//!
-//! Keling acts on a task only through what cannot point at another process: the
-//! task's cgroup (launched tasks) or the pidfd opened when it was launched or
-//! adopted. A task's end comes from its pidfd (it polls readable when the process
-//! exits), so a lost exit event cannot leave a task behind whose pid someone else
-//! now has. Which task a process belongs to, for attributing events, is a map the
-//! trace fills (forks) and that is checked against the truth every second and
-//! whenever the kernel reports lost events ([`Daemon::reconcile_members`]): the
-//! cgroup's `cgroup.procs` for launched tasks, pidfds and start times for adopted
-//! ones.
-//!
-//! # Launches
-//!
-//! A launch is checked against the access rules (who may use which priority, how
-//! much memory), then started as its caller, held until the probes track it, and
-//! released without waiting for its exec: a command whose start blocks (a working
-//! directory on a hung mount, a slow exec) blocks only itself. It arrives in the
-//! core at once (its GPU calls are attributed from the first); the client hears
-//! `accepted` once the exec succeeded, or the step that failed, and then its exit
-//! code.
-//!
-//! The held child execs when the core places it (`Place`), with
-//! `CUDA_VISIBLE_DEVICES` of that GPU written in at its release. At arrival
-//! (the default binding) that is the same step as its arrival. Under late
-//! binding an unpinned task the core cannot run yet stays held, unbound, in the
-//! core's host-level queue: it runs nothing, holds nothing and is never frozen;
-//! its client hears `queued` (position, why) and later `placed`. A queued task
-//! that is signalled, or that Keling ends, is killed before it ran anything.
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
-    ffi::OsString,
-    os::fd::{AsRawFd, OwnedFd},
-    sync::Arc,
+    collections::{BTreeMap, HashMap, VecDeque},
+    os::fd::OwnedFd,
     time::Duration,
 };
 
 use keling_common::nvidia::{ObjectKind, status};
-use keling_sched::{
-    Action, ActionKind, Binding, Input, Output, Scheduler, TaskId, TaskSpec, TaskState,
-};
+use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskState};
 use tokio::sync::mpsc;
 
 use super::{
-    actuator::{Actuator, CgroupActuator, SignalActuator, StoppedList},
-    cgroup::{CgroupRoot, TaskCgroup},
+    actuator::StoppedList,
+    cgroup::CgroupRoot,
     config::Config,
     history::{self, Histories},
-    log::{Logs, Record},
+    launch::{self, Launches},
+    log::Logs,
+    members::{Members, Wake},
+    notify::{Clients, Eviction},
     worker::{Confirmation, Job, Worker},
 };
 use crate::{
     control::{
-        Accepted, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, Notice, PlacementStatus, Reply,
-        Request, SignalRequest, StatusReply, TaskHistory, TaskRef, TaskStatus,
+        ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus, Reply, Request,
+        SignalRequest, StatusReply, TaskHistory, TaskStatus,
         server::{Incoming, Peer, Replier},
     },
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
     latency::{DecisionTimes, LatencyRecorder, Stage, Verdict},
-    os::{
-        monotonic_ns,
-        pidfd::Pidfd,
-        proc::{self, ProcessFacts},
-        spawn::{HeldChild, SpawnOptions, parse_env},
-    },
+    os::monotonic_ns,
+    sched_log::Record,
 };
 
 /// Recent decisions kept for `--export tune`.
@@ -88,77 +62,36 @@ const CGROUP_REMOVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// (and a freeze escalated). Whether it was late is the latency model's call, on
 /// its own timeout.
 const CONFIRM_WAIT_FLOOR: Duration = Duration::from_millis(10);
-/// The environment of a task whose client sent none.
-const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
-/// What the agent keeps about a task beside the core's view.
-struct TaskRuntime {
-    pid: u32,
-    /// A launched task not yet released to exec: queued (late binding), or
-    /// between its fork and its `Place`.
-    held: Option<Held>,
-    /// Held since launch (our child) or adoption: the task's identity.
-    pidfd: Arc<Pidfd>,
-    actuator: Arc<dyn Actuator>,
-    /// Tasks Keling launched: their cgroup.
-    cgroup: Option<TaskCgroup>,
-    /// Whose task it is.
-    uid: u32,
-    /// The launch's connection (its forwarded signals come on it).
-    conn: Option<u64>,
-    last_active_ns: u64,
-    /// An adopted task's exit, seen by the trace before its pidfd said so.
-    exit_seen: Option<ExitStatus>,
-    /// When the kernel reported the root process's exit (the trace's timestamp):
-    /// what the decisions its end leads to are timed from.
-    exited_ns: Option<u64>,
-}
-
-/// A launched task's child, held before exec until the core places it.
-struct Held {
-    child: HeldChild,
-    env_gpu: EnvGpu,
-}
-
-/// Where a launched task's `CUDA_VISIBLE_DEVICES` comes from.
-#[derive(Clone, Copy, Debug)]
-enum EnvGpu {
-    /// The GPU the launch chose (pinned, or placed at arrival), set at the fork;
-    /// `None` leaves the client's value.
-    Chosen(Option<u32>),
-    /// Late binding: the GPU the core binds it to, written at its release.
-    AtPlacement,
-}
-
-/// A process known to belong to a task (for attributing events).
+/// What one step's decisions are timed from, and whom they are for: passed down
+/// from the input that caused them to every action they lead to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Member {
-    task: TaskId,
-    /// A child of an adopted task: its start time, checked by reconcile.
-    start_ticks: Option<u64>,
+pub struct Cause {
+    /// The kernel timestamp of what the input reports (its `ts_ns`).
+    pub event_ns: u64,
+    /// When the agent received it: the read of the kernel event, or when the
+    /// input was made.
+    pub received_ns: u64,
+    /// A refused allocation being handled: whom an eviction it leads to is for.
+    pub evicting_for: Option<Eviction>,
 }
 
-/// The client of a launch: what it has been told, and what it is owed.
-struct Client {
-    reply: Replier,
-    accepted: Accepted,
-    /// The exec's outcome, once known.
-    exec: Option<Result<(), String>>,
-    /// The task's exit code, once it ended.
-    exit_code: Option<i32>,
-    told_accepted: bool,
-    /// Whether it asked for freeze and resume notices.
-    notify_preempt: bool,
-    /// The signals it was told Keling sent to end its task.
-    told_ending: Vec<i32>,
-}
-
-/// Things that happen off the loop and come back to it.
-pub enum Wake {
-    /// A task's pidfd says its process exited.
-    Exited(TaskId),
-    /// A launched command's exec succeeded, or which step failed.
-    Exec(TaskId, Result<(), String>),
+impl Cause {
+    /// What `input`, received at `received_ns`, is the cause of.
+    pub fn of(input: &Input, received_ns: u64) -> Self {
+        Self {
+            event_ns: input.ts_ns(),
+            received_ns,
+            evicting_for: match *input {
+                Input::AllocFailed { id, gpu, bytes, .. } => Some(Eviction {
+                    requester: id,
+                    gpu,
+                    bytes,
+                }),
+                _ => None,
+            },
+        }
+    }
 }
 
 /// Settings of the daemon that are not the core's.
@@ -175,20 +108,18 @@ pub struct Daemon {
     sched: Scheduler,
     latency: LatencyRecorder,
     cgroups: CgroupRoot,
-    tasks: BTreeMap<TaskId, TaskRuntime>,
-    /// Processes of tasks, for attributing events (never for acting on them).
-    pid_task: HashMap<u32, Member>,
+    /// The tasks it acts on and which process is whose.
+    members: Members,
+    /// Launched tasks held before exec.
+    launches: Launches,
     /// Launch connections and their tasks.
     conn_task: HashMap<u64, TaskId>,
-    clients: HashMap<TaskId, Client>,
+    /// The clients of launched tasks.
+    clients: Clients,
     next_id: TaskId,
     logs: Logs,
     worker: Worker,
     wakes: mpsc::UnboundedSender<Wake>,
-    /// (event_ns, received_ns) of the input being handled.
-    cause: (u64, u64),
-    /// When the kernel event now being turned into inputs reached the agent.
-    received_ns: Option<u64>,
     config: Config,
     settings: DaemonSettings,
     /// When the daemon started (the interval log's start).
@@ -196,14 +127,9 @@ pub struct Daemon {
     /// (timestamp, end-to-end latency) of recent decisions, for `--export tune`.
     series: VecDeque<(u64, u64)>,
     stopped: StoppedList,
-    /// Processes never adopted: the agent, its fail-safe.
-    excluded: HashSet<u32>,
     last_prune_ns: u64,
     /// Each task's transitions and decisions, for its owner (`keling status TASK`).
     histories: Histories,
-    /// The refused allocation being handled (requester, GPU, bytes): whom an
-    /// eviction it leads to is for.
-    evicting_for: Option<(TaskId, u32, u64)>,
 }
 
 impl Daemon {
@@ -229,49 +155,43 @@ impl Daemon {
             sched,
             latency,
             cgroups: CgroupRoot::open()?,
-            tasks: BTreeMap::new(),
-            pid_task: HashMap::new(),
+            members: Members::default(),
+            launches: Launches::default(),
             conn_task: HashMap::new(),
-            clients: HashMap::new(),
+            clients: Clients::default(),
             next_id: 1,
             logs,
             worker,
             wakes,
-            cause: (0, 0),
-            received_ns: None,
             config,
             settings,
             stopped: StoppedList::default(),
             started_ns: monotonic_ns(),
             series: VecDeque::new(),
-            excluded: HashSet::from([std::process::id()]),
             last_prune_ns: 0,
             histories: Histories::default(),
-            evicting_for: None,
         })
     }
 
     /// Never adopt `pid` (the agent's fail-safe).
     pub fn exclude(&mut self, pid: u32) {
-        self.excluded.insert(pid);
+        self.members.exclude(pid);
     }
 
-    /// Feeds one input to the core, logs it, and carries out what comes back.
-    pub fn step(&mut self, input: Input) {
-        // The decisions this input leads to are timed from it: its kernel timestamp
-        // and when the agent received it.
-        self.cause = (input.ts_ns(), self.received_ns.unwrap_or_else(monotonic_ns));
-        self.logs.input(&input);
-        let out = self.sched.step(&input);
-        self.evicting_for = match input {
-            Input::AllocFailed { id, gpu, bytes, .. } => Some((id, gpu, bytes)),
-            _ => None,
-        };
-        self.apply(out);
-        self.evicting_for = None;
+    /// Feeds one input to the core, logs it, and carries out what comes back;
+    /// `cause` is what the decisions are timed from.
+    fn step(&mut self, input: &Input, cause: Cause) {
+        self.logs.input(input);
+        let out = self.sched.step(input);
+        self.apply(out, &cause);
     }
 
-    fn apply(&mut self, out: Output) {
+    /// [`Daemon::step`] for an input made now (not read from the kernel).
+    fn step_now(&mut self, input: &Input) {
+        self.step(input, Cause::of(input, monotonic_ns()));
+    }
+
+    fn apply(&mut self, out: Output, cause: &Cause) {
         for t in &out.transitions {
             log::info!(
                 "task {} ({}, pid {}, priority {}) {}: {}",
@@ -283,29 +203,30 @@ impl Daemon {
                 t.reason
             );
             self.logs.transition(t);
-            self.tell_transition(t);
+            let was_for_ns = self.histories.transition(t);
+            self.clients.tell_transition(t, was_for_ns, &self.sched);
         }
         for a in out.actions {
-            self.act(a);
+            self.act(a, cause);
         }
         self.logs.flush();
     }
 
-    /// Carries out one action, timing it. Freezes, thaws and stops go to the
-    /// actuation thread, which carries them out, confirms them and reports back.
-    fn act(&mut self, action: Action) {
+    /// Carries out one action, timing it from `cause`. Freezes, thaws and stops go
+    /// to the actuation thread, which carries them out, confirms them and reports
+    /// back.
+    fn act(&mut self, action: Action, cause: &Cause) {
         let decided_ns = monotonic_ns();
         // Enforce is logged with the Kill/Terminate that follows it.
         let (id, kind) = (action.task(), action.kind().unwrap_or(ActionKind::Warn));
-        let Some(task) = self.tasks.get(&id) else {
+        let Some(task) = self.members.get(id) else {
             return;
         };
         let (pid, actuator) = (task.pid, task.actuator.clone());
-        let (event_ns, received_ns) = self.cause;
         let mut times = DecisionTimes {
             action: format!("{kind:?}").to_lowercase(),
-            event_ns,
-            received_ns,
+            event_ns: cause.event_ns,
+            received_ns: cause.received_ns,
             decided_ns,
             actuated_ns: decided_ns,
             confirmed_ns: None,
@@ -326,16 +247,17 @@ impl Daemon {
                 });
                 return;
             }
-            Action::Terminate { .. } | Action::Kill { .. } if self.is_held(id) => {
-                self.tell_ending(id, libc::SIGKILL);
-                self.cancel_held(id, "ended by Keling");
+            Action::Terminate { .. } | Action::Kill { .. } if self.launches.is_held(id) => {
+                self.tell_ending(id, libc::SIGKILL, cause);
+                self.launches
+                    .cancel(id, "ended by Keling", &mut self.clients);
             }
             Action::Terminate { .. } => {
-                self.tell_ending(id, libc::SIGTERM);
+                self.tell_ending(id, libc::SIGTERM, cause);
                 actuator.terminate()
             }
             Action::Kill { .. } => {
-                self.tell_ending(id, libc::SIGKILL);
+                self.tell_ending(id, libc::SIGKILL, cause);
                 if let Err(e) = actuator.kill() {
                     log::warn!("task {id}: {e:#}");
                 }
@@ -347,16 +269,10 @@ impl Daemon {
                     gpu,
                     timestamp_ns: decided_ns,
                 });
-                if let (Some(c), Some(t)) = (self.clients.get(&id), self.sched.task(id)) {
-                    c.reply.notify(Notice::Placed {
-                        task: id,
-                        pid,
-                        gpu,
-                        priority: t.spec.priority,
-                    });
-                }
+                self.clients.tell_placed(id, pid, gpu, &self.sched);
                 // After the notice: the client hears where before the task's output.
-                self.release(id, gpu);
+                self.launches
+                    .release(id, gpu, &mut self.clients, &self.wakes);
             }
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
@@ -366,18 +282,7 @@ impl Daemon {
                     remaining_ms,
                     timestamp_ns: decided_ns,
                 });
-                if let (Some(c), Some(t)) = (self.clients.get(&id), self.sched.task(id)) {
-                    let config = self.sched.config();
-                    c.reply.notify(Notice::Warning {
-                        task: id,
-                        remaining_ms,
-                        allowed_ms: t
-                            .spec
-                            .max_duration_ms
-                            .unwrap_or(config.default_max_duration_ms),
-                        hard_kill: t.spec.hard_kill.unwrap_or(config.default_hard_kill),
-                    });
-                }
+                self.clients.tell_warning(id, remaining_ms, &self.sched);
             }
             Action::Enforce { record, .. } => {
                 log::warn!(
@@ -388,15 +293,20 @@ impl Daemon {
                     task: id,
                     pid,
                     timestamp_ns: decided_ns,
-                    record: &record,
+                    record: record.clone(),
                 });
-                if let Some(c) = self.clients.get(&id) {
-                    c.reply.notify(Notice::Enforcement { task: id, record });
-                }
+                self.clients.tell_enforcement(id, record);
             }
         }
         times.actuated_ns = monotonic_ns();
         self.record(id, &times);
+    }
+
+    /// Tells a launch's client that Keling is ending its task (see
+    /// [`Clients::tell_ending`]).
+    fn tell_ending(&mut self, id: TaskId, signal: i32, cause: &Cause) {
+        self.clients
+            .tell_ending(id, signal, &self.sched, cause.evicting_for);
     }
 
     /// Records one decision's latency, for the task's history too.
@@ -449,7 +359,7 @@ impl Daemon {
                 c.id,
                 c.times.action
             );
-            self.step(Input::Confirmed {
+            self.step_now(&Input::Confirmed {
                 id: c.id,
                 action: c.action,
                 ts_ns: c.times.confirmed_ns.unwrap_or_else(monotonic_ns),
@@ -460,7 +370,7 @@ impl Daemon {
         if verdict.late || !c.confirmed {
             self.logs.record(&Record::LateDecision {
                 task: c.id,
-                action: &c.times.action,
+                action: c.times.action.clone(),
                 end_to_end_ns: verdict.end_to_end_ns,
                 timeout_ns: verdict.timeout_ns,
                 confirmed: c.confirmed,
@@ -480,7 +390,7 @@ impl Daemon {
                 ts_ns,
             }
         };
-        self.step(input);
+        self.step_now(&input);
     }
 
     /// Answers one control request. `track` makes the probes follow a process.
@@ -520,7 +430,7 @@ impl Daemon {
 
     /// `{"signal": ...}`: the task's owner or root may signal it.
     fn signal_request(&mut self, s: &SignalRequest, peer: &Peer) -> Reply {
-        let Some(t) = self.tasks.get(&s.task) else {
+        let Some(t) = self.members.get(s.task) else {
             return Reply::Error(format!("no running task {}", s.task));
         };
         if !self.config.access_policy.may_act_on(&peer.creds, t.uid) {
@@ -532,31 +442,10 @@ impl Daemon {
         if !(1..=64).contains(&s.signal) {
             return Reply::Error(format!("{} is not a signal", s.signal));
         }
-        if t.held.is_some() {
-            return Reply::Signalled(self.signal_held(s.task, s.signal));
+        if self.launches.is_held(s.task) {
+            return Reply::Signalled(self.launches.signal(s.task, s.signal, &mut self.clients));
         }
         Reply::Signalled(t.actuator.signal(s.signal))
-    }
-
-    /// A signal for a task still held before exec: one whose default action
-    /// ends a process ends it (it never runs); the others have nothing to act
-    /// on. The number of processes signalled.
-    fn signal_held(&mut self, id: TaskId, signal: i32) -> usize {
-        const HARMLESS: [i32; 8] = [
-            libc::SIGCHLD,
-            libc::SIGCONT,
-            libc::SIGSTOP,
-            libc::SIGTSTP,
-            libc::SIGTTIN,
-            libc::SIGTTOU,
-            libc::SIGURG,
-            libc::SIGWINCH,
-        ];
-        if HARMLESS.contains(&signal) {
-            return 0;
-        }
-        self.cancel_held(id, &format!("sent signal {signal}"));
-        1
     }
 
     /// A signal forwarded by a launch's client to its own task.
@@ -565,13 +454,14 @@ impl Daemon {
             log::warn!("connection {conn}: signal {signal} is not one that is forwarded");
             return;
         }
-        if let Some(&id) = self.conn_task.get(&conn)
-            && self.is_held(id)
-        {
-            self.signal_held(id, signal);
+        let Some(&id) = self.conn_task.get(&conn) else {
+            return;
+        };
+        if self.launches.is_held(id) {
+            self.launches.signal(id, signal, &mut self.clients);
             return;
         }
-        if let Some(t) = self.conn_task.get(&conn).and_then(|id| self.tasks.get(id)) {
+        if let Some(t) = self.members.get(id) {
             let n = t.actuator.signal(signal);
             log::debug!(
                 "forwarded signal {signal} to {n} process(es) of pid {}",
@@ -580,8 +470,8 @@ impl Daemon {
         }
     }
 
-    /// Starts a launched task: checked against the access rules, in its own
-    /// cgroup, as its caller, held until tracked, then released.
+    /// Starts a launched task (see [`super::launch`]): it arrives in the core at
+    /// once, held until the core places it.
     fn launch(
         &mut self,
         req: &LaunchRequest,
@@ -591,131 +481,43 @@ impl Daemon {
         reply: &Replier,
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
     ) -> Result<(), String> {
-        let creds = peer.creds.clone();
-        // The config's rules fill in what the request leaves out.
-        let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
-        if argv0.is_empty() {
-            return Err("no command given".into());
-        }
-        let facts = ProcessFacts {
-            comm: argv0
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .chars()
-                .take(15)
-                .collect(),
-            uid: Some(creds.uid),
-            cgroup: None,
-            exe: argv0.starts_with('/').then(|| argv0.to_owned()),
-        };
-        let (rule, _) = self.config.settings_for(&facts);
-        let (priority, mem_quota_bytes) = self.config.access_policy.launch_terms(
-            &creds,
-            req.priority,
-            rule.priority,
+        let creds = &peer.creds;
+        let terms = launch::terms(
+            req,
+            creds,
+            &self.config,
             self.settings.default_priority,
-            req.mem_quota_bytes.or(rule.mem_quota_bytes),
+            &self.sched,
+            monotonic_ns(),
         )?;
-        let late = self.sched.config().binding == Binding::Late;
-        let gpu = match req.gpu.or(rule.gpu) {
-            Some(g) => Some(g),
-            // Late binding: the core binds it when a GPU can run it.
-            None if late => None,
-            None => {
-                let weights = self.sched.placement_weights(monotonic_ns());
-                weights
-                    .iter()
-                    .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
-                    .map(|&(g, _)| g)
-            }
-        };
         let id = self.next_id;
         self.next_id += 1;
-        // Unique across agents: a test or a restart may run several in turn.
-        let cgroup = self
-            .cgroups
-            .create_task(&format!("task-{}-{id}", std::process::id()))
-            .map_err(|e| format!("{e:#}"))?;
-        let env_gpu = if late && gpu.is_none() {
-            EnvGpu::AtPlacement
-        } else {
-            EnvGpu::Chosen(gpu)
-        };
-        let started = self.start_held(req, stdio, &creds, env_gpu, &cgroup, track);
-        let (pidfd, child) = match started {
-            Ok(s) => s,
-            Err(e) => {
-                // A failed launch leaves no cgroup behind (nothing entered it).
-                let _ = cgroup.remove();
-                return Err(format!("{e:#}"));
-            }
-        };
-        let pid = pidfd.pid();
-        let pidfd = Arc::new(pidfd);
-        self.watch_exit(id, &pidfd);
-        self.tasks.insert(
+        let started = launch::start(
             id,
-            TaskRuntime {
-                pid,
-                held: Some(Held { child, env_gpu }),
-                pidfd,
-                actuator: Arc::new(CgroupActuator::new(cgroup.clone())),
-                cgroup: Some(cgroup),
-                uid: creds.uid,
-                conn: Some(conn),
-                last_active_ns: 0,
-                exit_seen: None,
-                exited_ns: None,
-            },
-        );
-        self.pid_task.insert(
-            pid,
-            Member {
-                task: id,
-                start_ticks: None,
-            },
-        );
+            req,
+            stdio,
+            creds,
+            conn,
+            &terms,
+            &self.cgroups,
+            &self.wakes,
+            track,
+        )?;
+        let pid = started.task.pid;
+        self.members.insert(id, started.task, None);
+        self.launches.hold(id, started.held);
         self.conn_task.insert(conn, id);
-        self.clients.insert(
-            id,
-            Client {
-                reply: reply.clone(),
-                accepted: Accepted { task: id, gpu, pid },
-                exec: None,
-                exit_code: None,
-                told_accepted: false,
-                notify_preempt: req.notify_preempt,
-                told_ending: Vec::new(),
-            },
-        );
+        self.clients
+            .add(reply.clone(), started.accepted, req.notify_preempt);
         self.histories.owner(id, creds.uid);
         log::info!(
             "task {id}: pid {pid} {:?} for uid {} {}",
             req.argv,
             creds.uid,
-            match (gpu, late) {
-                (Some(g), _) => format!("on GPU {g}"),
-                (None, true) => "unbound (late binding)".into(),
-                (None, false) =>
-                    "on GPU 0 (no GPU list known: CUDA_VISIBLE_DEVICES left as given)".into(),
-            }
+            terms.placement()
         );
-        let name = argv0.rsplit('/').next().unwrap_or_default().to_owned();
-        let spec = TaskSpec {
-            id,
-            pid,
-            name,
-            priority,
-            gpu,
-            mem_quota_bytes,
-            max_duration_ms: req.max_duration_ms.or(rule.max_duration_ms),
-            grace_ms: req.grace_ms.or(rule.grace_ms),
-            hard_kill: req.hard_kill.or(rule.hard_kill),
-            expected_runtime_ms: req.expected_runtime_ms,
-        };
-        self.step(Input::Arrive {
-            spec,
+        self.step_now(&Input::Arrive {
+            spec: terms.spec(req, id, pid),
             ts_ns: monotonic_ns(),
         });
         if let Some(q) = self.sched.queued(id) {
@@ -724,138 +526,9 @@ impl Daemon {
                 q.position,
                 q.reason.as_str()
             );
-            if let Some(c) = self.clients.get(&id) {
-                c.reply.notify(Notice::Queued {
-                    task: id,
-                    pid,
-                    position: q.position,
-                    ahead: q.ahead,
-                    reason: q.reason,
-                });
-            }
+            self.clients.tell_queued(id, pid, &self.sched);
         }
         Ok(())
-    }
-
-    /// Lets a held task exec on `gpu` (where the core placed it); the client
-    /// hears the exec's outcome.
-    fn release(&mut self, id: TaskId, gpu: u32) {
-        let Some(t) = self.tasks.get_mut(&id) else {
-            return;
-        };
-        let Some(Held { child, env_gpu }) = t.held.take() else {
-            return; // released already (a pinned task placed again)
-        };
-        let at = match env_gpu {
-            EnvGpu::Chosen(_) => None, // in its environment since the fork
-            EnvGpu::AtPlacement => Some(gpu),
-        };
-        if let (Some(c), Some(g)) = (self.clients.get_mut(&id), at) {
-            c.accepted.gpu = Some(g);
-        }
-        match child.release_on(at) {
-            Ok(pending) => {
-                let wakes = self.wakes.clone();
-                tokio::spawn(async move {
-                    let outcome = pending.outcome().await;
-                    let _ = wakes.send(Wake::Exec(id, outcome));
-                });
-            }
-            Err(e) => {
-                // The child was reaped; its pidfd reports the end.
-                log::warn!("task {id}: {e:#}");
-                if let Some(c) = self.clients.get_mut(&id) {
-                    c.exec = Some(Err(format!("{e:#}")));
-                }
-            }
-        }
-    }
-
-    fn is_held(&self, id: TaskId) -> bool {
-        self.tasks.get(&id).is_some_and(|t| t.held.is_some())
-    }
-
-    /// Ends a task that is still held (it never ran its command) and says so to
-    /// its client.
-    fn cancel_held(&mut self, id: TaskId, why: &str) {
-        let Some(held) = self.tasks.get_mut(&id).and_then(|t| t.held.take()) else {
-            return;
-        };
-        log::info!("task {id}: {why} while queued; its command never ran");
-        // Killed unreaped: its pidfd reports the end, which ends the task.
-        held.child.cancel();
-        if let Some(c) = self.clients.get_mut(&id) {
-            c.exec = Some(Err(format!(
-                "task {id} was {why} while queued: its command never ran"
-            )));
-        }
-    }
-
-    /// Forks the task's process as its caller, tracks it, and lets it go on to exec.
-    fn start_held(
-        &self,
-        req: &LaunchRequest,
-        stdio: &[OwnedFd],
-        creds: &crate::os::users::Credentials,
-        env_gpu: EnvGpu,
-        cgroup: &TaskCgroup,
-        track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-    ) -> anyhow::Result<(Pidfd, HeldChild)> {
-        let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
-            [
-                stdio[0].as_raw_fd(),
-                stdio[1].as_raw_fd(),
-                stdio[2].as_raw_fd(),
-            ]
-        });
-        let argv: Vec<OsString> = req.argv.iter().map(OsString::from).collect();
-        let mut env = match &req.env {
-            Some(entries) => parse_env(entries),
-            None => vec![(OsString::from("PATH"), OsString::from(MINIMAL_PATH))],
-        };
-        if let EnvGpu::Chosen(Some(g)) = env_gpu {
-            env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
-            env.push((
-                OsString::from("CUDA_VISIBLE_DEVICES"),
-                OsString::from(g.to_string()),
-            ));
-        }
-        let opts = SpawnOptions {
-            gpu_at_release: matches!(env_gpu, EnvGpu::AtPlacement),
-            env,
-            clear_env: true,
-            stdio: fds,
-            cgroup_procs: Some(cgroup.procs_file()),
-            cwd: Some(req.cwd.clone()),
-            credentials: Some(creds.clone()),
-            new_session: true,
-        };
-        let held = HeldChild::spawn_with(&argv, &opts)?;
-        // Our child, not yet reaped: its pid is certainly its own.
-        let pidfd = Pidfd::open(held.pid())?;
-        track(held.pid())?;
-        Ok((pidfd, held))
-    }
-
-    /// Reports the task's end when its pidfd polls readable.
-    fn watch_exit(&self, id: TaskId, pidfd: &Pidfd) {
-        let fd = match pidfd.try_clone_fd() {
-            Ok(fd) => fd,
-            Err(e) => {
-                log::warn!("task {id}: cannot watch its pidfd ({e}); its end comes from the trace");
-                return;
-            }
-        };
-        let wakes = self.wakes.clone();
-        tokio::spawn(async move {
-            match crate::os::async_fd(fd) {
-                Ok(afd) => {
-                    let _ = afd.readable().await;
-                }
-                Err(e) => log::warn!("task {id}: cannot watch its pidfd: {e}"),
-            }
-            let _ = wakes.send(Wake::Exited(id));
-        });
     }
 
     /// Something came back from off the loop.
@@ -866,45 +539,18 @@ impl Daemon {
                 if let Err(what) = &outcome {
                     log::warn!("task {id}: {what}");
                 }
-                if let Some(c) = self.clients.get_mut(&id) {
-                    c.exec = Some(outcome);
-                }
-                self.settle_client(id);
+                self.clients.exec_outcome(id, outcome);
+                self.clients.settle(id);
             }
-        }
-    }
-
-    /// Tells a launch's client what it is owed, in order: accepted (or why its
-    /// command could not start), then the exit code.
-    fn settle_client(&mut self, id: TaskId) {
-        let Some(c) = self.clients.get_mut(&id) else {
-            return;
-        };
-        match &c.exec {
-            None => return, // the exec's outcome first
-            Some(Err(what)) => {
-                c.reply.send(Reply::Error(what.clone()));
-                self.clients.remove(&id);
-                return;
-            }
-            Some(Ok(())) if !c.told_accepted => {
-                c.told_accepted = true;
-                c.reply.send(Reply::Accepted(c.accepted.clone()));
-            }
-            Some(Ok(())) => {}
-        }
-        if let Some(code) = c.exit_code {
-            c.reply.send(Reply::ExitCode(code));
-            self.clients.remove(&id);
         }
     }
 
     /// A task's pidfd polled readable: its process is gone.
     fn task_exited(&mut self, id: TaskId) {
-        let Some(t) = self.tasks.get(&id) else {
+        let Some(t) = self.members.get(id) else {
             return; // already ended (an adopted task's exit event came first)
         };
-        let status = if t.cgroup.is_some() {
+        let status = if t.launched() {
             // Our child: reap it for its status.
             match t.pidfd.try_wait() {
                 Ok(Some(s)) => ExitStatus::from_wait_status(s),
@@ -925,44 +571,28 @@ impl Daemon {
             );
             ExitStatus::Exited(-1)
         };
-        self.end_task(id, status);
+        self.end_task(id, status, monotonic_ns());
     }
 
     /// The task's root process ended: tell the core and the client, clean up.
-    fn end_task(&mut self, id: TaskId, status: ExitStatus) {
+    /// `received_ns`: when the agent learnt it.
+    fn end_task(&mut self, id: TaskId, status: ExitStatus, received_ns: u64) {
         let ts_ns = self
-            .tasks
-            .get(&id)
+            .members
+            .get(id)
             .and_then(|t| t.exited_ns)
             .unwrap_or_else(monotonic_ns);
-        // Ended while held by something other than Keling (its pid was killed):
-        // it never ran, and no exec outcome will come.
-        if let Some(held) = self.tasks.get_mut(&id).and_then(|t| t.held.take()) {
-            held.child.reaped();
-            if let Some(c) = self.clients.get_mut(&id) {
-                c.exec = Some(Err(format!(
-                    "task {id} ended while queued ({status:?}): its command never ran"
-                )));
-            }
-        }
-        self.step(Input::Exit {
+        self.launches.ended(id, status, &mut self.clients);
+        let input = Input::Exit {
             id,
             exit_code: status.code(),
             ts_ns,
-        });
-        if let Some(c) = self.clients.get_mut(&id) {
-            c.exit_code = Some(status.code());
-            // Why it ended, when Keling ended it: before the exit code it explains.
-            if let Some(reason) = self.sched.task(id).and_then(|t| t.ending_reason) {
-                c.reply.notify(Notice::Ended {
-                    task: id,
-                    reason,
-                    exit_code: status.code(),
-                });
-            }
-        }
-        self.settle_client(id);
-        if let Some(task) = self.tasks.remove(&id) {
+        };
+        self.step(&input, Cause::of(&input, received_ns));
+        let ending_reason = self.sched.task(id).and_then(|t| t.ending_reason);
+        self.clients.exited(id, status.code(), ending_reason);
+        self.clients.settle(id);
+        if let Some(task) = self.members.remove(id) {
             if let Some(conn) = task.conn {
                 self.conn_task.remove(&conn);
             }
@@ -979,81 +609,34 @@ impl Daemon {
                 None => self.stopped.forget(task.pid),
             }
         }
-        self.pid_task.retain(|_, m| m.task != id);
     }
 
     /// Turns one kernel event into scheduler inputs.
     pub fn on_event(&mut self, event: &Event) {
-        self.received_ns = Some(monotonic_ns());
-        self.on_event_inner(event);
-        self.received_ns = None;
-    }
-
-    fn on_event_inner(&mut self, event: &Event) {
+        // Every decision it leads to is timed from its receipt.
+        let received_ns = monotonic_ns();
         let h = *event.header();
         match event {
-            Event::GpuOpen(o) if !self.pid_task.contains_key(&h.pid) => {
+            Event::GpuOpen(o) if !self.members.is_member(h.pid) => {
                 // However it came to have the fd (open, dup, receipt, first use).
-                self.maybe_adopt(h.pid, o.device, h.ts_ns);
+                self.maybe_adopt(h.pid, o.device, h.ts_ns, received_ns);
                 return;
             }
             Event::Exit(e) if e.group_dead != 0 => {
-                // The kernel's timestamp of a task's end, for timing what follows.
-                if let Some(t) = self
-                    .pid_task
-                    .get(&h.pid)
-                    .and_then(|m| self.tasks.get_mut(&m.task))
-                    .filter(|t| t.pid == h.pid)
-                {
-                    t.exited_ns = Some(h.ts_ns);
-                }
-                // Tasks Keling did not launch are not its children: their exit code
-                // comes from the kernel; their end, from their pidfd.
-                let adopted = self.pid_task.get(&h.pid).map(|m| m.task).filter(|id| {
-                    self.tasks
-                        .get(id)
-                        .is_some_and(|t| t.pid == h.pid && t.cgroup.is_none())
-                });
-                if let Some(id) = adopted {
-                    let status = ExitStatus::from_wait_status(e.exit_status);
-                    let t = self.tasks.get_mut(&id).expect("checked above");
-                    if t.pidfd.is_alive() {
-                        // Not quite gone: the pidfd will say so in a moment.
-                        t.exit_seen = Some(status);
-                    } else {
-                        self.end_task(id, status);
-                    }
+                let status = ExitStatus::from_wait_status(e.exit_status);
+                if let Some(id) = self.members.root_exited(h.pid, h.ts_ns, status) {
+                    self.end_task(id, status, received_ns);
                 }
             }
-            Event::Fork(f) if f.tracked != 0 => {
-                if let Some(&m) = self.pid_task.get(&h.pid) {
-                    let adopted = self.tasks.get(&m.task).is_some_and(|t| t.cgroup.is_none());
-                    // A launched task's members come from its cgroup; an adopted
-                    // one's child is remembered with its start time.
-                    let start_ticks = if adopted {
-                        proc::start_ticks(f.child_pid)
-                    } else {
-                        None
-                    };
-                    if !adopted || start_ticks.is_some() {
-                        self.pid_task.insert(
-                            f.child_pid,
-                            Member {
-                                task: m.task,
-                                start_ticks,
-                            },
-                        );
-                    }
-                }
-            }
+            Event::Fork(f) if f.tracked != 0 => self.members.forked(h.pid, f.child_pid),
             Event::Switch(s) => {
-                if let Some(&m) = self.pid_task.get(&s.next_pid) {
-                    self.activity(m.task, h.ts_ns);
+                if let Some(id) = self.members.task_of(s.next_pid) {
+                    self.activity(id, h.ts_ns, received_ns);
                 }
             }
             Event::Active(_) => {
-                if let Some(&m) = self.pid_task.get(&h.pid) {
-                    self.activity(m.task, h.ts_ns);
+                if let Some(id) = self.members.task_of(h.pid) {
+                    self.activity(id, h.ts_ns, received_ns);
                 }
             }
             _ => {}
@@ -1063,172 +646,57 @@ impl Daemon {
         }
         let inputs = memory_inputs(
             event,
-            |pid| self.pid_task.get(&pid).map(|m| m.task),
+            |pid| self.members.task_of(pid),
             |id| self.sched.task(id).and_then(|t| t.gpu),
         );
         for input in inputs {
-            self.step(input);
+            self.step(&input, Cause::of(&input, received_ns));
         }
-        if let Some(&m) = self.pid_task.get(&h.pid) {
-            self.activity(m.task, h.ts_ns);
+        if let Some(id) = self.members.task_of(h.pid) {
+            self.activity(id, h.ts_ns, received_ns);
         }
     }
 
-    /// Checks which process belongs to which task against the truth: a launched
-    /// task's members are what its cgroup holds (whatever the trace saw or lost); an
-    /// adopted task's are its process, while its pidfd says it lives, and the
-    /// children the trace saw, while their start time is the one recorded. Run
-    /// every second and when the kernel reports lost events.
+    /// Checks which process belongs to which task against the truth (see
+    /// [`Members::reconcile`]). Run every second and when the kernel reports lost
+    /// events.
     pub fn reconcile_members(&mut self) {
-        let mut members: HashMap<u32, Member> = HashMap::new();
-        for (&id, t) in &self.tasks {
-            if let Some(cg) = &t.cgroup {
-                for pid in cg.pids() {
-                    members.insert(
-                        pid,
-                        Member {
-                            task: id,
-                            start_ticks: None,
-                        },
-                    );
-                }
-                // The root process may have left its cgroup's list already
-                // (exiting): it stays ours until its pidfd says it is gone.
-                if t.pidfd.is_alive() {
-                    members.entry(t.pid).or_insert(Member {
-                        task: id,
-                        start_ticks: None,
-                    });
-                }
-            }
-        }
-        for (&pid, &m) in &self.pid_task {
-            if members.contains_key(&pid) {
-                continue;
-            }
-            let Some(t) = self.tasks.get(&m.task) else {
-                continue;
-            };
-            if t.cgroup.is_some() {
-                continue; // not in its cgroup any more
-            }
-            let still = if pid == t.pid {
-                t.pidfd.is_alive()
-            } else {
-                m.start_ticks
-                    .is_some_and(|s| proc::start_ticks(pid) == Some(s))
-            };
-            if still {
-                members.insert(pid, m);
-            }
-        }
-        let (before, after) = (self.pid_task.len(), members.len());
-        let dropped = self
-            .pid_task
-            .iter()
-            .filter(|(pid, m)| members.get(pid) != Some(m))
-            .count();
-        if dropped > 0 {
-            log::debug!("membership: {dropped} stale of {before} processes dropped, {after} now");
-        }
-        self.pid_task = members;
+        self.members.reconcile();
     }
 
     /// A process Keling did not launch opened an NVIDIA device: it becomes a task
-    /// (frozen and thawed with SIGSTOP/SIGCONT) when a config rule matches it, or
-    /// when the defaults say to manage unmatched processes. Never the agent or its
-    /// fail-safe; never a process that started after the event (the pid's owner
-    /// changed).
-    fn maybe_adopt(&mut self, pid: u32, device: DeviceFile, ts_ns: u64) {
-        if self.excluded.contains(&pid) {
-            return;
-        }
-        let facts = ProcessFacts::of_pid(pid);
-        let (settings, managed) = self.config.settings_for(&facts);
-        if !managed {
-            return;
-        }
-        let pidfd = match Pidfd::open_started_by(pid, ts_ns) {
-            Ok(p) => p,
-            Err(e) => {
-                log::debug!(
-                    "not adopting pid {pid}: {e} (gone, or not the process that opened the device)"
-                );
-                return;
-            }
-        };
-        let Some((start_ticks, uid)) =
-            pidfd.read_proc(|pid| Some((proc::start_ticks(pid)?, proc::uid(pid)?)))
-        else {
+    /// when the config says so (see [`Members::adopt`]).
+    fn maybe_adopt(&mut self, pid: u32, device: DeviceFile, ts_ns: u64, received_ns: u64) {
+        let adopted = self.members.adopt(
+            self.next_id,
+            pid,
+            device,
+            ts_ns,
+            &self.config,
+            self.settings.default_priority,
+            &self.stopped,
+            &self.wakes,
+        );
+        let Some((spec, uid)) = adopted else {
             return;
         };
-        let id = self.next_id;
         self.next_id += 1;
-        let gpu = settings.gpu.or(device.gpu());
-        log::info!(
-            "adopting pid {pid} ({}) as task {id} (rule {:?})",
-            facts.comm,
-            settings.rule
-        );
-        let pidfd = Arc::new(pidfd);
-        self.watch_exit(id, &pidfd);
-        self.tasks.insert(
-            id,
-            TaskRuntime {
-                pid,
-                held: None,
-                pidfd: pidfd.clone(),
-                actuator: Arc::new(SignalActuator {
-                    pidfd,
-                    start_ticks,
-                    stopped: self.stopped.clone(),
-                }),
-                cgroup: None,
-                uid,
-                conn: None,
-                last_active_ns: 0,
-                exit_seen: None,
-                exited_ns: None,
-            },
-        );
-        self.histories.owner(id, uid);
-        self.pid_task.insert(
-            pid,
-            Member {
-                task: id,
-                start_ticks: Some(start_ticks),
-            },
-        );
-        let spec = TaskSpec {
-            id,
-            pid,
-            name: facts.comm,
-            priority: settings.priority.unwrap_or(self.settings.default_priority),
-            gpu,
-            mem_quota_bytes: settings.mem_quota_bytes,
-            max_duration_ms: settings.max_duration_ms,
-            grace_ms: settings.grace_ms,
-            hard_kill: settings.hard_kill,
-            expected_runtime_ms: None,
-        };
-        self.step(Input::Arrive { spec, ts_ns });
+        self.histories.owner(spec.id, uid);
+        let input = Input::Arrive { spec, ts_ns };
+        self.step(&input, Cause::of(&input, received_ns));
     }
 
-    fn activity(&mut self, id: TaskId, ts_ns: u64) {
-        let Some(t) = self.tasks.get_mut(&id) else {
-            return;
-        };
-        if ts_ns.saturating_sub(t.last_active_ns) < u64::from(crate::defaults::ACTIVE_INTERVAL_NS) {
-            return;
+    fn activity(&mut self, id: TaskId, ts_ns: u64, received_ns: u64) {
+        if self.members.note_active(id, ts_ns) {
+            let input = Input::Active { id, ts_ns };
+            self.step(&input, Cause::of(&input, received_ns));
         }
-        t.last_active_ns = ts_ns;
-        self.step(Input::Active { id, ts_ns });
     }
 
     pub fn tick(&mut self) {
         let now = monotonic_ns();
         self.latency.tick(now);
-        self.step(Input::Tick { ts_ns: now });
+        self.step_now(&Input::Tick { ts_ns: now });
         if now.saturating_sub(self.last_prune_ns) >= 1_000_000_000 {
             self.last_prune_ns = now;
             let n = self
@@ -1252,7 +720,7 @@ impl Daemon {
         for t in self.sched.tasks() {
             let holding = t.state == TaskState::Preempted
                 || matches!(t.in_flight, Some(ActionKind::Freeze | ActionKind::Stop));
-            if let (true, Some(rt)) = (holding, self.tasks.get(&t.spec.id)) {
+            if let (true, Some(rt)) = (holding, self.members.get(t.spec.id)) {
                 self.worker.submit(Job::Refreeze {
                     actuator: rt.actuator.clone(),
                 });
@@ -1276,7 +744,7 @@ impl Daemon {
 
     /// The task a process belongs to, as far as the agent knows (`/metrics` labels).
     pub fn task_of(&self, pid: u32) -> Option<TaskId> {
-        self.pid_task.get(&pid).map(|m| m.task)
+        self.members.task_of(pid)
     }
 
     /// What `keling status` shows.
@@ -1334,7 +802,7 @@ impl Daemon {
         caller: Option<u32>,
         now: u64,
     ) -> TaskStatus {
-        let rt = self.tasks.get(&t.spec.id);
+        let rt = self.members.get(t.spec.id);
         let history = self.histories.get(t.spec.id);
         let uid = rt.map(|r| r.uid).or(history.and_then(|h| h.uid));
         let end = t.finished_ns.unwrap_or(now);
@@ -1382,82 +850,10 @@ impl Daemon {
         })
     }
 
-    /// Records a transition in the task's history and, when its client asked,
-    /// tells it the task was frozen (and for whom) or resumed (and after how long).
-    fn tell_transition(&mut self, t: &keling_sched::Transition) {
-        let was_for_ns = self.histories.transition(t);
-        let Some(c) = self.clients.get(&t.task).filter(|c| c.notify_preempt) else {
-            return;
-        };
-        match (t.from, t.to) {
-            (_, TaskState::Preempted) => {
-                let views = self.sched.tasks();
-                let yielded_to = views
-                    .iter()
-                    .find(|v| v.spec.id == t.task)
-                    .map(|me| history::slot_holders(&views, me))
-                    .unwrap_or_default();
-                c.reply.notify(Notice::Frozen {
-                    task: t.task,
-                    reason: t.reason,
-                    yielded_to,
-                });
-            }
-            (TaskState::Preempted, TaskState::Running) => c.reply.notify(Notice::Resumed {
-                task: t.task,
-                frozen_ms: was_for_ns / 1_000_000,
-            }),
-            _ => {}
-        }
-    }
-
-    /// Tells a launch's client that Keling is ending its task, why, and with
-    /// which signal (once per signal).
-    fn tell_ending(&mut self, id: TaskId, signal: i32) {
-        let Some(view) = self.sched.task(id) else {
-            return;
-        };
-        let Some(reason) = view.ending_reason else {
-            return;
-        };
-        let evicted_for = self
-            .evicting_for
-            .filter(|_| reason == keling_sched::Reason::EvictedForMemory);
-        let requester = evicted_for.and_then(|(rid, _, _)| self.sched.task(rid));
-        let Some(c) = self.clients.get_mut(&id) else {
-            return;
-        };
-        if c.told_ending.contains(&signal) {
-            return;
-        }
-        c.told_ending.push(signal);
-        let held: u64 = view.mem_bytes.values().sum();
-        let (bytes, gpu, quota_bytes) = match reason {
-            keling_sched::Reason::EvictedForMemory => {
-                (evicted_for.map(|e| e.2), evicted_for.map(|e| e.1), None)
-            }
-            keling_sched::Reason::OverQuota => (Some(held), None, view.spec.mem_quota_bytes),
-            _ => (None, None, None),
-        };
-        c.reply.notify(Notice::Ending {
-            task: id,
-            reason,
-            signal,
-            evicted_for: requester.map(|r| TaskRef {
-                task: r.spec.id,
-                name: r.spec.name.clone(),
-                priority: r.spec.priority,
-            }),
-            bytes,
-            gpu,
-            quota_bytes,
-        });
-    }
-
     /// Thaws every task and continues every process it stopped (the agent is
     /// stopping; the tasks run on).
     pub fn shutdown(&mut self) {
-        for t in self.tasks.values() {
+        for (_, t) in self.members.tasks() {
             if let Err(e) = t.actuator.set_frozen(false) {
                 log::warn!("thawing pid {} at stop: {e:#}", t.pid);
             }

@@ -1,14 +1,19 @@
 //! The scheduler around its pure core (`keling-sched`): the daemon that joins the
-//! trace to the core ([`daemon`]), the actuators that carry out its decisions
-//! ([`actuator`], [`cgroup`]) on a thread of their own ([`worker`]), who may ask for
-//! what ([`access`]), the logs ([`log`]), the rules file ([`config`]) and the
-//! fail-safe that outlives and watches the agent ([`supervisor`]).
+//! trace to the core ([`daemon`]), with launches ([`launch`]), which process is
+//! whose ([`members`]) and what clients hear ([`notify`]) beside it; the actuators
+//! that carry out its decisions ([`actuator`], [`cgroup`]) on a thread of their own
+//! ([`worker`]), who may ask for what ([`access`]), the logs ([`log`]), the rules
+//! file ([`config`]) and the fail-safe that outlives and watches the agent
+//! ([`supervisor`]).
 pub mod access;
 pub mod actuator;
 pub mod cgroup;
 pub mod config;
 pub mod daemon;
 pub mod history;
+pub mod launch;
 pub mod log;
+pub mod members;
+pub mod notify;
 pub mod supervisor;
 pub mod worker;

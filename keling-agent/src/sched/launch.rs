@@ -1,0 +1,378 @@
+//! Launches: `keling launch` requests turned into tasks, and the held children
+//! of launched tasks until they exec.
+//!
+//! A launch is checked against the access rules (who may use which priority, how
+//! much memory), the config's rules fill in what it leaves out ([`terms`]), and
+//! its command is started in a cgroup of its own, as its caller, held before exec
+//! until the probes track it ([`start`]). It arrives in the core at once (its GPU
+//! calls are attributed from the first); the client hears `accepted` once the
+//! exec succeeded, or the step that failed, and then its exit code.
+//!
+//! The held child execs when the core places it (`Place`, [`Launches::release`]),
+//! with `CUDA_VISIBLE_DEVICES` of that GPU written in at its release, and without
+//! waiting for the exec: a command whose start blocks (a working directory on a
+//! hung mount, a slow exec) blocks only itself. At arrival (the default binding)
+//! that is the same step as its arrival. Under late binding an unpinned task the
+//! core cannot run yet stays held, unbound, in the core's host-level queue: it
+//! runs nothing, holds nothing and is never frozen; its client hears `queued`
+//! (position, why) and later `placed`. A queued task that is signalled, or that
+//! Keling ends, is killed before it ran anything ([`Launches::cancel`]).
+use std::{
+    collections::HashMap,
+    ffi::OsString,
+    os::fd::{AsRawFd, OwnedFd},
+    sync::Arc,
+};
+
+use keling_sched::{Binding, Scheduler, TaskId, TaskSpec};
+use tokio::sync::mpsc;
+
+use super::{
+    actuator::CgroupActuator,
+    cgroup::{CgroupRoot, TaskCgroup},
+    config::{Config, Settings},
+    members::{TaskRuntime, Wake, watch_exit},
+    notify::Clients,
+};
+use crate::{
+    control::{Accepted, LaunchRequest},
+    event::decode::ExitStatus,
+    os::{
+        pidfd::Pidfd,
+        proc::ProcessFacts,
+        spawn::{HeldChild, SpawnOptions, parse_env},
+        users::Credentials,
+    },
+};
+
+/// The environment of a task whose client sent none.
+const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// Where a launched task's `CUDA_VISIBLE_DEVICES` comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvGpu {
+    /// The GPU the launch chose (pinned, or placed at arrival), set at the fork;
+    /// `None` leaves the client's value.
+    Chosen(Option<u32>),
+    /// Late binding: the GPU the core binds it to, written at its release.
+    AtPlacement,
+}
+
+/// What a launch request comes to once checked against the access rules and
+/// completed by the config's.
+pub struct Terms {
+    pub priority: u8,
+    pub mem_quota_bytes: Option<u64>,
+    /// The GPU it is bound to at arrival; `None` under late binding (the core
+    /// binds it) or with no GPU list known.
+    pub gpu: Option<u32>,
+    pub env_gpu: EnvGpu,
+    /// What the config's rule for the command says.
+    rule: Settings,
+}
+
+/// Checks a launch against the access rules and fills in what it leaves out from
+/// the config's rules: its priority, quota and GPU. `now_ns`: when the GPUs'
+/// placement weights are read.
+pub fn terms(
+    req: &LaunchRequest,
+    creds: &Credentials,
+    config: &Config,
+    default_priority: u8,
+    sched: &Scheduler,
+    now_ns: u64,
+) -> Result<Terms, String> {
+    let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
+    if argv0.is_empty() {
+        return Err("no command given".into());
+    }
+    let facts = ProcessFacts {
+        comm: argv0
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(15)
+            .collect(),
+        uid: Some(creds.uid),
+        cgroup: None,
+        exe: argv0.starts_with('/').then(|| argv0.to_owned()),
+    };
+    let (rule, _) = config.settings_for(&facts);
+    let (priority, mem_quota_bytes) = config.access_policy.launch_terms(
+        creds,
+        req.priority,
+        rule.priority,
+        default_priority,
+        req.mem_quota_bytes.or(rule.mem_quota_bytes),
+    )?;
+    let late = sched.config().binding == Binding::Late;
+    let gpu = match req.gpu.or(rule.gpu) {
+        Some(g) => Some(g),
+        // Late binding: the core binds it when a GPU can run it.
+        None if late => None,
+        None => sched
+            .placement_weights(now_ns)
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            .map(|&(g, _)| g),
+    };
+    let env_gpu = if late && gpu.is_none() {
+        EnvGpu::AtPlacement
+    } else {
+        EnvGpu::Chosen(gpu)
+    };
+    Ok(Terms {
+        priority,
+        mem_quota_bytes,
+        gpu,
+        env_gpu,
+        rule,
+    })
+}
+
+impl Terms {
+    /// The task's spec for the core.
+    pub fn spec(&self, req: &LaunchRequest, id: TaskId, pid: u32) -> TaskSpec {
+        let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
+        TaskSpec {
+            id,
+            pid,
+            name: argv0.rsplit('/').next().unwrap_or_default().to_owned(),
+            priority: self.priority,
+            gpu: self.gpu,
+            mem_quota_bytes: self.mem_quota_bytes,
+            max_duration_ms: req.max_duration_ms.or(self.rule.max_duration_ms),
+            grace_ms: req.grace_ms.or(self.rule.grace_ms),
+            hard_kill: req.hard_kill.or(self.rule.hard_kill),
+            expected_runtime_ms: req.expected_runtime_ms,
+        }
+    }
+
+    /// Where the log says it went.
+    pub fn placement(&self) -> String {
+        match (self.gpu, self.env_gpu) {
+            (Some(g), _) => format!("on GPU {g}"),
+            (None, EnvGpu::AtPlacement) => "unbound (late binding)".into(),
+            (None, EnvGpu::Chosen(_)) => {
+                "on GPU 0 (no GPU list known: CUDA_VISIBLE_DEVICES left as given)".into()
+            }
+        }
+    }
+}
+
+/// A launch started: the task's record and its held child.
+pub struct Started {
+    pub task: TaskRuntime,
+    pub held: Held,
+    /// What its client hears once the exec succeeded.
+    pub accepted: Accepted,
+}
+
+/// Starts launched task `id` under `terms`: a cgroup of its own, its command
+/// forked as its caller and held before exec, tracked by the probes (`track`),
+/// its end watched. A failed start leaves no cgroup behind.
+#[expect(clippy::too_many_arguments, reason = "temporary: the host takes most")]
+pub fn start(
+    id: TaskId,
+    req: &LaunchRequest,
+    stdio: &[OwnedFd],
+    creds: &Credentials,
+    conn: u64,
+    terms: &Terms,
+    cgroups: &CgroupRoot,
+    wakes: &mpsc::UnboundedSender<Wake>,
+    track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+) -> Result<Started, String> {
+    // Unique across agents: a test or a restart may run several in turn.
+    let cgroup = cgroups
+        .create_task(&format!("task-{}-{id}", std::process::id()))
+        .map_err(|e| format!("{e:#}"))?;
+    let (pidfd, child) = match start_held(req, stdio, creds, terms.env_gpu, &cgroup, track) {
+        Ok(s) => s,
+        Err(e) => {
+            // A failed launch leaves no cgroup behind (nothing entered it).
+            let _ = cgroup.remove();
+            return Err(format!("{e:#}"));
+        }
+    };
+    let pid = pidfd.pid();
+    let pidfd = Arc::new(pidfd);
+    watch_exit(id, &pidfd, wakes);
+    Ok(Started {
+        task: TaskRuntime {
+            pid,
+            pidfd,
+            actuator: Arc::new(CgroupActuator::new(cgroup.clone())),
+            cgroup: Some(cgroup),
+            uid: creds.uid,
+            conn: Some(conn),
+            last_active_ns: 0,
+            exit_seen: None,
+            exited_ns: None,
+        },
+        held: Held {
+            child,
+            env_gpu: terms.env_gpu,
+        },
+        accepted: Accepted {
+            task: id,
+            gpu: terms.gpu,
+            pid,
+        },
+    })
+}
+
+/// Forks the task's process as its caller, tracks it, and holds it before exec.
+fn start_held(
+    req: &LaunchRequest,
+    stdio: &[OwnedFd],
+    creds: &Credentials,
+    env_gpu: EnvGpu,
+    cgroup: &TaskCgroup,
+    track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+) -> anyhow::Result<(Pidfd, HeldChild)> {
+    let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
+        [
+            stdio[0].as_raw_fd(),
+            stdio[1].as_raw_fd(),
+            stdio[2].as_raw_fd(),
+        ]
+    });
+    let argv: Vec<OsString> = req.argv.iter().map(OsString::from).collect();
+    let mut env = match &req.env {
+        Some(entries) => parse_env(entries),
+        None => vec![(OsString::from("PATH"), OsString::from(MINIMAL_PATH))],
+    };
+    if let EnvGpu::Chosen(Some(g)) = env_gpu {
+        env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
+        env.push((
+            OsString::from("CUDA_VISIBLE_DEVICES"),
+            OsString::from(g.to_string()),
+        ));
+    }
+    let opts = SpawnOptions {
+        gpu_at_release: matches!(env_gpu, EnvGpu::AtPlacement),
+        env,
+        clear_env: true,
+        stdio: fds,
+        cgroup_procs: Some(cgroup.procs_file()),
+        cwd: Some(req.cwd.clone()),
+        credentials: Some(creds.clone()),
+        new_session: true,
+    };
+    let held = HeldChild::spawn_with(&argv, &opts)?;
+    // Our child, not yet reaped: its pid is certainly its own.
+    let pidfd = Pidfd::open(held.pid())?;
+    track(held.pid())?;
+    Ok((pidfd, held))
+}
+
+/// A launched task's child, held before exec until the core places it.
+pub struct Held {
+    child: HeldChild,
+    env_gpu: EnvGpu,
+}
+
+/// The launched tasks not yet released to exec: queued (late binding), or
+/// between their fork and their `Place`.
+#[derive(Default)]
+pub struct Launches(HashMap<TaskId, Held>);
+
+impl Launches {
+    pub fn hold(&mut self, id: TaskId, held: Held) {
+        self.0.insert(id, held);
+    }
+
+    pub fn is_held(&self, id: TaskId) -> bool {
+        self.0.contains_key(&id)
+    }
+
+    /// Lets a held task exec on `gpu` (where the core placed it); the exec's
+    /// outcome comes back as [`Wake::Exec`]. A task released already (a pinned
+    /// task placed again) is left alone.
+    pub fn release(
+        &mut self,
+        id: TaskId,
+        gpu: u32,
+        clients: &mut Clients,
+        wakes: &mpsc::UnboundedSender<Wake>,
+    ) {
+        let Some(Held { child, env_gpu }) = self.0.remove(&id) else {
+            return;
+        };
+        let at = match env_gpu {
+            EnvGpu::Chosen(_) => None, // in its environment since the fork
+            EnvGpu::AtPlacement => Some(gpu),
+        };
+        if let Some(g) = at {
+            clients.bound(id, g);
+        }
+        match child.release_on(at) {
+            Ok(pending) => {
+                let wakes = wakes.clone();
+                tokio::spawn(async move {
+                    let outcome = pending.outcome().await;
+                    let _ = wakes.send(Wake::Exec(id, outcome));
+                });
+            }
+            Err(e) => {
+                // The child was reaped; its pidfd reports the end.
+                log::warn!("task {id}: {e:#}");
+                clients.exec_outcome(id, Err(format!("{e:#}")));
+            }
+        }
+    }
+
+    /// Ends a task that is still held (it never ran its command) and says so to
+    /// its client.
+    pub fn cancel(&mut self, id: TaskId, why: &str, clients: &mut Clients) {
+        let Some(held) = self.0.remove(&id) else {
+            return;
+        };
+        log::info!("task {id}: {why} while queued; its command never ran");
+        // Killed unreaped: its pidfd reports the end, which ends the task.
+        held.child.cancel();
+        clients.exec_outcome(
+            id,
+            Err(format!(
+                "task {id} was {why} while queued: its command never ran"
+            )),
+        );
+    }
+
+    /// A signal for a task still held before exec: one whose default action
+    /// ends a process ends it (it never runs); the others have nothing to act
+    /// on. The number of processes signalled.
+    pub fn signal(&mut self, id: TaskId, signal: i32, clients: &mut Clients) -> usize {
+        const HARMLESS: [i32; 8] = [
+            libc::SIGCHLD,
+            libc::SIGCONT,
+            libc::SIGSTOP,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+            libc::SIGURG,
+            libc::SIGWINCH,
+        ];
+        if HARMLESS.contains(&signal) {
+            return 0;
+        }
+        self.cancel(id, &format!("sent signal {signal}"), clients);
+        1
+    }
+
+    /// The task ended while held by something other than Keling (its pid was
+    /// killed): it never ran, and no exec outcome will come.
+    pub fn ended(&mut self, id: TaskId, status: ExitStatus, clients: &mut Clients) {
+        if let Some(held) = self.0.remove(&id) {
+            held.child.reaped();
+            clients.exec_outcome(
+                id,
+                Err(format!(
+                    "task {id} ended while queued ({status:?}): its command never ran"
+                )),
+            );
+        }
+    }
+}

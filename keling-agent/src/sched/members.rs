@@ -1,0 +1,359 @@
+//! The tasks the agent acts on and the processes that belong to them.
+//!
+//! Keling acts on a task only through what cannot point at another process: the
+//! task's cgroup (launched tasks) or the pidfd opened when it was launched or
+//! adopted. A task's end comes from its pidfd (it polls readable when the process
+//! exits), so a lost exit event cannot leave a task behind whose pid someone else
+//! now has. Which task a process belongs to, for attributing events, is a map the
+//! trace fills (forks) and that is checked against the truth every second and
+//! whenever the kernel reports lost events ([`Members::reconcile`]): the cgroup's
+//! `cgroup.procs` for launched tasks, pidfds and start times for adopted ones.
+//!
+//! Adoption: a process Keling did not launch that opens an NVIDIA device becomes
+//! a task when a config rule matches it (or the defaults manage unmatched ones),
+//! held by a pidfd opened only if the process existed when the event happened.
+//!
+//! The map is for attributing events, never for acting: nothing here signals or
+//! freezes anything.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
+
+use keling_sched::{TaskId, TaskSpec};
+use tokio::sync::mpsc;
+
+use super::{
+    actuator::{Actuator, SignalActuator, StoppedList},
+    cgroup::TaskCgroup,
+    config::Config,
+};
+use crate::{
+    event::decode::{DeviceFile, ExitStatus},
+    os::{
+        pidfd::Pidfd,
+        proc::{self, ProcessFacts},
+    },
+};
+
+/// Things that happen off the loop and come back to it.
+pub enum Wake {
+    /// A task's pidfd says its process exited.
+    Exited(TaskId),
+    /// A launched command's exec succeeded, or which step failed.
+    Exec(TaskId, Result<(), String>),
+}
+
+/// What the agent keeps about a task beside the core's view.
+pub struct TaskRuntime {
+    pub pid: u32,
+    /// Held since launch (our child) or adoption: the task's identity.
+    pub pidfd: Arc<Pidfd>,
+    pub actuator: Arc<dyn Actuator>,
+    /// Tasks Keling launched: their cgroup.
+    pub cgroup: Option<TaskCgroup>,
+    /// Whose task it is.
+    pub uid: u32,
+    /// The launch's connection (its forwarded signals come on it).
+    pub conn: Option<u64>,
+    /// The last `Active` the core was given for it.
+    pub last_active_ns: u64,
+    /// An adopted task's exit, seen by the trace before its pidfd said so.
+    pub exit_seen: Option<ExitStatus>,
+    /// When the kernel reported the root process's exit (the trace's timestamp):
+    /// what the decisions its end leads to are timed from.
+    pub exited_ns: Option<u64>,
+}
+
+impl TaskRuntime {
+    /// A task Keling launched (it has a cgroup), not one it adopted.
+    pub fn launched(&self) -> bool {
+        self.cgroup.is_some()
+    }
+}
+
+/// A process known to belong to a task (for attributing events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Member {
+    task: TaskId,
+    /// A child of an adopted task: its start time, checked by reconcile.
+    start_ticks: Option<u64>,
+}
+
+/// Every task the agent acts on, and which process is whose.
+pub struct Members {
+    tasks: BTreeMap<TaskId, TaskRuntime>,
+    /// Processes of tasks, for attributing events (never for acting on them).
+    pid_task: HashMap<u32, Member>,
+    /// Processes never adopted: the agent, its fail-safe.
+    excluded: HashSet<u32>,
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Self {
+            tasks: BTreeMap::new(),
+            pid_task: HashMap::new(),
+            excluded: HashSet::from([std::process::id()]),
+        }
+    }
+}
+
+impl Members {
+    /// Never adopt `pid` (the agent's fail-safe).
+    pub fn exclude(&mut self, pid: u32) {
+        self.excluded.insert(pid);
+    }
+
+    /// A new task, its root process its first member. `start_ticks`: an adopted
+    /// root's start time.
+    pub fn insert(&mut self, id: TaskId, task: TaskRuntime, start_ticks: Option<u64>) {
+        self.pid_task.insert(
+            task.pid,
+            Member {
+                task: id,
+                start_ticks,
+            },
+        );
+        self.tasks.insert(id, task);
+    }
+
+    pub fn get(&self, id: TaskId) -> Option<&TaskRuntime> {
+        self.tasks.get(&id)
+    }
+
+    pub fn tasks(&self) -> impl Iterator<Item = (TaskId, &TaskRuntime)> {
+        self.tasks.iter().map(|(&id, t)| (id, t))
+    }
+
+    /// The task ended: it and its processes are forgotten.
+    pub fn remove(&mut self, id: TaskId) -> Option<TaskRuntime> {
+        self.pid_task.retain(|_, m| m.task != id);
+        self.tasks.remove(&id)
+    }
+
+    /// The task a process belongs to, as far as the agent knows.
+    pub fn task_of(&self, pid: u32) -> Option<TaskId> {
+        self.pid_task.get(&pid).map(|m| m.task)
+    }
+
+    /// Whether `pid` is a process of some task.
+    pub fn is_member(&self, pid: u32) -> bool {
+        self.pid_task.contains_key(&pid)
+    }
+
+    /// Whether activity of the task at `ts_ns` is news for the core: at most one
+    /// `Active` per task per [`crate::defaults::ACTIVE_INTERVAL_NS`].
+    pub fn note_active(&mut self, id: TaskId, ts_ns: u64) -> bool {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return false;
+        };
+        if ts_ns.saturating_sub(t.last_active_ns) < u64::from(crate::defaults::ACTIVE_INTERVAL_NS) {
+            return false;
+        }
+        t.last_active_ns = ts_ns;
+        true
+    }
+
+    /// A process of a task forked (the trace saw it). A launched task's members
+    /// come from its cgroup anyway; an adopted one's child is remembered with its
+    /// start time (and not at all when it is already gone).
+    pub fn forked(&mut self, parent: u32, child: u32) {
+        let Some(&m) = self.pid_task.get(&parent) else {
+            return;
+        };
+        let adopted = self.tasks.get(&m.task).is_some_and(|t| !t.launched());
+        let start_ticks = if adopted {
+            proc::start_ticks(child)
+        } else {
+            None
+        };
+        if !adopted || start_ticks.is_some() {
+            self.pid_task.insert(
+                child,
+                Member {
+                    task: m.task,
+                    start_ticks,
+                },
+            );
+        }
+    }
+
+    /// The trace saw `pid`'s thread group end at `ts_ns` with `status`. When it
+    /// is a task's root, what its end leads to is timed from then. Tasks Keling did
+    /// not launch are not its children: their exit code comes from the kernel,
+    /// their end from their pidfd; an adopted task whose pidfd says it is gone
+    /// already is returned, to be ended now.
+    pub fn root_exited(&mut self, pid: u32, ts_ns: u64, status: ExitStatus) -> Option<TaskId> {
+        let id = self.pid_task.get(&pid)?.task;
+        let t = self.tasks.get_mut(&id).filter(|t| t.pid == pid)?;
+        t.exited_ns = Some(ts_ns);
+        if t.launched() {
+            return None;
+        }
+        if t.pidfd.is_alive() {
+            // Not quite gone: the pidfd will say so in a moment.
+            t.exit_seen = Some(status);
+            return None;
+        }
+        Some(id)
+    }
+
+    /// Checks which process belongs to which task against the truth: a launched
+    /// task's members are what its cgroup holds (whatever the trace saw or lost); an
+    /// adopted task's are its process, while its pidfd says it lives, and the
+    /// children the trace saw, while their start time is the one recorded. Run
+    /// every second and when the kernel reports lost events.
+    pub fn reconcile(&mut self) {
+        let mut members: HashMap<u32, Member> = HashMap::new();
+        for (&id, t) in &self.tasks {
+            if let Some(cg) = &t.cgroup {
+                for pid in cg.pids() {
+                    members.insert(
+                        pid,
+                        Member {
+                            task: id,
+                            start_ticks: None,
+                        },
+                    );
+                }
+                // The root process may have left its cgroup's list already
+                // (exiting): it stays ours until its pidfd says it is gone.
+                if t.pidfd.is_alive() {
+                    members.entry(t.pid).or_insert(Member {
+                        task: id,
+                        start_ticks: None,
+                    });
+                }
+            }
+        }
+        for (&pid, &m) in &self.pid_task {
+            if members.contains_key(&pid) {
+                continue;
+            }
+            let Some(t) = self.tasks.get(&m.task) else {
+                continue;
+            };
+            if t.launched() {
+                continue; // not in its cgroup any more
+            }
+            let still = if pid == t.pid {
+                t.pidfd.is_alive()
+            } else {
+                m.start_ticks
+                    .is_some_and(|s| proc::start_ticks(pid) == Some(s))
+            };
+            if still {
+                members.insert(pid, m);
+            }
+        }
+        let (before, after) = (self.pid_task.len(), members.len());
+        let dropped = self
+            .pid_task
+            .iter()
+            .filter(|(pid, m)| members.get(pid) != Some(m))
+            .count();
+        if dropped > 0 {
+            log::debug!("membership: {dropped} stale of {before} processes dropped, {after} now");
+        }
+        self.pid_task = members;
+    }
+
+    /// A process Keling did not launch opened an NVIDIA device: it becomes task
+    /// `id` (frozen and thawed with SIGSTOP/SIGCONT) when a config rule matches
+    /// it, or when the defaults say to manage unmatched processes. Never the agent
+    /// or its fail-safe; never a process that started after the event (the pid's
+    /// owner changed). Returns its spec for the core and its owner.
+    #[expect(clippy::too_many_arguments, reason = "temporary: the host takes most")]
+    pub fn adopt(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        device: DeviceFile,
+        ts_ns: u64,
+        config: &Config,
+        default_priority: u8,
+        stopped: &StoppedList,
+        wakes: &mpsc::UnboundedSender<Wake>,
+    ) -> Option<(TaskSpec, u32)> {
+        if self.excluded.contains(&pid) {
+            return None;
+        }
+        let facts = ProcessFacts::of_pid(pid);
+        let (settings, managed) = config.settings_for(&facts);
+        if !managed {
+            return None;
+        }
+        let pidfd = match Pidfd::open_started_by(pid, ts_ns) {
+            Ok(p) => p,
+            Err(e) => {
+                log::debug!(
+                    "not adopting pid {pid}: {e} (gone, or not the process that opened the device)"
+                );
+                return None;
+            }
+        };
+        let (start_ticks, uid) =
+            pidfd.read_proc(|pid| Some((proc::start_ticks(pid)?, proc::uid(pid)?)))?;
+        log::info!(
+            "adopting pid {pid} ({}) as task {id} (rule {:?})",
+            facts.comm,
+            settings.rule
+        );
+        let pidfd = Arc::new(pidfd);
+        watch_exit(id, &pidfd, wakes);
+        self.insert(
+            id,
+            TaskRuntime {
+                pid,
+                pidfd: pidfd.clone(),
+                actuator: Arc::new(SignalActuator {
+                    pidfd,
+                    start_ticks,
+                    stopped: stopped.clone(),
+                }),
+                cgroup: None,
+                uid,
+                conn: None,
+                last_active_ns: 0,
+                exit_seen: None,
+                exited_ns: None,
+            },
+            Some(start_ticks),
+        );
+        let spec = TaskSpec {
+            id,
+            pid,
+            name: facts.comm,
+            priority: settings.priority.unwrap_or(default_priority),
+            gpu: settings.gpu.or(device.gpu()),
+            mem_quota_bytes: settings.mem_quota_bytes,
+            max_duration_ms: settings.max_duration_ms,
+            grace_ms: settings.grace_ms,
+            hard_kill: settings.hard_kill,
+            expected_runtime_ms: None,
+        };
+        Some((spec, uid))
+    }
+}
+
+/// Reports the task's end when its pidfd polls readable.
+pub fn watch_exit(id: TaskId, pidfd: &Pidfd, wakes: &mpsc::UnboundedSender<Wake>) {
+    let fd = match pidfd.try_clone_fd() {
+        Ok(fd) => fd,
+        Err(e) => {
+            log::warn!("task {id}: cannot watch its pidfd ({e}); its end comes from the trace");
+            return;
+        }
+    };
+    let wakes = wakes.clone();
+    tokio::spawn(async move {
+        match crate::os::async_fd(fd) {
+            Ok(afd) => {
+                let _ = afd.readable().await;
+            }
+            Err(e) => log::warn!("task {id}: cannot watch its pidfd: {e}"),
+        }
+        let _ = wakes.send(Wake::Exited(id));
+    });
+}
