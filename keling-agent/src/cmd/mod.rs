@@ -10,6 +10,7 @@ pub mod run;
 pub mod status;
 pub mod thaw;
 pub mod trace;
+mod values;
 
 /// Keling: exact per-process tracing of GPU jobs with eBPF, and a preemptive
 /// scheduler over them.

@@ -99,7 +99,7 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     pub sched_config: Option<PathBuf>,
     /// As `keling run --gpu-capacity` (repeat for each GPU).
-    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = parse_capacity)]
+    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = super::values::gpu_capacity)]
     pub gpu_capacity: Vec<GpuInfo>,
     /// As `keling run --slots` [default: 1].
     #[arg(long)]
@@ -185,22 +185,6 @@ pub struct ReplayArgs {
     /// Print how fast the replay ran (inputs per second, one thread).
     #[arg(long)]
     pub stats: bool,
-}
-
-fn parse_capacity(s: &str) -> Result<GpuInfo, String> {
-    let (index, bytes) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected INDEX=BYTES, e.g. 0=85899345920"))?;
-    Ok(GpuInfo {
-        index: index
-            .trim()
-            .parse()
-            .map_err(|e| format!("GPU index {index:?}: {e}"))?,
-        capacity_bytes: bytes
-            .trim()
-            .parse()
-            .map_err(|e| format!("capacity {bytes:?}: {e}"))?,
-    })
 }
 
 impl ReplayArgs {

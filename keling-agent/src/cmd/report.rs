@@ -26,27 +26,11 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 40)]
     pub task_rows: usize,
     /// Input logs without a header: GPU capacities, as `keling run --gpu-capacity`.
-    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = parse_capacity)]
+    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = super::values::gpu_capacity)]
     pub gpu_capacity: Vec<GpuInfo>,
     /// Input logs without a header: as `keling run --slots`.
     #[arg(long, default_value_t = defaults::SLOTS_PER_GPU)]
     pub slots: u32,
-}
-
-fn parse_capacity(s: &str) -> Result<GpuInfo, String> {
-    let (index, bytes) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected INDEX=BYTES"))?;
-    Ok(GpuInfo {
-        index: index
-            .trim()
-            .parse()
-            .map_err(|e| format!("GPU index {index:?}: {e}"))?,
-        capacity_bytes: bytes
-            .trim()
-            .parse()
-            .map_err(|e| format!("capacity {bytes:?}: {e}"))?,
-    })
 }
 
 pub fn report(args: ReportArgs) -> anyhow::Result<i32> {

@@ -61,7 +61,7 @@ pub struct RunArgs {
     pub gpu: GpuArgs,
     /// A GPU's memory capacity, as INDEX=BYTES (repeat for each GPU). Memory
     /// pressure needs it; default: NVML's, or the config file's `[[gpu]]` tables.
-    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = parse_capacity)]
+    #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = super::values::gpu_capacity)]
     pub gpu_capacity: Vec<GpuInfo>,
     /// The control socket `keling launch` and `keling status` use (root and the
     /// members of the config's `[access] group`, default `keling`).
@@ -165,22 +165,6 @@ pub struct RunArgs {
     /// Run as the fail-safe (the agent starts it so; fds 3 and 4 are its pipes).
     #[arg(long, hide = true)]
     pub fail_safe: bool,
-}
-
-fn parse_capacity(s: &str) -> Result<GpuInfo, String> {
-    let (index, bytes) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected INDEX=BYTES, e.g. 0=85899345920"))?;
-    Ok(GpuInfo {
-        index: index
-            .trim()
-            .parse()
-            .map_err(|e| format!("GPU index {index:?}: {e}"))?,
-        capacity_bytes: bytes
-            .trim()
-            .parse()
-            .map_err(|e| format!("capacity {bytes:?}: {e}"))?,
-    })
 }
 
 /// `--metrics-addr`: an address, or none.
@@ -498,7 +482,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         // This thread runs the event loop (a current-thread runtime). Threads and
         // processes it starts from now on do not inherit the class (reset on fork).
         match crate::os::set_thread_realtime(args.loop_priority) {
-            Ok(()) => log::info!("event loop in the real-time class (SCHED_FIFO {})", args.loop_priority),
+            Ok(()) => log::info!(
+                "event loop in the real-time class (SCHED_FIFO {})",
+                args.loop_priority
+            ),
             Err(e) => log::warn!(
                 "event loop: SCHED_FIFO {} refused ({e}); running in the ordinary class \
                  (decisions are slower on a busy host)",
