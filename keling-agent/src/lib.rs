@@ -5,9 +5,11 @@
 //! |---|---|---|
 //! | [`cmd`] | one module per subcommand: parse its arguments, wire the pipeline, exit code | be imported by any other module |
 //! | [`bpf`] | loading the eBPF object, the program table (required / optional per feature), BTF and tracefs offsets, reading the kernel maps | decide anything about scheduling or output |
-//! | [`event`] | draining the ring buffer, decoding raw records into typed events, the process model | do I/O besides the ring buffer |
+//! | [`event`] | draining the ring buffer, decoding raw records into typed events | do I/O besides the ring buffer |
+//! | [`model`] | the process model: processes and threads from decoded events, each joined with its GPU figures | do I/O |
 //! | [`gpu`] | the device directory and driver version, names of ABI numbers, GPU figures per process, NVML | touch the kernel maps (it is handed what `bpf` read) |
-//! | [`sched`] | the daemon loop glue around `keling-sched`, actuators (cgroup, signals), logs, config, fail-safe | parse `/proc` itself (it asks `os`) |
+//! | [`sched`] | the daemon loop glue around `keling-sched`, actuators (cgroup, signals), writing the logs, config, fail-safe | parse `/proc` itself (it asks `os`) |
+//! | [`sched_log`] | the scheduling log's line types and the input log's header: the one definition the writer (`sched`) and every reader use | do I/O or import any other module of the agent |
 //! | [`control`] | the typed control protocol, its server (one task per client, deadlines, size limits) and client | block the event loop |
 //! | [`latency`] | decision latency histograms, timeout models, exports | read clocks |
 //! | [`metrics`] | Prometheus `/metrics`: the figures as prometheus-client families, the label grace rule, a minimal hardened HTTP server | block the event loop (it renders only what the loop hands it) |
@@ -27,8 +29,10 @@ pub mod event;
 pub mod gpu;
 pub mod latency;
 pub mod metrics;
+pub mod model;
 pub mod os;
 pub mod output;
 pub mod replay;
 pub mod report;
 pub mod sched;
+pub mod sched_log;

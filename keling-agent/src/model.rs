@@ -1,12 +1,19 @@
 //! The agent's picture of the traced processes and their threads, built only from
 //! decoded events (plus what /proc says about processes that existed before the
-//! trace began). No I/O here: feed it events, read it back.
+//! trace began), each process joined with its GPU figures ([`crate::gpu::stats`]).
+//! No I/O here: feed it events, read it back.
+//!
+//! A module of its own, not part of `event`: it reads `event`'s decoded events and
+//! `gpu`'s figures, and `gpu` names `event`'s decoded codes, so inside `event` it
+//! would make the two import each other.
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::decode::{Event, ExitStatus, comm, cstr};
-use crate::gpu::stats::GpuProcessStats;
+use crate::{
+    event::decode::{Event, ExitStatus, comm, cstr},
+    gpu::stats::GpuProcessStats,
+};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ThreadStats {

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use keling_agent::{
     report::{ReportOptions, build},
-    sched::log::{Logs, Record},
+    sched::log::Logs,
+    sched_log::Record,
 };
 use keling_sched::{Reason, TaskState, Transition};
 
@@ -150,7 +151,7 @@ fn constructed_log(dir: &Path) -> PathBuf {
         .into_iter()
         .map(|(task, ms)| Record::LateDecision {
             task,
-            action: "freeze",
+            action: "freeze".into(),
             end_to_end_ns: ms * MS,
             timeout_ns: 23_800_000,
             confirmed: true,

@@ -26,8 +26,9 @@ use tokio::{
 use crate::{
     bpf::{LoadOptions, Probes, programs::Feature},
     defaults,
-    event::{EventStream, decode::ExitStatus, model::Model},
+    event::{EventStream, decode::ExitStatus},
     gpu::{env::GpuArgs, nvml::NvmlCheck, stats::gpu_stats},
+    model::Model,
     os::{self, monotonic_ns, spawn::HeldChild},
     output::{self, Format, Sink, Summary, decision::SchedLogReader},
 };

@@ -1,12 +1,11 @@
 //! Kernel events into the agent: the ring buffer, decoded into typed events
-//! ([`decode`]), and the picture of processes and threads built from them
-//! ([`model`]). Both `keling trace` and `keling run` read the kernel through
+//! ([`decode`]); the picture of processes and threads built from them is
+//! [`crate::model`]'s. Both `keling trace` and `keling run` read the kernel through
 //! [`EventStream`], the one place that drains the ring buffer.
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 pub mod decode;
-pub mod model;
 
 use decode::Event;
 

@@ -1,7 +1,10 @@
 //! Keling's scheduler decisions as a trace shows them: read back from the running
 //! agent's scheduling log (`keling run --sched-log FILE`, followed by `keling trace
-//! --sched-log FILE`). Only parsing here; the caller reads the file.
-use serde_json::Value;
+//! --sched-log FILE`). Only parsing here, of [`crate::sched_log`]'s lines; the
+//! caller reads the file.
+use serde_json::json;
+
+use crate::sched_log::{Record, SchedLine};
 
 /// One line of the scheduling log that concerns a process.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,48 +91,74 @@ pub struct SchedLogReader {
 }
 
 impl SchedLogReader {
-    /// The decision on one line, or None for a line that is not one (or not JSON).
-    /// `now_ns` stands in for records that carry no timestamp.
+    /// The decision on one line, or None for a line that is not one (not a
+    /// scheduling-log line, a record of a type this agent does not know, or a late
+    /// decision of a task not seen yet). `now_ns` stands in for records that carry
+    /// no timestamp.
     pub fn line(&mut self, line: &str, now_ns: u64) -> Option<Decision> {
-        let v: Value = serde_json::from_str(line).ok()?;
-        let task = v["task"].as_u64()?;
-        let pid = match v["pid"].as_u64() {
+        let line: SchedLine = serde_json::from_str(line).ok()?;
+        let (task, pid, ts_ns, what) = match line {
+            SchedLine::Transition(t) => {
+                let (from, to) = t.state_transition.split_once('\u{2192}')?;
+                let what = DecisionKind::Transition {
+                    from: from.to_owned(),
+                    to: to.to_owned(),
+                    reason: t.reason.as_str().to_owned(),
+                    exit_code: t.exit_code.map(i64::from),
+                };
+                (t.task, Some(t.pid), t.timestamp_ns, what)
+            }
+            SchedLine::Record(Record::LateDecision {
+                task,
+                action,
+                end_to_end_ns,
+                timeout_ns,
+                confirmed,
+            }) => {
+                let what = DecisionKind::Late {
+                    action,
+                    end_to_end_ns,
+                    timeout_ns,
+                    confirmed,
+                };
+                (task, None, now_ns, what)
+            }
+            // `detail` is the record's other fields as JSON, as the log has them.
+            SchedLine::Record(Record::Placement {
+                task,
+                pid,
+                gpu,
+                timestamp_ns,
+            }) => {
+                let detail = json!({ "gpu": gpu });
+                (task, Some(pid), timestamp_ns, other("placement", detail))
+            }
+            SchedLine::Record(Record::Warning {
+                task,
+                pid,
+                remaining_ms,
+                timestamp_ns,
+            }) => {
+                let detail = json!({ "remaining_ms": remaining_ms });
+                (task, Some(pid), timestamp_ns, other("warning", detail))
+            }
+            SchedLine::Record(Record::Enforcement {
+                task,
+                pid,
+                timestamp_ns,
+                record,
+            }) => {
+                let detail = json!({ "record": record });
+                (task, Some(pid), timestamp_ns, other("enforcement", detail))
+            }
+            SchedLine::Record(Record::Other) => return None,
+        };
+        let pid = match pid {
             Some(p) => {
-                self.task_pid.insert(task, p as u32);
-                p as u32
+                self.task_pid.insert(task, p);
+                p
             }
             None => *self.task_pid.get(&task)?,
-        };
-        let ts_ns = v["timestamp_ns"].as_u64().unwrap_or(now_ns);
-        let what = if let Some(t) = v["state_transition"].as_str() {
-            let (from, to) = t.split_once('→')?;
-            DecisionKind::Transition {
-                from: from.to_owned(),
-                to: to.to_owned(),
-                reason: v["reason"].as_str().unwrap_or("").to_owned(),
-                exit_code: v["exit_code"].as_i64(),
-            }
-        } else {
-            let kind = v["type"].as_str()?.to_owned();
-            if kind == "late_decision" {
-                DecisionKind::Late {
-                    action: v["action"].as_str().unwrap_or("").to_owned(),
-                    end_to_end_ns: v["end_to_end_ns"].as_u64().unwrap_or(0),
-                    timeout_ns: v["timeout_ns"].as_u64().unwrap_or(0),
-                    confirmed: v["confirmed"].as_bool().unwrap_or(false),
-                }
-            } else {
-                let mut rest = v.clone();
-                if let Some(o) = rest.as_object_mut() {
-                    for k in ["type", "task", "pid", "timestamp_ns"] {
-                        o.remove(k);
-                    }
-                }
-                DecisionKind::Other {
-                    kind,
-                    detail: rest.to_string(),
-                }
-            }
         };
         Some(Decision {
             ts_ns,
@@ -137,6 +166,13 @@ impl SchedLogReader {
             task,
             what,
         })
+    }
+}
+
+fn other(kind: &str, detail: serde_json::Value) -> DecisionKind {
+    DecisionKind::Other {
+        kind: kind.to_owned(),
+        detail: detail.to_string(),
     }
 }
 
@@ -172,9 +208,53 @@ mod tests {
         );
         // A late decision of a task never seen cannot be placed.
         assert!(
-            r.line(r#"{"type":"late_decision","task":9,"action":"thaw"}"#, 1)
-                .is_none()
+            r.line(
+                r#"{"type":"late_decision","task":9,"action":"thaw","end_to_end_ns":1,"timeout_ns":1,"confirmed":false}"#,
+                1
+            )
+            .is_none()
         );
         assert!(r.line("not json", 1).is_none());
+        // A record of a type this agent does not know is no decision it can show.
+        assert!(
+            r.line(r#"{"type":"heartbeat","task":2,"pid":77}"#, 1)
+                .is_none()
+        );
+    }
+
+    /// A placement, warning or enforcement shows its fields other than the
+    /// task, process and time, as the log has them.
+    #[test]
+    fn other_records_show_the_rest_of_their_line() {
+        let mut r = SchedLogReader::default();
+        for (line, kind) in [
+            (
+                r#"{"type":"placement","task":1,"pid":101,"gpu":3,"timestamp_ns":5}"#,
+                "placement",
+            ),
+            (
+                r#"{"type":"warning","task":1,"pid":101,"remaining_ms":400,"timestamp_ns":6}"#,
+                "warning",
+            ),
+            (
+                r#"{"type":"enforcement","task":1,"pid":101,"timestamp_ns":7,"record":{"code":4003,"message":"session duration exceeded limit","data":{"allowed_ms":1000,"actual_ms":1002,"reason":"server_enforced"}}}"#,
+                "enforcement",
+            ),
+        ] {
+            let d = r.line(line, 0).unwrap();
+            // The line, less the keys the decision has already.
+            let mut rest: serde_json::Value = serde_json::from_str(line).unwrap();
+            for k in ["type", "task", "pid", "timestamp_ns"] {
+                rest.as_object_mut().unwrap().remove(k);
+            }
+            assert_eq!(
+                d.what,
+                DecisionKind::Other {
+                    kind: kind.into(),
+                    detail: rest.to_string()
+                }
+            );
+            assert_eq!((d.task, d.pid), (1, 101));
+        }
     }
 }

@@ -351,7 +351,7 @@ mod tests {
             (3_000_000, "PREEMPTED→RUNNING"),
         ] {
             let line = format!(
-                r#"{{"state_transition":"{t}","timestamp_ns":{ts},"task":1,"pid":5,"reason":"round_robin"}}"#
+                r#"{{"event_id":1,"state_transition":"{t}","timestamp_ns":{ts},"task":1,"name":"x","pid":5,"gpu":0,"priority":8,"reason":"round_robin","exit_code":null}}"#
             );
             f.decision(&r.line(&line, 0).unwrap());
         }

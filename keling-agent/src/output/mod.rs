@@ -8,11 +8,12 @@
 use std::io::{self, Write};
 
 use crate::{
-    event::{decode::Event, model::ProcessStats},
+    event::decode::Event,
     gpu::{
         nvml::NvmlDiff,
         stats::{CallCounts, GpuDeviceStats, GpuProcessStats},
     },
+    model::ProcessStats,
 };
 
 pub mod decision;

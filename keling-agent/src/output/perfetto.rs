@@ -509,7 +509,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        event::model::ProcessStats,
+        model::ProcessStats,
         output::{capture::Capture, test_events as ev},
     };
 
@@ -654,7 +654,7 @@ mod tests {
         let mut sink = PerfettoSink::new(Box::new(capture));
         for (ts, t) in [(2_000, "RUNNING→PREEMPTED"), (5_000, "PREEMPTED→RUNNING")] {
             let line = format!(
-                r#"{{"state_transition":"{t}","timestamp_ns":{ts},"task":1,"pid":42,"reason":"round_robin"}}"#
+                r#"{{"event_id":1,"state_transition":"{t}","timestamp_ns":{ts},"task":1,"name":"x","pid":42,"gpu":0,"priority":8,"reason":"round_robin","exit_code":null}}"#
             );
             sink.decision(&reader.line(&line, 0).unwrap()).unwrap();
         }

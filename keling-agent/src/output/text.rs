@@ -6,15 +6,13 @@ use std::io::{self, Write};
 
 use super::{Sink, Summary, decision::Decision, findings::Findings};
 use crate::{
-    event::{
-        decode::{Event, ExitStatus, IoctlOutcome, OpenHow, RefHow, comm, cstr},
-        model::ProcessStats,
-    },
+    event::decode::{Event, ExitStatus, IoctlOutcome, OpenHow, RefHow, comm, cstr},
     gpu::{
         names,
         nvml::NvmlDiff,
         stats::{GpuDeviceStats, GpuProcessStats},
     },
+    model::ProcessStats,
 };
 
 pub struct TextSink {

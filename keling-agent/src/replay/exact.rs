@@ -6,10 +6,8 @@ use std::collections::BTreeMap;
 use keling_sched::{Input, Policy, SchedConfig, Scheduler};
 use serde::Serialize;
 
-use super::{
-    Metrics, Summary,
-    log::{Decision, SchedLine},
-};
+use super::{Metrics, Summary, log::Decision};
+use crate::sched_log::SchedLine;
 
 /// What the replay's decisions have in common with the recorded ones.
 #[derive(Clone, Debug, PartialEq, Serialize)]

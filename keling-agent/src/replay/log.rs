@@ -1,7 +1,8 @@
-//! Reading the agent's two logs back, typed: the input log (one serde
-//! [`Input`] a line, with an optional first-line [`InputLogHeader`] that carries
-//! the [`SchedConfig`] and [`Policy`] that recorded it), and the scheduling log
-//! (transition lines and typed records, as `sched/log.rs` writes them).
+//! Reading the agent's two logs back, typed: the input log (one serde [`Input`] a
+//! line, with an optional first-line [`InputLogHeader`] that carries the
+//! [`keling_sched::SchedConfig`] and [`keling_sched::Policy`] that recorded it),
+//! and the scheduling log (its lines are [`crate::sched_log`]'s types, as
+//! `sched/log.rs` writes them).
 //!
 //! [`Decision`] is what replay compares: the part of the scheduling log the core
 //! decides (transitions, placements, warnings, enforcement records), without the
@@ -15,28 +16,9 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use keling_sched::{
-    Action, EnforcementRecord, Input, Output, Policy, Reason, SchedConfig, TaskId, TaskState,
-    Transition,
-};
-use serde::{Deserialize, Serialize};
+use keling_sched::{Action, Input, Output, TaskId, TaskState, Transition};
 
-/// The header line `keling replay` reads first when there is one:
-/// `{"keling_input_log":1,"policy":"hybrid","config":{...}}`. Synthetic runs write
-/// it, and so does the agent, at the top of every input-log file it writes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct InputLogHeader {
-    /// The header's format version: [`INPUT_LOG_VERSION`].
-    pub keling_input_log: u32,
-    /// The policy that made the recorded decisions.
-    #[serde(default)]
-    pub policy: Policy,
-    /// The core's configuration when the log was written.
-    pub config: SchedConfig,
-}
-
-/// The header format this reader knows.
-pub const INPUT_LOG_VERSION: u32 = 1;
+use crate::sched_log::{INPUT_LOG_VERSION, InputLogHeader, Record, SchedLine};
 
 /// Reads an input log a line at a time, reusing one buffer.
 pub struct InputLogReader {
@@ -168,86 +150,6 @@ impl InputLogWriter {
     }
 }
 
-/// A transition line of the scheduling log, read back.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct TransitionLine {
-    pub event_id: u64,
-    /// `"RUNNING→PREEMPTED"`.
-    pub state_transition: String,
-    pub timestamp_ns: u64,
-    pub task: TaskId,
-    pub name: String,
-    pub pid: u32,
-    pub gpu: Option<u32>,
-    pub priority: u8,
-    pub reason: Reason,
-    pub exit_code: Option<i32>,
-}
-
-impl TransitionLine {
-    /// The states either side of the arrow; `None` for a name no state has.
-    pub fn states(&self) -> Option<(TaskState, TaskState)> {
-        let (from, to) = self.state_transition.split_once('\u{2192}')?;
-        Some((state_named(from)?, state_named(to)?))
-    }
-}
-
-fn state_named(name: &str) -> Option<TaskState> {
-    [
-        TaskState::Pending,
-        TaskState::Running,
-        TaskState::Preempted,
-        TaskState::Completed,
-        TaskState::Failed,
-        TaskState::Archived,
-    ]
-    .into_iter()
-    .find(|s| s.as_str() == name)
-}
-
-/// A typed record of the scheduling log (the lines with a `type`).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum RecordLine {
-    Placement {
-        task: TaskId,
-        pid: u32,
-        gpu: u32,
-        timestamp_ns: u64,
-    },
-    Warning {
-        task: TaskId,
-        pid: u32,
-        remaining_ms: u64,
-        timestamp_ns: u64,
-    },
-    Enforcement {
-        task: TaskId,
-        pid: u32,
-        timestamp_ns: u64,
-        record: EnforcementRecord,
-    },
-    LateDecision {
-        task: TaskId,
-        action: String,
-        end_to_end_ns: u64,
-        timeout_ns: u64,
-        confirmed: bool,
-    },
-    /// A record of a type this reader does not know (a newer agent's): kept
-    /// readable, not a decision.
-    #[serde(other)]
-    Other,
-}
-
-/// One line of the scheduling log.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum SchedLine {
-    Transition(TransitionLine),
-    Record(RecordLine),
-}
-
 /// Every line of a scheduling log; an unreadable line is an error naming it.
 pub fn read_sched_log(path: &Path) -> anyhow::Result<Vec<SchedLine>> {
     let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
@@ -319,24 +221,22 @@ impl Decision {
                     exit_code: t.exit_code,
                 }
             }
-            SchedLine::Record(RecordLine::Placement { task, gpu, .. }) => Decision::Placement {
+            SchedLine::Record(Record::Placement { task, gpu, .. }) => Decision::Placement {
                 task: *task,
                 gpu: *gpu,
             },
-            SchedLine::Record(RecordLine::Warning {
+            SchedLine::Record(Record::Warning {
                 task, remaining_ms, ..
             }) => Decision::Warning {
                 task: *task,
                 remaining_ms: *remaining_ms,
             },
-            SchedLine::Record(RecordLine::Enforcement { task, record, .. }) => {
-                Decision::Enforcement {
-                    task: *task,
-                    allowed_ms: record.data.allowed_ms,
-                    actual_ms: record.data.actual_ms,
-                }
-            }
-            SchedLine::Record(RecordLine::LateDecision { .. } | RecordLine::Other) => return None,
+            SchedLine::Record(Record::Enforcement { task, record, .. }) => Decision::Enforcement {
+                task: *task,
+                allowed_ms: record.data.allowed_ms,
+                actual_ms: record.data.actual_ms,
+            },
+            SchedLine::Record(Record::LateDecision { .. } | Record::Other) => return None,
         })
     }
 
@@ -384,10 +284,10 @@ impl Decision {
 
 #[cfg(test)]
 mod tests {
-    use keling_sched::{GpuInfo, Scheduler, TaskSpec};
+    use keling_sched::{GpuInfo, Policy, SchedConfig, Scheduler, TaskSpec};
 
     use super::*;
-    use crate::sched::log::{Logs, Record};
+    use crate::sched::log::Logs;
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("keling-replay-log-{}", std::process::id()));
@@ -471,7 +371,7 @@ mod tests {
                         task: *id,
                         pid: 0,
                         timestamp_ns: 5,
-                        record,
+                        record: record.clone(),
                     }),
                     _ => {}
                 }
@@ -480,7 +380,7 @@ mod tests {
         }
         logs.record(&Record::LateDecision {
             task: 1,
-            action: "freeze",
+            action: "freeze".into(),
             end_to_end_ns: 30_000_000,
             timeout_ns: 23_800_000,
             confirmed: true,
@@ -501,11 +401,11 @@ mod tests {
         std::fs::write(&newer, "{\"type\":\"heartbeat\",\"ts_ns\":1}\n").unwrap();
         assert_eq!(
             read_sched_log(&newer).unwrap(),
-            [SchedLine::Record(RecordLine::Other)]
+            [SchedLine::Record(Record::Other)]
         );
         assert!(matches!(
             lines.last(),
-            Some(SchedLine::Record(RecordLine::LateDecision {
+            Some(SchedLine::Record(Record::LateDecision {
                 end_to_end_ns: 30_000_000,
                 ..
             }))
@@ -557,5 +457,39 @@ mod tests {
             format!("{err:#}").contains("without.jsonl:2: not a scheduler input"),
             "{err:#}"
         );
+    }
+
+    /// Every input-log file the agent's writer (`sched::log::Logs`) starts, the
+    /// rotated one and the new one, begins with the header, and this reader finds it
+    /// there.
+    #[test]
+    fn every_input_log_file_starts_with_its_header() {
+        let dir = std::env::temp_dir().join(format!("keling-hdr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("input.jsonl");
+        let header = InputLogHeader {
+            keling_input_log: INPUT_LOG_VERSION,
+            policy: Policy::Hybrid,
+            config: SchedConfig {
+                slots_per_gpu: 3,
+                ..Default::default()
+            },
+        };
+        let mut logs = Logs::open_bounded(None, Some(&path), 2000).unwrap();
+        logs.input_header(&header);
+        let mut n = 0u64;
+        while !dir.join("input.jsonl.1").exists() || n < 100 {
+            n += 1;
+            logs.input(&Input::Tick { ts_ns: n });
+        }
+        logs.flush();
+        let mut ticks = 0;
+        for file in [dir.join("input.jsonl.1"), path.clone()] {
+            let (h, inputs) = InputLogReader::open(&file).unwrap().read_all().unwrap();
+            assert_eq!(h.as_ref(), Some(&header), "{}", file.display());
+            ticks += inputs.len() as u64;
+        }
+        assert!(ticks > 0 && ticks <= n);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

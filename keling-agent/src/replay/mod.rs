@@ -13,8 +13,8 @@
 //! The core is deterministic and reads no clock, so replay needs nothing but the
 //! inputs, the [`SchedConfig`] and the [`Policy`]. The agent's input log does not
 //! record its config yet: `keling replay` takes the same flags as `keling run`
-//! (and reads a first-line [`log::InputLogHeader`] when a log has one; synthetic
-//! runs write one).
+//! (and reads a first-line [`crate::sched_log::InputLogHeader`] when a log has
+//! one; synthetic runs write one).
 //!
 //! This module reads and writes files only through [`log`]; it never reads a
 //! clock (the command measures its own speed).

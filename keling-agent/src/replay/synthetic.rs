@@ -47,11 +47,11 @@ use keling_sched::{
 };
 use serde::Serialize;
 
-use super::{
-    Metrics, Summary,
-    log::{INPUT_LOG_VERSION, InputLogHeader, InputLogWriter},
+use super::{Metrics, Summary, log::InputLogWriter};
+use crate::{
+    sched::log::Logs,
+    sched_log::{INPUT_LOG_VERSION, InputLogHeader, Record},
 };
-use crate::sched::log::{Logs, Record};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
@@ -524,7 +524,7 @@ impl Sim<'_> {
                             task: id,
                             pid: id as u32,
                             timestamp_ns: now,
-                            record,
+                            record: record.clone(),
                         });
                     }
                 }

@@ -26,17 +26,20 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use keling_sched::{Input, Policy, SchedConfig, TaskId, TaskState, Transition};
+use keling_sched::{Input, Policy, SchedConfig, TaskId, TaskState};
 use serde::{Deserialize, Serialize};
 
 use self::{
     grid::{Finding, Grid, GridBuilder},
     svg::{Timeline, esc},
 };
-use crate::replay::{
-    Metrics, Summary,
-    log::{InputLogReader, RecordLine, SchedLine, TransitionLine, read_sched_log},
-    metrics::Wait,
+use crate::{
+    replay::{
+        Metrics, Summary,
+        log::{InputLogReader, read_sched_log},
+        metrics::Wait,
+    },
+    sched_log::{Record, SchedLine, TransitionLine},
 };
 
 /// How a report is made.
@@ -73,21 +76,6 @@ struct Source {
     timeout_ns: Option<u64>,
 }
 
-fn line_of(t: &Transition) -> TransitionLine {
-    TransitionLine {
-        event_id: t.event_id,
-        state_transition: t.state_transition(),
-        timestamp_ns: t.timestamp_ns,
-        task: t.task,
-        name: t.name.clone(),
-        pid: t.pid,
-        gpu: t.gpu,
-        priority: t.priority,
-        reason: t.reason,
-        exit_code: t.exit_code,
-    }
-}
-
 fn first_line(path: &Path) -> anyhow::Result<String> {
     let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
     for line in BufReader::new(file).lines() {
@@ -120,7 +108,7 @@ fn load(path: &Path, opts: &ReportOptions) -> anyhow::Result<Source> {
             let input = input?;
             let out = sched.step(&input);
             metrics.observe(&input, &out);
-            transitions.extend(out.transitions.iter().map(line_of));
+            transitions.extend(out.transitions.iter().map(TransitionLine::from));
         }
         let (summary, waits) = metrics.finish();
         return Ok(Source {
@@ -143,13 +131,13 @@ fn load(path: &Path, opts: &ReportOptions) -> anyhow::Result<Source> {
                 metrics.observe_line(&t);
                 transitions.push(t);
             }
-            SchedLine::Record(RecordLine::Placement {
+            SchedLine::Record(Record::Placement {
                 task,
                 gpu,
                 timestamp_ns,
                 ..
             }) => metrics.observe_placement(task, gpu, timestamp_ns),
-            SchedLine::Record(RecordLine::LateDecision {
+            SchedLine::Record(Record::LateDecision {
                 end_to_end_ns,
                 timeout_ns: t,
                 ..

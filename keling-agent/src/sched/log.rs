@@ -1,6 +1,8 @@
 //! The scheduler's two logs: the scheduling log (one JSON line per task state
 //! transition, placement, warning, enforcement record and late decision) and the
 //! input log (every scheduler input, so `keling replay` can re-run the decisions).
+//! What a line holds is [`crate::sched_log`]'s (the readers use the same types);
+//! this module only writes the files.
 //!
 //! A write error is reported once and never stops the agent. Each log is bounded:
 //! at `max_bytes` it is renamed to `FILE.1` (replacing the one before) and a new
@@ -13,56 +15,10 @@ use std::{
 };
 
 use anyhow::Context;
-use keling_sched::{EnforcementRecord, Input, TaskId, Transition};
+use keling_sched::{Input, Transition};
 use serde::Serialize;
 
-use crate::replay::log::InputLogHeader;
-
-/// One line of the scheduling log that is not a transition.
-#[derive(Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Record<'a> {
-    Placement {
-        task: TaskId,
-        pid: u32,
-        gpu: u32,
-        timestamp_ns: u64,
-    },
-    Warning {
-        task: TaskId,
-        pid: u32,
-        remaining_ms: u64,
-        timestamp_ns: u64,
-    },
-    Enforcement {
-        task: TaskId,
-        pid: u32,
-        timestamp_ns: u64,
-        record: &'a EnforcementRecord,
-    },
-    LateDecision {
-        task: TaskId,
-        action: &'a str,
-        end_to_end_ns: u64,
-        timeout_ns: u64,
-        confirmed: bool,
-    },
-}
-
-/// A transition as the scheduling log writes it.
-#[derive(Serialize)]
-struct TransitionLine<'a> {
-    event_id: u64,
-    state_transition: String,
-    timestamp_ns: u64,
-    task: TaskId,
-    name: &'a str,
-    pid: u32,
-    gpu: Option<u32>,
-    priority: u8,
-    reason: keling_sched::Reason,
-    exit_code: Option<i32>,
-}
+use crate::sched_log::{InputLogHeader, Record, TransitionLine};
 
 /// A JSON-lines file that reports its first write error, keeps going, and
 /// rotates at a size.
@@ -209,18 +165,7 @@ impl Logs {
 
     pub fn transition(&mut self, t: &Transition) {
         if let Some(l) = &mut self.sched {
-            l.write(&TransitionLine {
-                event_id: t.event_id,
-                state_transition: t.state_transition(),
-                timestamp_ns: t.timestamp_ns,
-                task: t.task,
-                name: &t.name,
-                pid: t.pid,
-                gpu: t.gpu,
-                priority: t.priority,
-                reason: t.reason,
-                exit_code: t.exit_code,
-            });
+            l.write(&TransitionLine::from(t));
         }
     }
 
@@ -256,40 +201,6 @@ mod tests {
         assert!(now.len() < 100 && old.len() >= 100, "{now:?} {old:?}");
         assert!(now.lines().last().unwrap().contains("\"i\":49"));
         assert!(!dir.join("sched.jsonl.2").exists());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Every input-log file starts with the header, the rotated one and the new one,
-    /// and `keling replay`'s reader finds it there.
-    #[test]
-    fn every_input_log_file_starts_with_its_header() {
-        use crate::replay::log::{INPUT_LOG_VERSION, InputLogReader};
-        let dir = std::env::temp_dir().join(format!("keling-hdr-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("input.jsonl");
-        let header = InputLogHeader {
-            keling_input_log: INPUT_LOG_VERSION,
-            policy: keling_sched::Policy::Hybrid,
-            config: keling_sched::SchedConfig {
-                slots_per_gpu: 3,
-                ..Default::default()
-            },
-        };
-        let mut logs = Logs::open_bounded(None, Some(&path), 2000).unwrap();
-        logs.input_header(&header);
-        let mut n = 0u64;
-        while !dir.join("input.jsonl.1").exists() || n < 100 {
-            n += 1;
-            logs.input(&Input::Tick { ts_ns: n });
-        }
-        logs.flush();
-        let mut ticks = 0;
-        for file in [dir.join("input.jsonl.1"), path.clone()] {
-            let (h, inputs) = InputLogReader::open(&file).unwrap().read_all().unwrap();
-            assert_eq!(h.as_ref(), Some(&header), "{}", file.display());
-            ticks += inputs.len() as u64;
-        }
-        assert!(ticks > 0 && ticks <= n);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
