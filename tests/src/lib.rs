@@ -336,23 +336,34 @@ pub fn converge(
     }
 }
 
-/// The ```sh block of README.md's section `## TITLE` that starts with `first`
-/// (the commands a test runs as written).
-pub fn readme_block(title: &str, first: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let section = readme
+/// The repository's root (this crate is `tests/`).
+fn repo_root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The ```sh block of the Markdown file `doc` (relative to the repository root:
+/// `README.md`, `docs/tracing.md`) in its section `## TITLE` that starts with
+/// `first` (the commands a test runs as written).
+pub fn doc_block(doc: &str, title: &str, first: &str) -> String {
+    let path = repo_root().join(doc);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let section = text
         .split(&format!("\n## {title}\n"))
         .nth(1)
-        .unwrap_or_else(|| panic!("README has a {title:?} section"));
+        .unwrap_or_else(|| panic!("{doc} has a {title:?} section"));
     let section = section.split("\n## ").next().unwrap();
     section
         .split("```sh\n")
         .skip(1)
         .map(|b| b.split("```").next().unwrap())
         .find(|b| b.starts_with(first))
-        .unwrap_or_else(|| panic!("a code block starting with {first:?} in {title:?}"))
+        .unwrap_or_else(|| panic!("a code block starting with {first:?} in {doc}, {title:?}"))
         .to_owned()
+}
+
+/// [`doc_block`] of README.md.
+pub fn readme_block(title: &str, first: &str) -> String {
+    doc_block("README.md", title, first)
 }
 
 /// The unpacked NVIDIA userspace (`cargo xtask setup` puts Debian's 535 packages
@@ -390,4 +401,167 @@ pub fn sandbox(sim: &Nvsim, cmd: &[&str]) -> Command {
 /// The CUDA driver-API probe (a binary of the keling-nvsim crate).
 pub fn cuda_probe_bin() -> PathBuf {
     sibling_bin("keling-cuda-probe")
+}
+
+/// Checks of the documentation that need no root: the blocks the tests run are
+/// there, and the links between README.md and docs/ resolve.
+#[cfg(test)]
+mod doc_tests {
+    use std::path::Path;
+
+    use super::{doc_block, repo_root};
+
+    /// The string-literal arguments of each call `name(...)` in `src`.
+    fn literal_calls(src: &str, name: &str) -> Vec<Result<Vec<String>, String>> {
+        src.match_indices(&format!("{name}("))
+            .filter(|(at, _)| !src[..*at].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+            .map(|(at, _)| {
+                let line = src[..at].lines().count();
+                let mut rest = &src[at + name.len() + 1..];
+                let mut args = Vec::new();
+                loop {
+                    rest = rest.trim_start().trim_start_matches(',').trim_start();
+                    if rest.starts_with(')') {
+                        return Ok(args);
+                    }
+                    let lit = rest.strip_prefix('"').ok_or(format!(
+                        "line {line}: an argument that is no string literal"
+                    ))?;
+                    let end = lit
+                        .find('"')
+                        .ok_or(format!("line {line}: no closing quote"))?;
+                    args.push(lit[..end].to_owned());
+                    rest = &lit[end + 1..];
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_block_a_test_runs_is_in_its_doc() {
+        let dir = repo_root().join("tests/tests");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).expect("tests/tests") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).expect("test source");
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            for (reader, arity) in [("doc_block", 3), ("readme_block", 2)] {
+                for call in literal_calls(&src, reader) {
+                    let args = call.unwrap_or_else(|e| {
+                        panic!("{name}: {reader}: {e}; this check reads literals only")
+                    });
+                    assert_eq!(args.len(), arity, "{name}: {reader}{args:?}");
+                    let (doc, title, first) = match &args[..] {
+                        [doc, title, first] => (doc.as_str(), title, first),
+                        [title, first] => ("README.md", title, first),
+                        _ => unreachable!(),
+                    };
+                    let block = doc_block(doc, title, first);
+                    assert!(block.starts_with(first.as_str()) && block.lines().count() > 1);
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 2, "found {checked} doc blocks that tests run");
+    }
+
+    /// GitHub's anchor for a heading: lowercase, only letters, digits, `-`, `_`
+    /// and spaces kept, spaces as `-`.
+    fn anchor(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect()
+    }
+
+    /// A Markdown file's lines outside fenced code blocks.
+    fn prose(text: &str) -> Vec<&str> {
+        let mut fenced = false;
+        text.lines()
+            .filter(|l| {
+                if l.trim_start().starts_with("```") {
+                    fenced = !fenced;
+                    return false;
+                }
+                !fenced
+            })
+            .collect()
+    }
+
+    fn anchors(path: &Path) -> Vec<String> {
+        let text = std::fs::read_to_string(path).expect("markdown");
+        prose(&text)
+            .into_iter()
+            .filter_map(|l| l.strip_prefix('#'))
+            .map(|h| anchor(h.trim_start_matches('#')))
+            .collect()
+    }
+
+    #[test]
+    fn readme_and_docs_links_resolve() {
+        let root = repo_root();
+        let mut files = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+        let mut broken = Vec::new();
+        let mut links = 0;
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("markdown");
+            // Inline code is no link (`[[rule]]`), but a link's text may be code.
+            let lines: Vec<String> = prose(&text)
+                .into_iter()
+                .map(|l| l.split('`').step_by(2).collect::<Vec<_>>().join(""))
+                .collect();
+            let prose = lines.join("\n");
+            for (at, _) in prose.match_indices("](") {
+                let target = &prose[at + 2..];
+                let target = &target[..target.find(')').expect("closing paren")];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                links += 1;
+                let (path, fragment) = target.split_once('#').unwrap_or((target, ""));
+                let resolved = if path.is_empty() {
+                    file.clone()
+                } else {
+                    file.parent().unwrap().join(path)
+                };
+                let name = file.strip_prefix(&root).unwrap().display();
+                if !resolved.exists() {
+                    broken.push(format!("{name}: {target}: no such file"));
+                } else if !fragment.is_empty() && !anchors(&resolved).iter().any(|a| a == fragment)
+                {
+                    broken.push(format!("{name}: {target}: no such heading"));
+                }
+            }
+        }
+        assert!(
+            broken.is_empty(),
+            "broken links:\n  {}",
+            broken.join("\n  ")
+        );
+        assert!(links > 10, "only {links} relative links found");
+    }
+
+    #[test]
+    fn anchors_are_githubs() {
+        assert_eq!(
+            anchor(" The control socket, users and the fail-safe"),
+            "the-control-socket-users-and-the-fail-safe"
+        );
+        assert_eq!(
+            anchor(" What `keling launch` says"),
+            "what-keling-launch-says"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! Prometheus `/metrics` scraped by a real HTTP client (curl) and checked by
 //! `promtool`, its figures against the simulator's ground truth and the agent's
 //! own status; the latency interval log read back by the hdrhistogram crate's own
-//! reader after the agent is gone, and by `keling histo`; the README's commands.
+//! reader after the agent is gone, and by `keling histo`; docs/latency.md's commands.
 //!
 //! They share the one-agent lock and the host's cgroup tree: one at a time.
 use std::{
@@ -590,7 +590,7 @@ fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Stops what a README block started: its process group (the shell we started
+/// Stops what a docs block started: its process group (the shell we started
 /// leads it), then whatever task cgroups and mount it left, even on failure.
 struct Cleanup {
     pgid: u32,
@@ -611,7 +611,7 @@ impl Drop for Cleanup {
     }
 }
 
-/// README's "Latency histograms" block for a host without a GPU, run as written
+/// docs/latency.md's "Latency histograms" block for a host without a GPU, run as written
 /// (one shell script): `target/debug/` is where the test's binaries are,
 /// `/tmp/keling-nvsim` a fresh directory, the working directory a fresh one.
 #[test]
@@ -621,7 +621,11 @@ fn readme_latency_histograms_commands_work() {
     if !sched_ready(test) {
         return;
     }
-    let block = keling_tests::readme_block("Latency histograms for tuning", "# Without a GPU");
+    let block = keling_tests::doc_block(
+        "docs/latency.md",
+        "Latency histograms for tuning",
+        "# Without a GPU",
+    );
     let block = block.as_str();
     let bin_dir = keling_bin().parent().unwrap().to_owned();
     let work = tempdir();

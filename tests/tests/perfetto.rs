@@ -2,7 +2,7 @@
 //! checked structurally against the kernel's exact figures and a jsonl run of the
 //! same workload; `--comm` (processes running now and processes that exec into the
 //! name later); `--duration` and Ctrl-C ending the trace with its summary; and
-//! README's commands run as written.
+//! the commands of docs/tracing.md run as written.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -480,7 +480,7 @@ fn duration_ends_the_trace_by_itself_with_a_summary() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Unmounts a simulated driver the README's commands mounted, even when the test
+/// Unmounts a simulated driver the docs' commands mounted, even when the test
 /// fails half-way.
 struct Unmount(PathBuf, PathBuf);
 
@@ -501,7 +501,7 @@ impl Drop for Unmount {
     }
 }
 
-/// README's "Trace a misbehaving process" block for a host without a GPU, run
+/// docs/tracing.md's "Trace a misbehaving process" block for a host without a GPU, run
 /// line by line as written: `target/debug/` is where the test's binaries are,
 /// `/tmp/keling-nvsim` a fresh directory, the working directory a fresh one.
 #[test]
@@ -509,7 +509,11 @@ fn readme_trace_a_misbehaving_process_commands_work() {
     if !ready("readme_trace_a_misbehaving_process_commands_work") {
         return;
     }
-    let block = keling_tests::readme_block("Trace a misbehaving process", "# Without a GPU");
+    let block = keling_tests::doc_block(
+        "docs/tracing.md",
+        "Trace a misbehaving process",
+        "# Without a GPU",
+    );
     let block = block.as_str();
     let bin_dir = keling_bin().parent().unwrap().to_owned();
     let work = tempdir();
@@ -545,7 +549,7 @@ fn readme_trace_a_misbehaving_process_commands_work() {
         ran >= 4,
         "the block has the mount, two traces and the unmount"
     );
-    // The Perfetto file the README opens.
+    // The Perfetto file the docs open.
     let json = std::fs::read_to_string(work.join("oom.json")).expect("oom.json written");
     let v: Value = serde_json::from_str(&json).expect("oom.json is JSON");
     check_structure(&v);

@@ -36,7 +36,7 @@ pub struct StatusArgs {
     pub wait: u64,
 }
 
-/// `--help`'s list of the JSON fields (README "keling status" has the same).
+/// `--help`'s list of the JSON fields (docs/scheduler.md, "`keling status`", points here).
 const JSON_FIELDS: &str = "\
 --json fields (bytes, ms and ns are plain integers):
   caller_uid                the uid asking (SO_PEERCRED)
