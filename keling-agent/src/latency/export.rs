@@ -21,7 +21,8 @@ use serde_json::{Value, json};
 use super::intervals::{IntervalLogAppender, IntervalMeta};
 use super::prom;
 use super::recorder::{
-    HIST_HIGH_NS, HIST_LOW_NS, HIST_SIGFIG, Hist, LatencyRecorder, NS_PER_MS, Percentiles, Stage,
+    HIST_HIGH_NS, HIST_LOW_NS, HIST_SIGFIG, Hist, LatencyRecorder, NS_PER_MS, Percentiles,
+    Selection, Stage,
 };
 
 /// Stage order of the exports: end-to-end first, then the pipeline.
@@ -44,29 +45,6 @@ pub enum HistoFormat {
     Prom,
     /// JSON: a summary and every histogram's buckets.
     Json,
-}
-
-/// Which histograms an export shows: one stage or all; with an action, only that
-/// action's histograms (without, the all-actions ones, and in JSON and Prometheus
-/// the per-action ones too).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Selection {
-    pub stage: Option<Stage>,
-    pub action: Option<String>,
-}
-
-impl Selection {
-    pub(super) fn stage(&self, s: Stage) -> bool {
-        self.stage.is_none_or(|x| x == s)
-    }
-
-    pub(super) fn action(&self, a: Option<&str>) -> bool {
-        match (&self.action, a) {
-            (None, _) => true,
-            (Some(want), Some(a)) => want == a,
-            (Some(_), None) => false,
-        }
-    }
 }
 
 impl LatencyRecorder {

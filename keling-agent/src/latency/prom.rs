@@ -22,8 +22,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::export::Selection;
-use super::recorder::{Hist, LatencyRecorder, NS_PER_S, Stage};
+use super::recorder::{Hist, LatencyRecorder, NS_PER_S, Selection, Stage};
 
 /// Bucket bounds, seconds: 100 us to 60 s (the histograms' range), with the design's
 /// default timeout, 23.8 ms, as a bound of its own.

@@ -446,6 +446,29 @@ impl LatencyRecorder {
     }
 }
 
+/// Which histograms an export shows: one stage or all; with an action, only that
+/// action's histograms (without, the all-actions ones, and in JSON and Prometheus
+/// the per-action ones too).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub stage: Option<Stage>,
+    pub action: Option<String>,
+}
+
+impl Selection {
+    pub(super) fn stage(&self, s: Stage) -> bool {
+        self.stage.is_none_or(|x| x == s)
+    }
+
+    pub(super) fn action(&self, a: Option<&str>) -> bool {
+        match (&self.action, a) {
+            (None, _) => true,
+            (Some(want), Some(a)) => want == a,
+            (Some(_), None) => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
