@@ -3,7 +3,7 @@
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -20,18 +20,6 @@ pub fn cgroup2() -> Option<PathBuf> {
         (right.split(' ').next()? == "cgroup2")
             .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
     })
-}
-
-/// Whether the scheduler's tests can run here; records a skip when not.
-pub fn sched_ready(test: &str) -> bool {
-    if !(crate::can_load_ebpf(test) && crate::can_use_fuse(test)) {
-        return false;
-    }
-    if cgroup2().is_none() {
-        crate::skip(test, "no cgroup v2 hierarchy mounted");
-        return false;
-    }
-    true
 }
 
 /// The task cgroups under `<cgroup2>/keling`.
@@ -83,18 +71,24 @@ pub struct AgentOptions<'a> {
     pub wrapper: Vec<std::ffi::OsString>,
     /// `--sched-log` (default: a file in the agent's directory).
     pub sched_log: Option<PathBuf>,
+    /// `--status-interval` in seconds (default 1; 0: only the final status line).
+    pub status_interval_s: Option<u64>,
+}
+
+impl AgentOptions<'_> {
+    /// Just these arguments after `run`'s own.
+    pub fn args(extra: &[&str]) -> Self {
+        AgentOptions {
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            ..AgentOptions::default()
+        }
+    }
 }
 
 impl Agent {
     /// Starts `keling run` on the simulated driver.
     pub fn start(sim: &Nvsim, extra: &[&str]) -> Agent {
-        Self::start_with(
-            sim,
-            AgentOptions {
-                args: extra.iter().map(|s| s.to_string()).collect(),
-                ..AgentOptions::default()
-            },
-        )
+        Self::start_with(sim, AgentOptions::args(extra))
     }
 
     /// Starts `keling run` with options. Waits (up to a minute) while another
@@ -128,23 +122,18 @@ impl Agent {
             }
             None => Command::new(keling_bin()),
         };
-        cmd.args([
-            "run",
-            "--status-interval",
-            "1",
-            "--dev-dir",
-            sim.dev_dir(),
-            "--socket",
-        ])
-        .arg(&socket)
-        .arg("--sched-log")
-        .arg(&sched_log)
-        .arg("--input-log")
-        .arg(dir.join("inputs.jsonl"))
-        .args(sim.capacity_args())
-        .args(&opts.args)
-        .envs(opts.env.iter().copied())
-        .stderr(Stdio::piped());
+        let status_interval_s = opts.status_interval_s.unwrap_or(1).to_string();
+        cmd.args(["run", "--status-interval", &status_interval_s])
+            .args(["--dev-dir", sim.dev_dir(), "--socket"])
+            .arg(&socket)
+            .arg("--sched-log")
+            .arg(&sched_log)
+            .arg("--input-log")
+            .arg(dir.join("inputs.jsonl"))
+            .args(sim.capacity_args())
+            .args(&opts.args)
+            .envs(opts.env.iter().copied())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let pid = child.id();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
@@ -258,12 +247,15 @@ impl Agent {
     }
 
     /// Stops the agent with SIGINT, as an operator would, and waits (bounded) for
-    /// it to exit; its directory and logs stay until drop.
-    pub fn stop(&mut self) {
+    /// it to exit; its directory and logs stay until drop. Returns how it exited.
+    pub fn stop(&mut self) -> ExitStatus {
         self.signal(libc::SIGINT);
         wait_for("the agent to stop", Duration::from_secs(15), || {
             !self.alive()
         });
+        let child = self.child.as_mut().expect("stop() after sigkill()");
+        // Reaped already by alive(): this returns the status it kept.
+        child.wait().expect("the agent's exit status")
     }
 
     pub fn sigkill(&mut self) {
@@ -283,7 +275,11 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        // An agent that has exited (and been reaped by stop()) is not signalled: its
+        // pid may be someone else's by now.
+        if let Some(mut child) = self.child.take()
+            && child.try_wait().ok().flatten().is_none()
+        {
             // A stopped agent cannot handle SIGINT.
             // SAFETY: signalling our own child by pid.
             unsafe {

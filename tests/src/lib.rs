@@ -1,5 +1,6 @@
-//! Helpers for Keling's root integration tests: find the binaries, run a trace,
-//! parse its JSON lines, and report skips so `cargo xtask test` can count them.
+//! Helpers for Keling's root integration tests: what each test starts with
+//! ([`Fixture`]), find the binaries, run a trace, parse its JSON lines, and report
+//! skips so `cargo xtask test` can count them.
 use std::{
     io::Write,
     path::PathBuf,
@@ -9,6 +10,9 @@ use std::{
 use serde_json::Value;
 
 pub mod agent;
+pub mod fixture;
+
+pub use fixture::Fixture;
 
 /// A binary built into the same target directory as this test.
 fn sibling_bin(name: &str) -> PathBuf {

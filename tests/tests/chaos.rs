@@ -14,27 +14,21 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
 use keling_tests::{
-    ChildGuard, Nvsim,
+    ChildGuard, Fixture, Nvsim,
     agent::{
         Agent, AgentOptions, cgroup_of, cgroup2, children_of, frozen, proc_state, progress,
-        sched_ready, task_cgroups, task_pid, wait_for,
+        task_cgroups, task_pid, wait_for,
     },
-    gpu_workload_bin, keling_bin, skip, tempdir,
+    gpu_workload_bin, keling_bin, skip,
 };
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The task in `status` whose pid is not one of `known`.
 fn other_task_pid(agent: &Agent, known: &[u32]) -> u32 {
@@ -183,15 +177,17 @@ impl Drop for SilentCrowd {
 /// exits, and `keling status` answers within 100 ms.
 #[test]
 fn hostile_clients_delay_neither_preemption_nor_status() {
-    let _serial = serial();
-    if !sched_ready("hostile_clients_delay_neither_preemption_nor_status") {
+    let Some(fx) = Fixture::scheduler(
+        "hostile_clients_delay_neither_preemption_nor_status",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let agent = Agent::start(&sim, &[]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let agent = Agent::start(sim, &[]);
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = cgroup_of(pid_a).unwrap();
 
@@ -242,7 +238,7 @@ fn hostile_clients_delay_neither_preemption_nor_status() {
         "{garbage}"
     );
 
-    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 300, 0, &pb);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     wait_for(
         "the background task to be frozen",
         Duration::from_secs(10),
@@ -319,19 +315,21 @@ fn hostile_clients_delay_neither_preemption_nor_status() {
 /// agent runs again, it freezes them again.
 #[test]
 fn a_stopped_agent_leaves_nothing_frozen_past_1_5_s() {
-    let _serial = serial();
-    if !sched_ready("a_stopped_agent_leaves_nothing_frozen_past_1_5_s") {
+    let Some(fx) = Fixture::scheduler(
+        "a_stopped_agent_leaves_nothing_frozen_past_1_5_s",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
-    let config = workload_config(&dir, ADOPT_WORKLOAD);
-    let agent = Agent::start(&sim, &["--config", config.to_str().unwrap()]);
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
+    let config = workload_config(dir, ADOPT_WORKLOAD);
+    let agent = Agent::start(sim, &["--config", config.to_str().unwrap()]);
     let (pa, pb, pc) = (dir.join("a"), dir.join("b"), dir.join("c"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = cgroup_of(pid_a).unwrap();
-    let c = unlaunched_gpu_process(&sim, &pc);
+    let c = unlaunched_gpu_process(sim, &pc);
     let pid_c = c.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
         agent.status()["tasks"]
@@ -340,7 +338,7 @@ fn a_stopped_agent_leaves_nothing_frozen_past_1_5_s() {
             .iter()
             .any(|t| t["pid"] == pid_c)
     });
-    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 1_000_000, 0, &pb);
+    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for(
         "both lower tasks to be frozen",
         Duration::from_secs(10),
@@ -381,18 +379,20 @@ fn a_stopped_agent_leaves_nothing_frozen_past_1_5_s() {
 /// and the first one's frozen task stays frozen, its socket and cgroups intact.
 #[test]
 fn a_second_agent_exits_at_once_and_touches_nothing() {
-    let _serial = serial();
-    if !sched_ready("a_second_agent_exits_at_once_and_touches_nothing") {
+    let Some(fx) = Fixture::scheduler(
+        "a_second_agent_exits_at_once_and_touches_nothing",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let agent = Agent::start(&sim, &[]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let agent = Agent::start(sim, &[]);
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = cgroup_of(pid_a).unwrap();
-    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 1_000_000, 0, &pb);
+    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for("the low task to be frozen", Duration::from_secs(10), || {
         frozen(&cg_a)
     });
@@ -439,12 +439,14 @@ fn a_second_agent_exits_at_once_and_touches_nothing() {
 /// The fail-safe is killed: the agent starts another, which does its job.
 #[test]
 fn a_killed_fail_safe_is_replaced_and_the_new_one_thaws() {
-    let _serial = serial();
-    if !sched_ready("a_killed_fail_safe_is_replaced_and_the_new_one_thaws") {
+    let Some(fx) = Fixture::scheduler(
+        "a_killed_fail_safe_is_replaced_and_the_new_one_thaws",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let mut agent = Agent::start(&sim, &[]);
+    };
+    let sim = fx.sim();
+    let mut agent = Agent::start(sim, &[]);
     let old = agent.fail_safe_pid().expect("a fail-safe");
     // SAFETY: killing the agent's fail-safe by pid (it is alive: we just saw it).
     unsafe { libc::kill(old as i32, libc::SIGKILL) };
@@ -457,12 +459,12 @@ fn a_killed_fail_safe_is_replaced_and_the_new_one_thaws() {
         !children_of(agent.pid).contains(&old),
         "the dead fail-safe was reaped"
     );
-    let dir = tempdir();
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = cgroup_of(pid_a).unwrap();
-    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 1_000_000, 0, &pb);
+    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for("the low task to be frozen", Duration::from_secs(10), || {
         frozen(&cg_a)
     });
@@ -483,15 +485,17 @@ fn a_killed_fail_safe_is_replaced_and_the_new_one_thaws() {
 /// schedules as before.
 #[test]
 fn running_out_of_file_descriptors_is_survived() {
-    let _serial = serial();
-    if !sched_ready("running_out_of_file_descriptors_is_survived") {
+    let Some(fx) = Fixture::scheduler(
+        "running_out_of_file_descriptors_is_survived",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let mut agent = Agent::start(&sim, &[]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let mut agent = Agent::start(sim, &[]);
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = cgroup_of(pid_a).unwrap();
     let agent_pid = agent.pid;
@@ -533,7 +537,7 @@ fn running_out_of_file_descriptors_is_survived() {
             .status
             .success()
     });
-    let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 200, 0, &pb);
+    let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 200, 0, &pb);
     wait_for("the low task to be frozen", Duration::from_secs(10), || {
         frozen(&cg_a)
     });
@@ -549,20 +553,21 @@ fn running_out_of_file_descriptors_is_survived() {
 /// its pidfd, and a preemption that would have stopped it stops nobody.
 #[test]
 fn lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process() {
-    let _serial = serial();
-    let test = "lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::scheduler(
+        "lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
-    let config = workload_config(&dir, ADOPT_WORKLOAD);
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
+    let config = workload_config(dir, ADOPT_WORKLOAD);
     let agent = Agent::start(
-        &sim,
+        sim,
         &["--ringbuf-kib", "4", "--config", config.to_str().unwrap()],
     );
     let pc = dir.join("c");
-    let mut c = unlaunched_gpu_process(&sim, &pc);
+    let mut c = unlaunched_gpu_process(sim, &pc);
     let pid_c = c.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
         agent.status()["tasks"]
@@ -594,7 +599,7 @@ fn lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process() {
     agent.signal(libc::SIGCONT);
     let Some(foreign) = foreign else {
         skip(
-            test,
+            fx.name,
             &format!("could not get pid {pid_c} reused (a busy host)"),
         );
         return;
@@ -602,7 +607,7 @@ fn lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process() {
     // A high-priority task on the GPU the adopted one had: if Keling still
     // believed in it, it would SIGSTOP its pid.
     let pb = dir.join("b");
-    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 1_000_000, 0, &pb);
+    let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for("the launched task to run", Duration::from_secs(20), || {
         progress(&pb) > 0
     });
@@ -747,20 +752,24 @@ fn perl_request(c: &mut Command, socket: &Path, line: &str) -> String {
 /// may not signal root's task, root may; someone outside the group is turned away.
 #[test]
 fn a_user_launches_as_themselves_within_their_limits() {
-    let _serial = serial();
-    let test = "a_user_launches_as_themselves_within_their_limits";
-    if !sched_ready(test) {
-        return;
-    }
-    let Some(user) = TestUser::create() else {
-        skip(test, "cannot create a user and a group (useradd, groupadd)");
+    let Some(fx) = Fixture::scheduler(
+        "a_user_launches_as_themselves_within_their_limits",
+        &["--gpus", "1"],
+    ) else {
         return;
     };
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
-    let config = workload_config(&dir, &format!("[access]\ngroup = \"{}\"\n", user.group));
+    let Some(user) = TestUser::create() else {
+        skip(
+            fx.name,
+            "cannot create a user and a group (useradd, groupadd)",
+        );
+        return;
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
+    let config = workload_config(dir, &format!("[access]\ngroup = \"{}\"\n", user.group));
     let agent = Agent::start_with(
-        &sim,
+        sim,
         AgentOptions {
             args: vec!["--config".into(), config.to_str().unwrap().into()],
             env: vec![("KELING_AGENT_SECRET", "agent-only")],
@@ -948,17 +957,16 @@ fn children_of_any_sleep(uid: u32) -> bool {
 /// status still serialises.
 #[test]
 fn a_cgroup_mount_point_that_is_not_utf8_works_end_to_end() {
-    let _serial = serial();
-    let test = "a_cgroup_mount_point_that_is_not_utf8_works_end_to_end";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::needs("a_cgroup_mount_point_that_is_not_utf8_works_end_to_end")
+        .cgroups()
+        .check(has_unshare)
+        .sim(&["--gpus", "1"])
+        .ready()
+    else {
         return;
-    }
-    if Command::new("unshare").arg("--version").output().is_err() {
-        skip(test, "no unshare(1)");
-        return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let mut bytes = dir.as_os_str().as_bytes().to_vec();
     bytes.extend_from_slice(b"/cg-\xff\xfe");
     let mount = PathBuf::from(OsString::from(OsStr::from_bytes(&bytes)));
@@ -979,14 +987,14 @@ fn a_cgroup_mount_point_that_is_not_utf8_works_end_to_end() {
         host_cgroup2.into(),
     ];
     let agent = Agent::start_with(
-        &sim,
+        sim,
         AgentOptions {
             wrapper,
             ..AgentOptions::default()
         },
     );
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     // The host's view of the same cgroup.
     let cg_a = cgroup_of(pid_a).unwrap();
@@ -997,7 +1005,7 @@ fn a_cgroup_mount_point_that_is_not_utf8_works_end_to_end() {
     let status = agent.status();
     let shown = status["tasks"][0]["cgroup"].as_str().unwrap();
     assert!(shown.contains("cg-\u{fffd}"), "{shown}");
-    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 300, 0, &pb);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     wait_for(
         "the background task to be frozen",
         Duration::from_secs(10),
@@ -1013,16 +1021,27 @@ fn a_cgroup_mount_point_that_is_not_utf8_works_end_to_end() {
     let _ = std::fs::remove_dir(&mount);
 }
 
+/// Whether unshare(1) is here; records a skip if not.
+fn has_unshare(test: &str) -> bool {
+    let found = Command::new("unshare").arg("--version").output().is_ok();
+    if !found {
+        skip(test, "no unshare(1)");
+    }
+    found
+}
+
 /// What earlier runs left is cleaned at start (an empty task cgroup removed, a
 /// process on the stopped list continued, but not one whose start time says it is
 /// another process with the listed pid); launches that fail leave no cgroup.
 #[test]
 fn leftovers_go_at_start_and_failed_launches_leave_no_cgroup() {
-    let _serial = serial();
-    if !sched_ready("leftovers_go_at_start_and_failed_launches_leave_no_cgroup") {
+    let Some(fx) = Fixture::scheduler(
+        "leftovers_go_at_start_and_failed_launches_leave_no_cgroup",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     let root = cgroup2().unwrap().join("keling");
     let _ = std::fs::create_dir(&root);
     let leftover = root.join("task-4000000-1");
@@ -1055,7 +1074,7 @@ fn leftovers_go_at_start_and_failed_launches_leave_no_cgroup() {
         format!("{pid1} {start1}\n{pid2} {}\n", start2 + 7),
     )
     .unwrap();
-    let agent = Agent::start(&sim, &[]);
+    let agent = Agent::start(sim, &[]);
     assert!(!leftover.exists(), "the empty leftover cgroup was removed");
     wait_for(
         "the listed process to be continued",
@@ -1108,24 +1127,23 @@ fn leftovers_go_at_start_and_failed_launches_leave_no_cgroup() {
 /// the scheduler works as before.
 #[test]
 fn log_write_errors_are_survived() {
-    let _serial = serial();
-    if !sched_ready("log_write_errors_are_survived") {
+    let Some(fx) = Fixture::scheduler("log_write_errors_are_survived", &["--gpus", "1"]) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     let agent = Agent::start_with(
-        &sim,
+        sim,
         AgentOptions {
             sched_log: Some("/dev/full".into()),
             ..AgentOptions::default()
         },
     );
-    let dir = tempdir();
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = cgroup_of(pid_a).unwrap();
-    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 200, 0, &pb);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 200, 0, &pb);
     wait_for(
         "the background task to be frozen",
         Duration::from_secs(10),

@@ -7,14 +7,9 @@ use std::{
 };
 
 use keling_tests::{
-    ChildGuard, Nvsim, can_load_ebpf, can_use_fuse, converge, gpu_workload_bin, keling_figures,
-    tempdir, trace,
+    ChildGuard, Fixture, Nvsim, converge, gpu_workload_bin, keling_figures, tempdir, trace,
 };
 use serde_json::Value;
-
-fn ready(test: &str) -> bool {
-    can_load_ebpf(test) && can_use_fuse(test)
-}
 
 fn gwl() -> String {
     gpu_workload_bin().to_string_lossy().into_owned()
@@ -39,10 +34,13 @@ fn seed_base() -> u64 {
 
 #[test]
 fn basic_scenario_decodes_every_call_exactly() {
-    if !ready("basic_scenario_decodes_every_call_exactly") {
+    let Some(fx) = Fixture::gpu(
+        "basic_scenario_decodes_every_call_exactly",
+        &["--gpus", "2"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "2"]);
+    };
+    let sim = fx.sim();
     let t = trace(
         &["--dev-dir", sim.dev_dir()],
         &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "basic"],
@@ -90,7 +88,7 @@ fn basic_scenario_decodes_every_call_exactly() {
     assert_eq!(p["gpu_allocs"], 2);
     assert_eq!(p["gpu_frees"], 2);
     assert_eq!(p["undecoded"], 0);
-    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
+    converge(sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
 }
 
 /// `gpu_snapshot` lines of a running `keling trace --format jsonl --output FILE`,
@@ -255,16 +253,18 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
 
 #[test]
 fn two_hundred_random_workloads_match_ground_truth() {
-    if !ready("two_hundred_random_workloads_match_ground_truth") {
+    // 6 GiB per GPU: large random allocations sometimes hit NV_ERR_NO_MEMORY.
+    let Some(fx) = Fixture::gpu(
+        "two_hundred_random_workloads_match_ground_truth",
+        &["--gpus", "2", "--mem-per-gpu", "6442450944"],
+    ) else {
         return;
-    }
+    };
     let count = std::env::var("KELING_WORKLOADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    // 6 GiB per GPU: large random allocations sometimes hit NV_ERR_NO_MEMORY.
-    let sim = Nvsim::mount(&["--gpus", "2", "--mem-per-gpu", "6442450944"]);
-    let summary = random_workloads(&sim, seed_base(), count, 30);
+    let summary = random_workloads(fx.sim(), seed_base(), count, 30);
     // The workloads used every path: XFER, threads, forks, execs, kills.
     let procs = summary["processes"].as_array().unwrap();
     assert!(
@@ -275,9 +275,10 @@ fn two_hundred_random_workloads_match_ground_truth() {
 
 #[test]
 fn pre_535_layout_is_decoded() {
-    if !ready("pre_535_layout_is_decoded") {
+    // Its own simulators: the second starts from a clean state.
+    let Some(_fx) = Fixture::needs("pre_535_layout_is_decoded").fuse().ready() else {
         return;
-    }
+    };
     let sim = Nvsim::mount(&["--gpus", "2", "--driver-version", "530.30.02"]);
     let t = trace(
         &["--dev-dir", sim.dev_dir()],
@@ -302,10 +303,13 @@ fn pre_535_layout_is_decoded() {
 
 #[test]
 fn hostile_process_cannot_corrupt_the_accounting() {
-    if !ready("hostile_process_cannot_corrupt_the_accounting") {
+    let Some(fx) = Fixture::gpu(
+        "hostile_process_cannot_corrupt_the_accounting",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     let t = trace(
         &["--dev-dir", sim.dev_dir()],
         &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "hostile"],
@@ -328,15 +332,18 @@ fn hostile_process_cannot_corrupt_the_accounting() {
         t.of_type("gpu_alloc")
             .any(|a| a["bytes"].as_u64().unwrap() >= 1 << 20)
     );
-    converge(&sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
+    converge(sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
 }
 
 #[test]
 fn out_of_memory_allocations_are_not_counted() {
-    if !ready("out_of_memory_allocations_are_not_counted") {
+    let Some(fx) = Fixture::gpu(
+        "out_of_memory_allocations_are_not_counted",
+        &["--gpus", "1", "--mem-per-gpu", "1073741824"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1", "--mem-per-gpu", "1073741824"]);
+    };
+    let sim = fx.sim();
     let t = trace(
         &["--dev-dir", sim.dev_dir()],
         &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "oom"],
@@ -349,15 +356,15 @@ fn out_of_memory_allocations_are_not_counted() {
     assert!(!no_memory.is_empty(), "the scenario hit NV_ERR_NO_MEMORY");
     let p = &t.summary()["processes"][0];
     assert!(p["gpu_mem_peak_bytes"].as_u64().unwrap() <= 1 << 30, "{p}");
-    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
+    converge(sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
 }
 
 #[test]
 fn gpu_events_appear_in_the_text_timeline() {
-    if !ready("gpu_events_appear_in_the_text_timeline") {
+    let Some(fx) = Fixture::gpu("gpu_events_appear_in_the_text_timeline", &["--gpus", "1"]) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     let out = Command::new(keling_tests::keling_bin())
         .args([
             "trace",
@@ -385,9 +392,12 @@ fn gpu_events_appear_in_the_text_timeline() {
 /// Never leave a mount behind: the guard's unmount works even if the test panics.
 #[test]
 fn simulator_unmounts_when_dropped() {
-    if !ready("simulator_unmounts_when_dropped") {
+    let Some(_fx) = Fixture::needs("simulator_unmounts_when_dropped")
+        .fuse()
+        .ready()
+    else {
         return;
-    }
+    };
     let dir = {
         let sim = Nvsim::mount(&["--gpus", "1"]);
         assert!(sim.dir.join("nvidiactl").exists());
@@ -406,10 +416,10 @@ fn simulator_unmounts_when_dropped() {
 /// `unknown_object`, never subtracted from anything.
 #[test]
 fn attach_adopts_fds_opened_before_keling() {
-    if !ready("attach_adopts_fds_opened_before_keling") {
+    let Some(fx) = Fixture::gpu("attach_adopts_fds_opened_before_keling", &["--gpus", "2"]) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "2"]);
+    };
+    let sim = fx.sim();
     let seed = seed_base();
     let mut wl = ChildGuard(
         Command::new(gwl())
@@ -439,7 +449,7 @@ fn attach_adopts_fds_opened_before_keling() {
         .filter(|(k, _)| k.0 == pid)
         .map(|(_, f)| f[ALLOCS])
         .sum();
-    let dir = tempdir();
+    let dir = &fx.dir;
     let out_path = dir.join("trace.jsonl");
     let mut keling = ChildGuard(
         Command::new(keling_tests::keling_bin())
@@ -572,7 +582,6 @@ fn attach_adopts_fds_opened_before_keling() {
         exact += 1;
     }
     eprintln!("{exact} children compared in full");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The totals live in kernel maps, not in the event stream: with a small ring buffer
@@ -581,11 +590,14 @@ fn attach_adopts_fds_opened_before_keling() {
 /// still equal the ground truth.
 #[test]
 fn totals_stay_exact_when_the_ring_buffer_drops_events() {
-    if !ready("totals_stay_exact_when_the_ring_buffer_drops_events") {
+    let Some(fx) = Fixture::gpu(
+        "totals_stay_exact_when_the_ring_buffer_drops_events",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let (out_path, go, done) = (dir.join("trace.jsonl"), dir.join("go"), dir.join("done"));
     let script = format!(
         "while [ ! -e {go} ]; do sleep 0.01; done; {wl} --dev-dir {dev} --scenario hostile; touch {done}",
@@ -643,8 +655,7 @@ fn totals_stay_exact_when_the_ring_buffer_drops_events() {
             .iter()
             .any(|d| d["type"] == "drops" && d["total"].as_u64().unwrap() > 0)
     );
-    converge(&sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    converge(sim, &keling_figures(s), Duration::from_secs(3)).unwrap();
 }
 
 /// A process in a private mount namespace mounts its own (fake) driver over the
@@ -655,11 +666,14 @@ fn totals_stay_exact_when_the_ring_buffer_drops_events() {
 /// nothing undecoded) and the real process's figures equal the real driver's truth.
 #[test]
 fn a_device_forged_in_a_private_mount_namespace_is_not_counted() {
-    if !ready("a_device_forged_in_a_private_mount_namespace_is_not_counted") {
+    let Some(fx) = Fixture::gpu(
+        "a_device_forged_in_a_private_mount_namespace_is_not_counted",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let (forger_sh, log, fake_state, fake_pid) = (
         dir.join("forger.sh"),
         dir.join("fake.log"),
@@ -731,8 +745,7 @@ fn a_device_forged_in_a_private_mount_namespace_is_not_counted() {
     assert_eq!(p["undecoded"], 0, "{p}");
     // The real process, at the same path at the same time, is exact.
     assert!(t.of_type("gpu_alloc").count() >= 2);
-    converge(&sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    converge(sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
 }
 
 /// The lines a child writes, read on a thread so that a test waits for them with a
@@ -898,31 +911,30 @@ fn held(s: &Value, pid: u64) -> u64 {
 /// the receiver, which used the file, is followed there: the release is its own.
 #[test]
 fn an_fd_passed_to_an_unrelated_process_is_followed_there() {
-    if !ready("an_fd_passed_to_an_unrelated_process_is_followed_there") {
+    let Some(fx) = Fixture::gpu(
+        "an_fd_passed_to_an_unrelated_process_is_followed_there",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let mut p = PassFd::start(&sim, "pass-client");
+    };
+    let sim = fx.sim();
+    let mut p = PassFd::start(sim, "pass-client");
     // The server sends the file and closes its own fd; the receiver has it.
     p.server_step(2);
     expect_checkpoint(&p.from_receiver, 1);
-    settled_snapshot(
-        &sim,
-        &mut p.snapshots,
-        "the file lives only in the receiver",
-    );
+    settled_snapshot(sim, &mut p.snapshots, "the file lives only in the receiver");
     // The server waits for the receiver to hang up.
     p.to_server.write_all(b"\n").unwrap();
     p.receiver_step(2);
-    let s = settled_snapshot(&sim, &mut p.snapshots, "the receiver freed and allocated");
+    let s = settled_snapshot(sim, &mut p.snapshots, "the receiver freed and allocated");
     assert_eq!(held(&s, p.server_pid), 6 << 20, "{s}");
     assert_eq!(held(&s, p.receiver_pid), 2 << 20, "{s}");
     p.receiver_step(3);
-    let s = settled_snapshot(&sim, &mut p.snapshots, "the receiver's last close");
+    let s = settled_snapshot(sim, &mut p.snapshots, "the receiver's last close");
     assert_eq!(held(&s, p.server_pid), 0, "{s}");
     assert_eq!(held(&s, p.receiver_pid), 0, "{s}");
     let receiver = p.receiver_pid;
-    let lines = p.finish(&sim);
+    let lines = p.finish(sim);
     let teardown = lines
         .iter()
         .find(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
@@ -936,24 +948,23 @@ fn an_fd_passed_to_an_unrelated_process_is_followed_there() {
 /// with pid 0.
 #[test]
 fn a_file_released_outside_the_trace_is_found() {
-    if !ready("a_file_released_outside_the_trace_is_found") {
+    let Some(fx) = Fixture::gpu(
+        "a_file_released_outside_the_trace_is_found",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let mut p = PassFd::start(&sim, "pass-holder");
+    };
+    let sim = fx.sim();
+    let mut p = PassFd::start(sim, "pass-holder");
     p.server_step(2);
     expect_checkpoint(&p.from_receiver, 1);
-    let s = settled_snapshot(
-        &sim,
-        &mut p.snapshots,
-        "the file lives only in the receiver",
-    );
+    let s = settled_snapshot(sim, &mut p.snapshots, "the file lives only in the receiver");
     assert_eq!(held(&s, p.server_pid), 10 << 20, "{s}");
     p.to_server.write_all(b"\n").unwrap();
     p.receiver_step(2);
-    let s = settled_snapshot(&sim, &mut p.snapshots, "the receiver closed it");
+    let s = settled_snapshot(sim, &mut p.snapshots, "the receiver closed it");
     assert_eq!(held(&s, p.server_pid), 0, "{s}");
-    let lines = p.finish(&sim);
+    let lines = p.finish(sim);
     let teardown = lines
         .iter()
         .find(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
@@ -969,11 +980,14 @@ fn a_file_released_outside_the_trace_is_found() {
 /// the orphan sweep.
 #[test]
 fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
-    if !ready("more_fds_than_the_table_holds_are_counted_and_stay_exact") {
+    let Some(fx) = Fixture::gpu(
+        "more_fds_than_the_table_holds_are_counted_and_stay_exact",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let out_path = dir.join("trace.jsonl");
     let mut keling = ChildGuard(
         Command::new(keling_tests::keling_bin())
@@ -992,7 +1006,7 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
     let from_wl = lines_of(keling.0.stdout.take().unwrap());
     expect_checkpoint(&from_wl, 1);
     // (The driver rounds each 1 MiB up to its page size: the simulator says how much.)
-    let s = settled_snapshot(&sim, &mut snapshots, "20 files with 1 MiB each");
+    let s = settled_snapshot(sim, &mut snapshots, "20 files with 1 MiB each");
     let p = &s["processes"][0];
     let pid = p["pid"].as_u64().unwrap();
     let each = held(&s, pid) / 20;
@@ -1003,7 +1017,7 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
     );
     to_wl.write_all(b"\n").unwrap();
     expect_checkpoint(&from_wl, 2);
-    let s = settled_snapshot(&sim, &mut snapshots, "six files closed, two past the table");
+    let s = settled_snapshot(sim, &mut snapshots, "six files closed, two past the table");
     assert_eq!(held(&s, pid), 14 * each, "{s}");
     to_wl.write_all(b"\n").unwrap();
     assert!(keling.0.wait().unwrap().success());
@@ -1013,12 +1027,11 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let summary = lines.last().unwrap();
-    converge(&sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
+    converge(sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
     assert_eq!(held(summary, pid), 0, "{summary}");
     let releases = lines
         .iter()
         .filter(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
         .count();
     assert_eq!(releases, 20, "every file's release was seen");
-    let _ = std::fs::remove_dir_all(&dir);
 }

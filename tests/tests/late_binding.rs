@@ -10,18 +10,15 @@ use std::{
     io::Read,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::Mutex,
     time::Duration,
 };
 
 use keling_tests::{
-    ChildGuard, Nvsim,
-    agent::{Agent, AgentOptions, proc_state, progress, sched_ready, wait_for},
-    gpu_workload_bin, keling_bin, tempdir,
+    ChildGuard, Fixture, Nvsim,
+    agent::{Agent, AgentOptions, proc_state, progress, wait_for},
+    gpu_workload_bin, keling_bin,
 };
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// `keling launch` (unpinned, priority 8) of a busy workload writing `progress`,
 /// its standard error kept for the notices.
@@ -92,14 +89,15 @@ fn client_said(client: &mut ChildGuard) -> String {
 
 #[test]
 fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let test = "the_first_gpu_to_free_takes_the_oldest_queued_job";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::scheduler(
+        "the_first_gpu_to_free_takes_the_oldest_queued_job",
+        &["--gpus", "2"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "2"]);
+    };
+    let sim = fx.sim();
     let agent = Agent::start_with(
-        &sim,
+        sim,
         AgentOptions {
             args: ["--binding", "late", "--placement-seed", "7"]
                 .map(String::from)
@@ -107,14 +105,14 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
             ..AgentOptions::default()
         },
     );
-    let dir = tempdir();
+    let dir = &fx.dir;
     let files: Vec<PathBuf> = (0..5).map(|i| dir.join(format!("progress-{i}"))).collect();
 
     // Two jobs take the two GPUs, one each (work-conserving: neither waits).
     let mut holders = Vec::new();
     let mut pids = Vec::new();
     for f in &files[..2] {
-        holders.push(launch(&agent, &sim, f));
+        holders.push(launch(&agent, sim, f));
         wait_for("a holder to run", Duration::from_secs(20), || {
             progress(f) > 0
         });
@@ -135,7 +133,7 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
     // Three more while both are held: each waits unbound, in arrival order.
     let mut queued = Vec::new();
     for (n, f) in files[2..].iter().enumerate() {
-        queued.push(launch(&agent, &sim, f));
+        queued.push(launch(&agent, sim, f));
         let t = newest_task(&agent, &pids);
         let pid = t["pid"].as_u64().unwrap() as u32;
         pids.push(pid);

@@ -11,7 +11,6 @@ use std::{
     os::unix::process::CommandExt,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::Mutex,
     time::Duration,
 };
 
@@ -24,17 +23,11 @@ use hdrhistogram::{
     },
 };
 use keling_tests::{
-    Nvsim,
-    agent::{Agent, cleanup_cgroups, progress, sched_ready, task_pid, wait_for},
+    Fixture, Nvsim,
+    agent::{Agent, cleanup_cgroups, progress, task_pid, wait_for},
     keling_bin, skip, tempdir,
 };
 use serde_json::Value;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// `promtool` (Debian package `prometheus`, which `cargo xtask setup` installs).
 fn promtool(test: &str) -> bool {
@@ -178,30 +171,27 @@ const MIB: u64 = 1 << 20;
 /// to `keling status`; an exited process leaves after the grace period.
 #[test]
 fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
-    let _serial = serial();
-    let test = "metrics_pass_promtool_and_equal_the_truth_and_the_agents_state";
-    if !sched_ready(test) || !promtool(test) {
+    let Some(fx) = Fixture::needs("metrics_pass_promtool_and_equal_the_truth_and_the_agents_state")
+        .cgroups()
+        .check(promtool)
+        .sim(&["--gpus", "1"])
+        .ready()
+    else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     let agent = Agent::start(
-        &sim,
+        sim,
         &["--metrics-addr", "127.0.0.1:0", "--metrics-grace-s", "1"],
     );
     let url = metrics_url(&agent);
-    let dir = tempdir();
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
     // A long background task holding 64 MiB, then a short interactive one that
     // preempts it (decisions to count), exits, and must leave the endpoint.
-    let _a = agent.launch(
-        &["--priority", "10", "--gpu", "0"],
-        &sim,
-        1_000_000,
-        64,
-        &pa,
-    );
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 64, &pa);
     let pid_a = task_pid(&agent, &pa);
-    let b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 1500, 32, &pb);
+    let b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 1500, 32, &pb);
     let pid_b = {
         let mut pid = 0;
         wait_for("the second task", Duration::from_secs(20), || {
@@ -367,19 +357,19 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
             .any(|(_, l, _)| l.get("pid") == Some(&pid_a.to_string())),
         "the living task stays"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A non-loopback `--metrics-addr` needs `--metrics-public`; a port in use stops
 /// the agent at once with a clear word. Neither touches the host.
 #[test]
 fn metrics_address_is_checked_before_anything_starts() {
-    let _serial = serial();
-    let test = "metrics_address_is_checked_before_anything_starts";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::needs("metrics_address_is_checked_before_anything_starts")
+        .cgroups()
+        .ready()
+    else {
         return;
-    }
-    let dir = tempdir();
+    };
+    let dir = &fx.dir;
     let run = |addr: &str| {
         Command::new(keling_bin())
             .args(["run", "--metrics-addr", addr, "--lock"])
@@ -405,7 +395,6 @@ fn metrics_address_is_checked_before_anything_starts() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("IP:PORT"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// (tag, histogram) of every interval of an interval log, read by the
@@ -433,18 +422,21 @@ fn crate_read(log: &[u8]) -> Vec<(Option<String>, Histogram<u64>)> {
 /// a corrupt line is named.
 #[test]
 fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
-    let _serial = serial();
-    let test = "histogram_log_outlives_the_agent_and_reads_back_exactly";
-    if !sched_ready(test) || !promtool(test) {
+    let Some(fx) = Fixture::needs("histogram_log_outlives_the_agent_and_reads_back_exactly")
+        .cgroups()
+        .check(promtool)
+        .sim(&["--gpus", "1"])
+        .ready()
+    else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let hlog = dir.join("latency.hlog");
     // An earlier run's header and intervals stay: the log is appended to.
     std::fs::write(&hlog, "#[an earlier line]\n").unwrap();
     let mut agent = Agent::start(
-        &sim,
+        sim,
         &[
             "--histo-log",
             hlog.to_str().unwrap(),
@@ -455,9 +447,9 @@ fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
         ],
     );
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
     let _ = task_pid(&agent, &pa);
-    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 200, 0, &pb);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 200, 0, &pb);
     assert!(b.0.wait().unwrap().success(), "the interactive task ran");
     // At least one interval is written while the agent runs.
     wait_for("an interval in the log", Duration::from_secs(5), || {
@@ -587,7 +579,6 @@ fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(said.contains(&format!("line {}", victim + 1)), "{said}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Stops what a docs block started: its process group (the shell we started
@@ -616,11 +607,12 @@ impl Drop for Cleanup {
 /// `/tmp/keling-nvsim` a fresh directory, the working directory a fresh one.
 #[test]
 fn readme_latency_histograms_commands_work() {
-    let _serial = serial();
-    let test = "readme_latency_histograms_commands_work";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::needs("readme_latency_histograms_commands_work")
+        .cgroups()
+        .ready()
+    else {
         return;
-    }
+    };
     let block = keling_tests::doc_block(
         "docs/latency.md",
         "Latency histograms for tuning",
@@ -628,7 +620,7 @@ fn readme_latency_histograms_commands_work() {
     );
     let block = block.as_str();
     let bin_dir = keling_bin().parent().unwrap().to_owned();
-    let work = tempdir();
+    let work = &fx.dir;
     let dev = work.join("nvsim");
     std::fs::create_dir_all(&dev).unwrap();
     let script: String = block
@@ -643,7 +635,7 @@ fn readme_latency_histograms_commands_work() {
     eprintln!("{script}");
     let child = Command::new("sh")
         .args(["-e", "-c", &script])
-        .current_dir(&work)
+        .current_dir(work)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -673,7 +665,6 @@ fn readme_latency_histograms_commands_work() {
         "the tuning report ran:\n{stdout}"
     );
     drop(_cleanup);
-    let _ = std::fs::remove_dir_all(&work);
 }
 
 /// `KELING_MAX_DURATION_MS=1500 KELING_GRACE_PERIOD_MS=500 keling launch [FLAGS] --
@@ -714,15 +705,16 @@ fn launch_limited(
 /// holds), and why Keling ended it; `--quiet` prints none of it.
 #[test]
 fn launch_tells_the_user_of_the_warning_and_the_4003_record_in_order() {
-    let _serial = serial();
-    let test = "launch_tells_the_user_of_the_warning_and_the_4003_record_in_order";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::scheduler(
+        "launch_tells_the_user_of_the_warning_and_the_4003_record_in_order",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let agent = Agent::start(&sim, &["--metrics-addr", "off"]);
+    };
+    let sim = fx.sim();
+    let agent = Agent::start(sim, &["--metrics-addr", "off"]);
 
-    let (code, lines, _) = launch_limited(&agent, &sim, &[]);
+    let (code, lines, _) = launch_limited(&agent, sim, &[]);
     assert_eq!(code, Some(128 + 9), "killed at the limit: {lines:?}");
     let at = |what: &str| {
         lines
@@ -743,7 +735,7 @@ fn launch_tells_the_user_of_the_warning_and_the_4003_record_in_order() {
         "{lines:#?}"
     );
 
-    let (code, lines, _) = launch_limited(&agent, &sim, &["--json"]);
+    let (code, lines, _) = launch_limited(&agent, sim, &["--json"]);
     assert_eq!(code, Some(128 + 9));
     let notices: Vec<Value> = lines
         .iter()
@@ -771,7 +763,7 @@ fn launch_tells_the_user_of_the_warning_and_the_4003_record_in_order() {
     let record_at = notices.iter().position(|n| n["code"] == 4003).unwrap();
     assert!(first_warning < record_at, "{notices:#?}");
 
-    let (code, lines, rest) = launch_limited(&agent, &sim, &["--quiet"]);
+    let (code, lines, rest) = launch_limited(&agent, sim, &["--quiet"]);
     assert_eq!(code, Some(128 + 9), "the exit code stays the job's");
     assert!(lines.is_empty(), "--quiet: {lines:#?}");
     assert!(!rest.contains("keling"), "--quiet: {rest}");
@@ -782,14 +774,15 @@ fn launch_tells_the_user_of_the_warning_and_the_4003_record_in_order() {
 /// 30 000 RM_CONTROLs reach the agent as a few hundred signals (and no GPU events).
 #[test]
 fn the_agent_gets_rate_limited_activity_not_an_event_per_call() {
-    let _serial = serial();
-    let test = "the_agent_gets_rate_limited_activity_not_an_event_per_call";
-    if !sched_ready(test) {
+    let Some(fx) = Fixture::scheduler(
+        "the_agent_gets_rate_limited_activity_not_an_event_per_call",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     let started = std::time::Instant::now();
-    let mut agent = Agent::start(&sim, &["--metrics-addr", "off"]);
+    let mut agent = Agent::start(sim, &["--metrics-addr", "off"]);
     const CALLS: u64 = 300 * 100;
     let out = Command::new(keling_bin())
         .arg("launch")

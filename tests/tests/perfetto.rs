@@ -10,14 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use keling_tests::{
-    ChildGuard, Nvsim, can_load_ebpf, can_use_fuse, gpu_workload_bin, keling_bin, tempdir, trace,
-};
+use keling_tests::{ChildGuard, Fixture, gpu_workload_bin, keling_bin, tempdir, trace};
 use serde_json::Value;
-
-fn ready(test: &str) -> bool {
-    can_load_ebpf(test) && can_use_fuse(test)
-}
 
 fn gwl() -> String {
     gpu_workload_bin().to_string_lossy().into_owned()
@@ -150,10 +144,13 @@ fn summary_figures(summary: &Value) -> BTreeMap<(u64, String), (u64, u64, u64)> 
 
 #[test]
 fn perfetto_trace_is_well_formed_and_its_counters_are_exact() {
-    if !ready("perfetto_trace_is_well_formed_and_its_counters_are_exact") {
+    let Some(fx) = Fixture::gpu(
+        "perfetto_trace_is_well_formed_and_its_counters_are_exact",
+        &["--gpus", "2"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "2"]);
+    };
+    let sim = fx.sim();
     // The random scenario: threads, forks, exec, a peer process, shared memory
     // whose charge moves, teardowns.
     let seed = (std::process::id() % 1000).to_string();
@@ -258,12 +255,15 @@ fn perfetto_trace_is_well_formed_and_its_counters_are_exact() {
 
 #[test]
 fn perfetto_counters_equal_the_jsonl_figures_of_the_same_workload() {
-    if !ready("perfetto_counters_equal_the_jsonl_figures_of_the_same_workload") {
+    let Some(fx) = Fixture::gpu(
+        "perfetto_counters_equal_the_jsonl_figures_of_the_same_workload",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
+    };
     // `basic`: one process, 4 MiB and 6 MiB (3 and 5 asked, rounded), the first
     // freed, the second torn down at exit. Deterministic, so two runs agree.
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    let sim = fx.sim();
     let cmd = [&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "basic"];
     let j = trace(&["--dev-dir", sim.dev_dir()], &cmd);
     assert_eq!(j.exit_code, 0, "{}", j.stderr);
@@ -368,14 +368,16 @@ fn sigint(child: &ChildGuard) {
 
 #[test]
 fn comm_follows_running_and_future_processes_and_ctrl_c_ends_with_a_summary() {
-    if !can_load_ebpf("comm_follows_running_and_future_processes_and_ctrl_c_ends_with_a_summary") {
+    let Some(fx) =
+        Fixture::new("comm_follows_running_and_future_processes_and_ctrl_c_ends_with_a_summary")
+    else {
         return;
-    }
-    let dir = tempdir();
+    };
+    let dir = &fx.dir;
     // Unique, so no other process on the host matches.
     let name = format!("klgc{}", std::process::id());
-    let script = comm_script(&dir, &name);
-    let other = comm_script(&dir, "klg-unrelated");
+    let script = comm_script(dir, &name);
+    let other = comm_script(dir, "klg-unrelated");
     let running = spawn_script(&script);
     let unrelated = spawn_script(&other);
     // The running one has exec'd into the name before the trace starts.
@@ -441,17 +443,16 @@ fn comm_follows_running_and_future_processes_and_ctrl_c_ends_with_a_summary() {
         let v: Value = serde_json::from_str(l).unwrap();
         v["type"] == "exec" && v["pid"] == future.0.id()
     }));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn duration_ends_the_trace_by_itself_with_a_summary() {
-    if !can_load_ebpf("duration_ends_the_trace_by_itself_with_a_summary") {
+    let Some(fx) = Fixture::new("duration_ends_the_trace_by_itself_with_a_summary") else {
         return;
-    }
+    };
     // A process to attach to that outlives the trace.
-    let dir = tempdir();
-    let script = comm_script(&dir, &format!("klgd{}", std::process::id()));
+    let dir = &fx.dir;
+    let script = comm_script(dir, &format!("klgd{}", std::process::id()));
     let target = spawn_script(&script);
     let started = Instant::now();
     let out = Command::new(keling_bin())
@@ -477,7 +478,6 @@ fn duration_ends_the_trace_by_itself_with_a_summary() {
     // Still alive: no exit code.
     assert_eq!(row.split_whitespace().last(), Some("-"), "{row}");
     drop(target);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Unmounts a simulated driver the docs' commands mounted, even when the test
@@ -506,9 +506,12 @@ impl Drop for Unmount {
 /// `/tmp/keling-nvsim` a fresh directory, the working directory a fresh one.
 #[test]
 fn readme_trace_a_misbehaving_process_commands_work() {
-    if !ready("readme_trace_a_misbehaving_process_commands_work") {
+    let Some(fx) = Fixture::needs("readme_trace_a_misbehaving_process_commands_work")
+        .fuse()
+        .ready()
+    else {
         return;
-    }
+    };
     let block = keling_tests::doc_block(
         "docs/tracing.md",
         "Trace a misbehaving process",
@@ -516,7 +519,7 @@ fn readme_trace_a_misbehaving_process_commands_work() {
     );
     let block = block.as_str();
     let bin_dir = keling_bin().parent().unwrap().to_owned();
-    let work = tempdir();
+    let work = &fx.dir;
     let dev = work.join("nvsim");
     std::fs::create_dir_all(&dev).unwrap();
     let unmount = Unmount(bin_dir.join("keling-nvsim"), dev.clone());
@@ -533,7 +536,7 @@ fn readme_trace_a_misbehaving_process_commands_work() {
         eprintln!("$ {cmd}");
         let out = Command::new("sh")
             .args(["-c", &cmd])
-            .current_dir(&work)
+            .current_dir(work)
             .output()
             .unwrap();
         assert!(
@@ -569,5 +572,4 @@ fn readme_trace_a_misbehaving_process_commands_work() {
         "{text}"
     );
     drop(unmount);
-    let _ = std::fs::remove_dir_all(&work);
 }

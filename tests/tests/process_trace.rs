@@ -1,5 +1,5 @@
 //! `keling trace` against the real kernel: real eBPF programs, real processes.
-use keling_tests::{ChildGuard, can_load_ebpf, tempdir, trace, workload_bin};
+use keling_tests::{ChildGuard, Fixture, trace, workload_bin};
 use serde_json::Value;
 
 fn wl() -> String {
@@ -8,10 +8,10 @@ fn wl() -> String {
 
 #[test]
 fn fork_exec_exit_tree_is_exact() {
-    if !can_load_ebpf("fork_exec_exit_tree_is_exact") {
+    let Some(fx) = Fixture::new("fork_exec_exit_tree_is_exact") else {
         return;
-    }
-    let dir = tempdir();
+    };
+    let dir = &fx.dir;
     let report = dir.join("pids.json");
     let t = trace(&[], &[&wl(), "forktree", report.to_str().unwrap()]);
     assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
@@ -72,14 +72,13 @@ fn fork_exec_exit_tree_is_exact() {
     let drops: Vec<_> = t.of_type("drops").collect();
     assert!(!drops.is_empty(), "a drops line is always written");
     assert!(drops.iter().all(|d| d["total"] == 0), "{drops:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn exit_code_of_command_is_keling_exit_code() {
-    if !can_load_ebpf("exit_code_of_command_is_keling_exit_code") {
+    let Some(_fx) = Fixture::new("exit_code_of_command_is_keling_exit_code") else {
         return;
-    }
+    };
     let t = trace(&[], &["sh", "-c", "sleep 0.1; exit 3"]);
     assert_eq!(t.exit_code, 3, "keling: {}", t.stderr);
     let root = &t.summary()["processes"][0];
@@ -94,9 +93,9 @@ fn exit_code_of_command_is_keling_exit_code() {
 
 #[test]
 fn missing_command_is_a_clear_error() {
-    if !can_load_ebpf("missing_command_is_a_clear_error") {
+    let Some(_fx) = Fixture::new("missing_command_is_a_clear_error") else {
         return;
-    }
+    };
     let out = std::process::Command::new(keling_tests::keling_bin())
         .args(["trace", "--", "/nonexistent/program"])
         .output()
@@ -111,9 +110,9 @@ fn missing_command_is_a_clear_error() {
 
 #[test]
 fn untracked_busy_process_produces_no_switch_events() {
-    if !can_load_ebpf("untracked_busy_process_produces_no_switch_events") {
+    let Some(_fx) = Fixture::new("untracked_busy_process_produces_no_switch_events") else {
         return;
-    }
+    };
     // Both pinned to CPU 0, so the busy process and the traced one must take turns.
     // It spins longer than any trace start-up takes (it is killed at the end).
     let busy = ChildGuard(
@@ -155,10 +154,10 @@ fn untracked_busy_process_produces_no_switch_events() {
 
 #[test]
 fn threads_are_traced_from_their_creation() {
-    if !can_load_ebpf("threads_are_traced_from_their_creation") {
+    let Some(fx) = Fixture::new("threads_are_traced_from_their_creation") else {
         return;
-    }
-    let dir = tempdir();
+    };
+    let dir = &fx.dir;
     let report = dir.join("threads.json");
     let t = trace(
         &[],
@@ -188,16 +187,15 @@ fn threads_are_traced_from_their_creation() {
             t.summary()["drops"]
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn attach_to_running_process_by_pid() {
-    if !can_load_ebpf("attach_to_running_process_by_pid") {
+    let Some(fx) = Fixture::new("attach_to_running_process_by_pid") else {
         return;
-    }
+    };
     // A shell that waits for a file, then forks a child that exits 5, then exits.
-    let dir = tempdir();
+    let dir = &fx.dir;
     let go = dir.join("go");
     let script = format!(
         "while [ ! -e {go} ]; do sleep 0.02; done; sh -c 'exit 5'; exit 0",
@@ -252,7 +250,6 @@ fn attach_to_running_process_by_pid() {
         .unwrap_or_else(|| panic!("no child with exit code 5: {procs:?}"));
     assert_eq!(child["comm"], "sh");
     drop(target);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A program this kernel cannot attach (simulated with KELING_SKIP_PROGRAMS) is
@@ -260,9 +257,9 @@ fn attach_to_running_process_by_pid() {
 /// and stops the command with a clear error when it cannot.
 #[test]
 fn missing_programs_degrade_or_refuse_by_what_was_asked() {
-    if !can_load_ebpf("missing_programs_degrade_or_refuse_by_what_was_asked") {
+    let Some(_fx) = Fixture::new("missing_programs_degrade_or_refuse_by_what_was_asked") else {
         return;
-    }
+    };
     let keling = keling_tests::keling_bin();
     // A trace can do without dup3 (an fd variant) ...
     let out = std::process::Command::new(&keling)

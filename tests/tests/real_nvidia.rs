@@ -13,8 +13,8 @@ use std::{
 };
 
 use keling_tests::{
-    ChildGuard, Nvsim, can_load_ebpf, can_use_fuse, cuda_probe_bin, gpu_workload_bin, keling_bin,
-    nvidia_userspace, sandbox, tempdir,
+    ChildGuard, Fixture, Nvsim, cuda_probe_bin, gpu_workload_bin, keling_bin, nvidia_userspace,
+    sandbox,
 };
 use serde_json::Value;
 
@@ -22,19 +22,20 @@ const MIB: u64 = 1 << 20;
 /// What the simulated GPUs are given: an H200's 141 GiB.
 const MEM_PER_GPU: u64 = 141 << 30;
 
-fn ready(test: &str) -> bool {
-    can_load_ebpf(test) && can_use_fuse(test) && nvidia_userspace(test).is_some()
-}
-
-fn mount() -> Nvsim {
-    Nvsim::mount(&[
-        "--gpus",
-        "2",
-        "--mem-per-gpu",
-        &MEM_PER_GPU.to_string(),
-        "--driver-version",
-        "535.261.03",
-    ])
+/// Root, FUSE, NVIDIA's userspace unpacked, and the simulator as NVIDIA's 535
+/// userspace expects it: two GPUs of `MEM_PER_GPU`.
+fn fixture(test: &'static str) -> Option<Fixture> {
+    Fixture::needs(test)
+        .check(|test| nvidia_userspace(test).is_some())
+        .sim(&[
+            "--gpus",
+            "2",
+            "--mem-per-gpu",
+            &MEM_PER_GPU.to_string(),
+            "--driver-version",
+            "535.261.03",
+        ])
+        .ready()
 }
 
 fn s(p: &Path) -> String {
@@ -127,17 +128,17 @@ fn keling_counts(summary: &Value) -> Counts {
 
 #[test]
 fn cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded() {
-    let test = "cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded";
-    if !ready(test) {
+    let Some(fx) = fixture("cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded")
+    else {
         return;
-    }
-    let sim = mount();
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let out = dir.join("trace.jsonl");
     let keling = s(&keling_bin());
     let probe = s(&cuda_probe_bin());
     let stdout = in_sandbox(
-        &sim,
+        sim,
         &[
             &keling,
             "trace",
@@ -195,7 +196,6 @@ fn cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded() {
     assert_eq!(ours.0, theirs.0, "RM escapes: Keling vs the simulator");
     assert_eq!(ours.1, theirs.1, "UVM commands: Keling vs the simulator");
     assert_eq!(ours.2, theirs.2, "RM controls: Keling vs the simulator");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// nvidia-smi's answer to one query, as CSV rows without units.
@@ -216,19 +216,20 @@ fn smi_query(sim: &Nvsim, what: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
-    let test = "nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps";
-    if !ready(test) {
+    let Some(fx) =
+        fixture("nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps")
+    else {
         return;
-    }
-    let sim = mount();
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let out = dir.join("trace.jsonl");
     // A process holding 300 MiB on GPU 1 with a compute object, traced by Keling
     // inside the sandbox, where Keling's NVML check uses the real libnvidia-ml.
     let keling = s(&keling_bin());
     let gwl = s(&gpu_workload_bin());
     let mut child = sandbox(
-        &sim,
+        sim,
         &[
             &keling,
             "trace",
@@ -282,7 +283,7 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
     assert_eq!(truth["gpu"], 1);
     assert_eq!(truth["driver_video_bytes"].as_u64(), Some(300 * MIB));
 
-    let listed = in_sandbox(&sim, &["nvidia-smi", "-L"]);
+    let listed = in_sandbox(sim, &["nvidia-smi", "-L"]);
     let gpus: Vec<&str> = listed.lines().filter(|l| l.starts_with("GPU ")).collect();
     assert_eq!(gpus.len(), 2, "{listed}");
     assert!(
@@ -290,7 +291,7 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
         "{listed}"
     );
 
-    let rows = smi_query(&sim, "gpu=index,name,memory.total,memory.used");
+    let rows = smi_query(sim, "gpu=index,name,memory.total,memory.used");
     assert_eq!(rows.len(), 2, "{rows:?}");
     let used_truth: Vec<u64> = state["gpus"]
         .as_array()
@@ -305,7 +306,7 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
         assert_eq!(r[3], (used_truth[i] / MIB).to_string(), "{rows:?}");
     }
 
-    let apps = smi_query(&sim, "compute-apps=pid,used_memory,gpu_bus_id");
+    let apps = smi_query(sim, "compute-apps=pid,used_memory,gpu_bus_id");
     assert_eq!(
         apps,
         vec![vec![
@@ -315,7 +316,7 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
         ]],
         "nvidia-smi's compute apps"
     );
-    let full = in_sandbox(&sim, &["nvidia-smi", "-q"]);
+    let full = in_sandbox(sim, &["nvidia-smi", "-q"]);
     assert!(
         full.contains("NVIDIA H200") && full.contains("Attached GPUs"),
         "{full}"
@@ -377,7 +378,6 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
             .all(|v| v == 0),
         "{summary}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The mount points of this (the host's) mount namespace.
@@ -391,11 +391,12 @@ fn host_mounts() -> Vec<String> {
 
 #[test]
 fn the_sandbox_returns_its_commands_code_and_leaves_nothing_behind_a_sigkill() {
-    let test = "the_sandbox_returns_its_commands_code_and_leaves_nothing_behind_a_sigkill";
-    if !can_use_fuse(test) || !can_load_ebpf(test) || nvidia_userspace(test).is_none() {
+    let Some(fx) =
+        fixture("the_sandbox_returns_its_commands_code_and_leaves_nothing_behind_a_sigkill")
+    else {
         return;
-    }
-    let sim = mount();
+    };
+    let sim = fx.sim();
     let before = host_mounts();
     let host_nodes = |paths: &[&str]| -> Vec<bool> {
         paths
@@ -405,12 +406,12 @@ fn the_sandbox_returns_its_commands_code_and_leaves_nothing_behind_a_sigkill() {
     };
     let watched = ["/dev/nvidia-stray", "/dev/nvidiactl", "/dev/nvidia0"];
     let nodes_before = host_nodes(&watched);
-    let status = sandbox(&sim, &["sh", "-c", "exit 7"]).status().unwrap();
+    let status = sandbox(sim, &["sh", "-c", "exit 7"]).status().unwrap();
     assert_eq!(status.code(), Some(7));
     // Inside: the simulator's files are character devices to NVIDIA's libraries
     // only (the shim); a node made there lands in the sandbox's own /dev.
     let mut child = sandbox(
-        &sim,
+        sim,
         &[
             "sh",
             "-c",
@@ -451,19 +452,18 @@ fn the_sandbox_returns_its_commands_code_and_leaves_nothing_behind_a_sigkill() {
 
 #[test]
 fn a_device_node_with_no_driver_behind_it_is_named_as_such() {
-    let test = "a_device_node_with_no_driver_behind_it_is_named_as_such";
-    if !can_load_ebpf(test) {
+    let Some(fx) = Fixture::new("a_device_node_with_no_driver_behind_it_is_named_as_such") else {
         return;
-    }
+    };
     if Path::new("/proc/driver/nvidia/version").exists() {
         keling_tests::skip(
-            test,
+            fx.name,
             "this host has an NVIDIA driver: a node here would not be dead",
         );
         return;
     }
     // What libcuda run as root on a host without the driver leaves: 195:255.
-    let dir = tempdir();
+    let dir = &fx.dir;
     let node = dir.join("nvidiactl");
     let c = std::ffi::CString::new(node.to_str().unwrap()).unwrap();
     // SAFETY: mknod with a valid path; the node is removed below.
@@ -474,7 +474,6 @@ fn a_device_node_with_no_driver_behind_it_is_named_as_such() {
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "{said}");
     assert!(
         said.contains("is a device node with no NVIDIA driver behind it (open: "),

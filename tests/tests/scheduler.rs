@@ -1,216 +1,33 @@
 //! The scheduler end to end: `keling run` as root with real eBPF, the simulated
 //! driver, tasks started with `keling launch` in their own cgroups, and the
 //! kernel's freezer. These tests share the host's cgroup tree, so they run one at
-//! a time (a lock), and every one cleans up in Drop guards even when it fails.
+//! a time (the fixture's lock), and every one cleans up in Drop guards even when it
+//! fails.
 use std::{
-    io::{BufRead, BufReader},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::Mutex,
+    path::PathBuf,
+    process::Command,
     time::{Duration, Instant},
 };
 
 use keling_tests::{
-    ChildGuard, Nvsim, can_load_ebpf, can_use_fuse, gpu_workload_bin, keling_bin, tempdir,
+    ChildGuard, Fixture, Nvsim,
+    agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
+    gpu_workload_bin, keling_bin, tempdir,
 };
 use serde_json::Value;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn ready(test: &str) -> bool {
-    if !(can_load_ebpf(test) && can_use_fuse(test)) {
-        return false;
-    }
-    if cgroup2().is_none() {
-        keling_tests::skip(test, "no cgroup v2 hierarchy mounted");
-        return false;
-    }
-    true
+/// `keling run` with no periodic status lines (these tests read none).
+fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
+    Agent::start_with(
+        sim,
+        AgentOptions {
+            status_interval_s: Some(0),
+            ..AgentOptions::args(extra)
+        },
+    )
 }
 
-fn cgroup2() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        (right.split(' ').next()? == "cgroup2")
-            .then(|| PathBuf::from(left.split(' ').nth(4).unwrap()))
-    })
-}
-
-/// `keling run` for one test: stopped by pid on drop; whatever it left frozen is
-/// thawed and killed, and its cgroups removed.
-struct Agent {
-    child: Option<Child>,
-    dir: PathBuf,
-    pub socket: PathBuf,
-    pub sched_log: PathBuf,
-}
-
-impl Agent {
-    fn start(sim: &Nvsim, extra: &[&str]) -> Agent {
-        let dir = tempdir();
-        let socket = dir.join("keling.sock");
-        let sched_log = dir.join("sched.jsonl");
-        let mut child = Command::new(keling_bin())
-            .args([
-                "run",
-                "--status-interval",
-                "0",
-                "--dev-dir",
-                sim.dev_dir(),
-                "--socket",
-            ])
-            .arg(&socket)
-            .arg("--sched-log")
-            .arg(&sched_log)
-            .arg("--input-log")
-            .arg(dir.join("inputs.jsonl"))
-            .args(sim.capacity_args())
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let agent = Agent {
-            child: Some(child),
-            dir,
-            socket,
-            sched_log,
-        };
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            if line.contains("ready") {
-                std::thread::spawn(move || {
-                    for l in lines.map_while(Result::ok) {
-                        eprintln!("agent: {l}");
-                    }
-                });
-                return agent;
-            }
-            eprintln!("agent: {line}");
-        }
-        panic!("keling run exited before it was ready");
-    }
-
-    /// `keling launch ... -- keling-gpu-workload --scenario busy ...` in the background.
-    fn launch(
-        &self,
-        opts: &[&str],
-        sim: &Nvsim,
-        iterations: u64,
-        alloc_mib: u64,
-        progress: &Path,
-    ) -> ChildGuard {
-        ChildGuard(
-            Command::new(keling_bin())
-                .arg("launch")
-                .arg("--socket")
-                .arg(&self.socket)
-                .args(opts)
-                .arg("--")
-                .arg(gpu_workload_bin())
-                .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
-                .args([
-                    "--iterations",
-                    &iterations.to_string(),
-                    "--alloc-mib",
-                    &alloc_mib.to_string(),
-                ])
-                .arg("--progress")
-                .arg(progress)
-                .spawn()
-                .unwrap(),
-        )
-    }
-
-    fn status(&self) -> Value {
-        let out = Command::new(keling_bin())
-            .args(["status", "--json", "--socket"])
-            .arg(&self.socket)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "keling status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn log(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.sched_log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// Stops the agent (SIGINT, as an operator would) and waits for it; the logs stay.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling our own child by pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            assert!(
-                child.wait().unwrap().success(),
-                "keling run exits 0 on SIGINT"
-            );
-        }
-    }
-
-    fn sigkill(&mut self) {
-        let mut child = self.child.take().unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling our own child by pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            let _ = child.wait();
-        }
-        cleanup_cgroups();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Thaws, kills and removes every task cgroup under `<cgroup2>/keling`.
-fn cleanup_cgroups() {
-    let Some(root) = cgroup2().map(|c| c.join("keling")) else {
-        return;
-    };
-    for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-        let dir = e.path();
-        if !dir.is_dir() {
-            continue;
-        }
-        let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
-        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&dir).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-fn progress(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Waits (bounded) for `cond`; panics with `what` if it never holds.
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
+/// The cgroup Keling says the task `pid` is in.
 fn task_cgroup(status: &Value, pid: u32) -> PathBuf {
     let t = status["tasks"]
         .as_array()
@@ -221,50 +38,22 @@ fn task_cgroup(status: &Value, pid: u32) -> PathBuf {
     PathBuf::from(t["cgroup"].as_str().expect("cgroup path"))
 }
 
-fn frozen(cg: &Path) -> bool {
-    std::fs::read_to_string(cg.join("cgroup.events"))
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l == "frozen 1")
-}
-
-/// /proc's view: a frozen task is not running or runnable.
-fn proc_state(pid: u32) -> char {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit(')')
-        .next()
-        .and_then(|r| r.trim().chars().next())
-        .unwrap_or('?')
-}
-
-fn task_pid(agent: &Agent, progress_file: &Path) -> u32 {
-    let mut pid = 0;
-    wait_for("the task to start", Duration::from_secs(20), || {
-        let s = agent.status();
-        let tasks = s["tasks"].as_array().cloned().unwrap_or_default();
-        // The task whose workload writes this progress file is the newest one.
-        if let Some(t) = tasks.last() {
-            pid = t["pid"].as_u64().unwrap() as u32;
-        }
-        progress(progress_file) > 0
-    });
-    pid
-}
-
 #[test]
 fn interactive_task_preempts_background_and_it_resumes() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("interactive_task_preempts_background_and_it_resumes") {
+    let Some(fx) = Fixture::scheduler(
+        "interactive_task_preempts_background_and_it_resumes",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let mut agent = Agent::start(&sim, &[]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let mut agent = start_agent(sim, &[]);
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 100_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 100_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
     let cg_a = task_cgroup(&agent.status(), pid_a);
-    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], &sim, 300, 0, &pb);
+    let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     // The background task is frozen: in cgroup.events, in /proc, and it stops.
     wait_for(
         "the background task to be frozen",
@@ -355,8 +144,8 @@ fn interactive_task_preempts_background_and_it_resumes() {
     // The agent's own input log replays to the very decisions it made, with no
     // flags: its header carries the policy and configuration.
     drop(_a);
-    agent.stop();
-    let inputs = std::fs::read_to_string(agent.dir.join("inputs.jsonl")).unwrap();
+    assert!(agent.stop().success(), "keling run exits 0 on SIGINT");
+    let inputs = std::fs::read_to_string(agent.input_log()).unwrap();
     let header: Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
     assert_eq!(header["keling_input_log"], 1, "{header}");
     assert_eq!(header["policy"], "hybrid", "{header}");
@@ -367,7 +156,7 @@ fn interactive_task_preempts_background_and_it_resumes() {
     );
     let out = Command::new(keling_bin())
         .arg("replay")
-        .arg(agent.dir.join("inputs.jsonl"))
+        .arg(agent.input_log())
         .arg("--sched-log")
         .arg(&agent.sched_log)
         .arg("--json")
@@ -384,17 +173,16 @@ fn interactive_task_preempts_background_and_it_resumes() {
 
 #[test]
 fn equal_priorities_take_turns() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("equal_priorities_take_turns") {
+    let Some(fx) = Fixture::scheduler("equal_priorities_take_turns", &["--gpus", "1"]) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let agent = Agent::start(&sim, &[]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let agent = start_agent(sim, &[]);
+    let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "8", "--gpu", "0"], &sim, 100_000, 0, &pa);
+    let _a = agent.launch(&["--priority", "8", "--gpu", "0"], sim, 100_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
-    let _b = agent.launch(&["--priority", "8", "--gpu", "0"], &sim, 100_000, 0, &pb);
+    let _b = agent.launch(&["--priority", "8", "--gpu", "0"], sim, 100_000, 0, &pb);
     wait_for("both tasks to progress", Duration::from_secs(20), || {
         progress(&pa) > 50 && progress(&pb) > 50
     });
@@ -419,13 +207,15 @@ fn equal_priorities_take_turns() {
 
 #[test]
 fn duration_limit_warns_then_kills_with_the_4003_record() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("duration_limit_warns_then_kills_with_the_4003_record") {
+    let Some(fx) = Fixture::scheduler(
+        "duration_limit_warns_then_kills_with_the_4003_record",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let agent = Agent::start(&sim, &[]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let agent = start_agent(sim, &[]);
+    let dir = &fx.dir;
     let pa = dir.join("a");
     let mut a = agent.launch(
         &[
@@ -436,7 +226,7 @@ fn duration_limit_warns_then_kills_with_the_4003_record() {
             "--grace-ms",
             "1000",
         ],
-        &sim,
+        sim,
         1_000_000,
         0,
         &pa,
@@ -471,19 +261,21 @@ fn duration_limit_warns_then_kills_with_the_4003_record() {
 
 #[test]
 fn memory_pressure_evicts_the_minimal_lower_priority_set() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("memory_pressure_evicts_the_minimal_lower_priority_set") {
+    let Some(fx) = Fixture::scheduler(
+        "memory_pressure_evicts_the_minimal_lower_priority_set",
+        &["--gpus", "1", "--mem-per-gpu", "1073741824"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1", "--mem-per-gpu", "1073741824"]);
+    };
+    let sim = fx.sim();
     // Three slots: the three tasks run side by side, so only memory is contended.
-    let agent = Agent::start(&sim, &["--slots", "3"]);
-    let dir = tempdir();
+    let agent = start_agent(sim, &["--slots", "3"]);
+    let dir = &fx.dir;
     let (p1, p2, ph) = (dir.join("l1"), dir.join("l2"), dir.join("h"));
     // Two low-priority tasks hold 400 MiB each; 224 MiB are free.
     let mut l1 = agent.launch(
         &["--priority", "10", "--gpu", "0"],
-        &sim,
+        sim,
         1_000_000,
         400,
         &p1,
@@ -491,7 +283,7 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
     let pid1 = task_pid(&agent, &p1);
     let mut l2 = agent.launch(
         &["--priority", "12", "--gpu", "0"],
-        &sim,
+        sim,
         1_000_000,
         400,
         &p2,
@@ -513,7 +305,7 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
         .unwrap();
     // A high-priority task needs 600 MiB: one victim suffices, and the lowest
     // priority one (12) is chosen.
-    let mut h = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 50, 600, &ph);
+    let mut h = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 50, 600, &ph);
     assert!(
         h.0.wait().unwrap().success(),
         "the high-priority task got its memory and finished"
@@ -556,19 +348,21 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
 
 #[test]
 fn frozen_tasks_run_again_within_a_second_after_the_agent_is_killed() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("frozen_tasks_run_again_within_a_second_after_the_agent_is_killed") {
+    let Some(fx) = Fixture::scheduler(
+        "frozen_tasks_run_again_within_a_second_after_the_agent_is_killed",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
+    };
+    let sim = fx.sim();
     for round in 0..20 {
-        let mut agent = Agent::start(&sim, &[]);
+        let mut agent = start_agent(sim, &[]);
         let dir = tempdir();
         let (pa, pb) = (dir.join("a"), dir.join("b"));
-        let _a = agent.launch(&["--priority", "10", "--gpu", "0"], &sim, 1_000_000, 0, &pa);
+        let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
         let pid_a = task_pid(&agent, &pa);
         let cg_a = task_cgroup(&agent.status(), pid_a);
-        let _b = agent.launch(&["--priority", "1", "--gpu", "0"], &sim, 1_000_000, 0, &pb);
+        let _b = agent.launch(&["--priority", "1", "--gpu", "0"], sim, 1_000_000, 0, &pb);
         wait_for("the low task to be frozen", Duration::from_secs(10), || {
             frozen(&cg_a)
         });
@@ -623,12 +417,14 @@ fn invalid_config_is_refused_with_file_and_line() {
 /// preempted with SIGSTOP/SIGCONT (it has no cgroup of Keling's).
 #[test]
 fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it") {
+    let Some(fx) = Fixture::scheduler(
+        "config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let config = dir.join("keling.toml");
     // comm is cut to 15 bytes by the kernel.
     std::fs::write(
@@ -636,7 +432,7 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
         "[[rule]]\nname = \"batch\"\ncomm = \"keling-gpu-work\"\npriority = 12\ngpu = 0\n",
     )
     .unwrap();
-    let agent = Agent::start(&sim, &["--config", config.to_str().unwrap()]);
+    let agent = start_agent(sim, &["--config", config.to_str().unwrap()]);
     let pa = dir.join("a");
     let a = ChildGuard(
         Command::new(gpu_workload_bin())
@@ -662,7 +458,7 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
             .any(|t| t["pid"] == pid_a && t["priority"] == 12)
     });
     let pb = dir.join("b");
-    let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 300, 0, &pb);
+    let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 300, 0, &pb);
     wait_for(
         "the adopted process to be stopped",
         Duration::from_secs(10),
@@ -689,7 +485,7 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
     );
     // Stopped again, then the agent is SIGKILLed: the fail-safe continues it.
     let pc = dir.join("c");
-    let _c = agent.launch(&["--priority", "2", "--gpu", "0"], &sim, 1_000_000, 0, &pc);
+    let _c = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pc);
     wait_for(
         "the adopted process to be stopped again",
         Duration::from_secs(10),
@@ -716,16 +512,18 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
 /// launched one does (it used to get 8 whatever the flag said).
 #[test]
 fn adopted_process_without_a_rule_priority_gets_the_default_priority() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !ready("adopted_process_without_a_rule_priority_gets_the_default_priority") {
+    let Some(fx) = Fixture::scheduler(
+        "adopted_process_without_a_rule_priority_gets_the_default_priority",
+        &["--gpus", "1"],
+    ) else {
         return;
-    }
-    let sim = Nvsim::mount(&["--gpus", "1"]);
-    let dir = tempdir();
+    };
+    let sim = fx.sim();
+    let dir = &fx.dir;
     let config = dir.join("keling.toml");
     std::fs::write(&config, "[defaults]\nmanage_unmatched = true\n").unwrap();
-    let agent = Agent::start(
-        &sim,
+    let agent = start_agent(
+        sim,
         &[
             "--config",
             config.to_str().unwrap(),

@@ -333,6 +333,66 @@ impl Env {
         open_dev(&self.dir.join(name), cloexec)
     }
 
+    /// RM_ALLOC of a root client on `ctl` (the driver picks the handle); `what`
+    /// names it if the driver refuses.
+    fn root_client(&self, ctl: RawFd, what: &str) -> u32 {
+        let (st, c) = ok_or_die(
+            what,
+            self.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
+        );
+        expect_ok(what, st);
+        c
+    }
+
+    /// RM_ALLOC of the device of `gpu` under `client` (NV0080 params: the device
+    /// number, the rest zero).
+    fn device(&self, ctl: RawFd, client: u32, gpu: u32, what: &str) -> u32 {
+        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
+        put_u32(&mut dp, 0, gpu);
+        let (st, d) = ok_or_die(
+            what,
+            self.alloc(
+                ctl,
+                false,
+                false,
+                client,
+                client,
+                0,
+                class::NV01_DEVICE_0,
+                Some(&mut dp),
+            ),
+        );
+        expect_ok(what, st);
+        d
+    }
+
+    /// RM_ALLOC of subdevice 0 under `device` (zeroed NV2080 params).
+    fn subdevice(&self, ctl: RawFd, client: u32, device: u32) -> u32 {
+        let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
+        let (st, sub) = ok_or_die(
+            "subdevice",
+            self.alloc(
+                ctl,
+                false,
+                false,
+                client,
+                device,
+                0,
+                class::NV20_SUBDEVICE_0,
+                Some(&mut sp),
+            ),
+        );
+        expect_ok("subdevice", st);
+        sub
+    }
+
+    /// How every fixed scenario starts on its nvidiactl file `ctl`: a root client
+    /// and the device of `gpu` under it. Returns (client, device).
+    fn session(&self, ctl: RawFd, gpu: u32) -> (u32, u32) {
+        let c = self.root_client(ctl, "client");
+        (c, self.device(ctl, c, gpu, "device"))
+    }
+
     /// One RM escape with params `p`, directly or through XFER_CMD.
     fn rm(&self, fd: RawFd, nr: u8, p: &mut [u8], xfer: bool) -> Result<(), Errno> {
         if xfer {
@@ -576,14 +636,23 @@ impl<'e> Actor<'e> {
         h
     }
 
-    /// Client, device on a random GPU, subdevice, VA space, TSG, context
-    /// share, Hopper channel and compute object.
-    fn setup_objects(&mut self) {
+    /// A new client on this actor's file and the device of `gpu` under it (None:
+    /// a GPU drawn from the actor's rng, after the client's draws).
+    fn client_and_device(&mut self, gpu: Option<u32>) {
         self.client = self.new_client();
-        self.gpu = self.rng.below(self.env.gpus as u64) as u32;
+        self.gpu = match gpu {
+            Some(g) => g,
+            None => self.rng.below(self.env.gpus as u64) as u32,
+        };
         let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
         put_u32(&mut dp, 0, self.gpu);
         self.device = self.obj(self.client, class::NV01_DEVICE_0, Some(&mut dp));
+    }
+
+    /// Client, device on a random GPU, subdevice, VA space, TSG, context
+    /// share, Hopper channel and compute object.
+    fn setup_objects(&mut self) {
+        self.client_and_device(None);
         let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
         self.subdevice = self.obj(self.device, class::NV20_SUBDEVICE_0, Some(&mut sp));
         let vas = self.obj(self.device, class::FERMI_VASPACE_A, None);
@@ -1734,14 +1803,8 @@ impl PeerState<'_> {
             Some(fd) => fd,
             None => {
                 let fd = self.env.open_way("nvidiactl", self.way, false);
-                let (st, c) = ok_or_die(
-                    "peer client",
-                    self.env
-                        .alloc(fd, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-                );
-                expect_ok("peer client", st);
                 self.ctl = Some(fd);
-                self.client = c;
+                self.client = self.env.root_client(fd, "peer client");
                 fd
             }
         };
@@ -1749,22 +1812,7 @@ impl PeerState<'_> {
         let dev = match self.devs.get(&gpu) {
             Some(d) => *d,
             None => {
-                let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-                put_u32(&mut dp, 0, gpu);
-                let (st, d) = ok_or_die(
-                    "peer device",
-                    self.env.alloc(
-                        ctl,
-                        false,
-                        false,
-                        c,
-                        c,
-                        0,
-                        class::NV01_DEVICE_0,
-                        Some(&mut dp),
-                    ),
-                );
-                expect_ok("peer device", st);
+                let d = self.env.device(ctl, c, gpu, "peer device");
                 self.devs.insert(gpu, d);
                 d
             }
@@ -2245,11 +2293,7 @@ impl<'e> Random<'e> {
         let (fd, extra) = if cloexec {
             let fd = env.open("nvidiactl", true);
             let mut a = Actor::new(env, self.main.rng.fork(), fd, base + 0x8000);
-            a.client = a.new_client();
-            a.gpu = a.rng.below(env.gpus as u64) as u32;
-            let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-            put_u32(&mut dp, 0, a.gpu);
-            a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+            a.client_and_device(None);
             a.alloc_random_video();
             (fd, Some(a))
         } else {
@@ -2322,11 +2366,7 @@ impl<'e> Random<'e> {
             let mut a = if own_file {
                 let fd = env.open("nvidiactl", false);
                 let mut a = Actor::new(env, rng, fd, base);
-                a.client = a.new_client();
-                a.gpu = g;
-                let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-                put_u32(&mut dp, 0, g);
-                a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+                a.client_and_device(Some(g));
                 a
             } else {
                 Actor::new(env, rng, ctl, base).join(c, dv, g)
@@ -2363,11 +2403,7 @@ impl<'e> Random<'e> {
     fn second_client(&mut self) {
         let base = self.next_base();
         let mut a = Actor::new(self.env, self.main.rng.fork(), self.main.ctl, base);
-        a.client = a.new_client();
-        a.gpu = a.rng.below(self.env.gpus as u64) as u32;
-        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-        put_u32(&mut dp, 0, a.gpu);
-        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        a.client_and_device(None);
         let n = 1 + a.rng.below(3);
         for _ in 0..n {
             a.alloc_random_video();
@@ -2451,11 +2487,7 @@ impl<'e> Random<'e> {
             self.main.ctl
         };
         let mut a = Actor::new(self.env, self.main.rng.fork(), fd, base);
-        a.client = a.new_client();
-        a.gpu = self.main.gpu;
-        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-        put_u32(&mut dp, 0, a.gpu);
-        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        a.client_and_device(Some(self.main.gpu));
         let n = 1 + self.main.rng.below(2) as usize;
         let src = self.main.pick_live(n);
         for h in &src {
@@ -2511,11 +2543,7 @@ impl<'e> Random<'e> {
         let way = OPEN_WAYS[self.main.rng.below(OPEN_WAYS.len() as u64) as usize];
         let fd = self.env.open_way("nvidiactl", way, true);
         let mut a = Actor::new(self.env, self.main.rng.fork(), fd, base);
-        a.client = a.new_client();
-        a.gpu = a.rng.below(self.env.gpus as u64) as u32;
-        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-        put_u32(&mut dp, 0, a.gpu);
-        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        a.client_and_device(None);
         for _ in 0..1 + a.rng.below(3) {
             let size = (1 + a.rng.below(8)) * MIB;
             a.alloc_video(size, Via::Nvos21);
@@ -2565,11 +2593,7 @@ impl<'e> Random<'e> {
             }
         };
         let mut a = Actor::new(self.env, self.main.rng.fork(), fd, base);
-        a.client = a.new_client();
-        a.gpu = a.rng.below(self.env.gpus as u64) as u32;
-        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-        put_u32(&mut dp, 0, a.gpu);
-        a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+        a.client_and_device(None);
         for _ in 0..1 + a.rng.below(2) {
             a.alloc_random_video();
         }
@@ -2659,41 +2683,8 @@ impl<'e> Random<'e> {
 /// The `share` scenario (see the module doc for what it does and holds).
 fn share(env: &Env, cp: &mut Checkpoints) {
     let ctl = env.open_way("nvidiactl", OpenWay::Openat, false);
-    let (st, c) = ok_or_die(
-        "client",
-        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client", st);
-    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    let (st, d) = ok_or_die(
-        "device",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            c,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device", st);
-    let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
-    let (st, _) = ok_or_die(
-        "subdevice",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            d,
-            0,
-            class::NV20_SUBDEVICE_0,
-            Some(&mut sp),
-        ),
-    );
-    expect_ok("subdevice", st);
+    let (c, d) = env.session(ctl, 0);
+    env.subdevice(ctl, c, d);
     let alloc = |cls: u32, size: u64| {
         let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
         put_u64(&mut p, 64, size);
@@ -2711,25 +2702,8 @@ fn share(env: &Env, cp: &mut Checkpoints) {
     cp.step();
     // 2. a second file (raw open(2)) and client; RM_DUP_OBJECT of mA1 into it
     let ctl2 = env.open_way("nvidiactl", OpenWay::RawOpen, false);
-    let (st, c2) = ok_or_die(
-        "client 2",
-        env.alloc(ctl2, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client 2", st);
-    let (st, d2) = ok_or_die(
-        "device 2",
-        env.alloc(
-            ctl2,
-            false,
-            false,
-            c2,
-            c2,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device 2", st);
+    let c2 = env.root_client(ctl2, "client 2");
+    let d2 = env.device(ctl2, c2, 0, "device 2");
     let mut b = vec![0u8; abi::size::NVOS55];
     put_u32(&mut b, abi::nvos55::H_CLIENT, c2);
     put_u32(&mut b, abi::nvos55::H_PARENT, d2);
@@ -2817,11 +2791,7 @@ fn exec_child(cli: &Cli, env: &Env) -> i32 {
             }
             let fd = env.open("nvidiactl", false);
             let mut a = Actor::new(env, rng.fork(), fd, cli.handle_base);
-            a.client = a.new_client();
-            a.gpu = cli.gpu;
-            let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-            put_u32(&mut dp, 0, cli.gpu);
-            a.device = a.obj(a.client, class::NV01_DEVICE_0, Some(&mut dp));
+            a.client_and_device(Some(cli.gpu));
             a
         }
         _ => die(&format!("unknown --exec-child {mode}")),
@@ -2837,26 +2807,7 @@ fn exec_child(cli: &Cli, env: &Env) -> i32 {
 /// the second.
 fn basic(env: &Env, cp: &mut Checkpoints) {
     let ctl = env.open("nvidiactl", false);
-    let (st, c) = ok_or_die(
-        "client",
-        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client", st);
-    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    let (st, d) = ok_or_die(
-        "device",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            c,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device", st);
+    let (c, d) = env.session(ctl, 0);
     cp.step();
     let mut h = [0u32; 2];
     for (i, size) in [3 * MIB, 5 * MIB].into_iter().enumerate() {
@@ -2903,26 +2854,9 @@ fn hostile(env: &Env, cp: &mut Checkpoints) {
     let ctl = env.open("nvidiactl", false);
     let gpu0 = env.open("nvidia0", false);
     let uvm_fd = env.open("nvidia-uvm", false);
-    let (st, c) = ok_or_die(
-        "client",
-        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client", st);
+    let (c, d) = env.session(ctl, 0);
+    // Device params for the refused device allocations further down.
     let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    let (st, d) = ok_or_die(
-        "device",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            c,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device", st);
     cp.step();
 
     // Bad pAllocParms: EFAULT.
@@ -3086,11 +3020,7 @@ fn hostile(env: &Env, cp: &mut Checkpoints) {
     );
     expect_status("duplicate", st, status::NV_ERR_INSERT_DUPLICATE_NAME);
     let other = env.open("nvidiactl", false);
-    let (st, c2) = ok_or_die(
-        "client2",
-        env.alloc(other, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client2", st);
+    let c2 = env.root_client(other, "client2");
     let (st, _) = ok_or_die(
         "alloc",
         env.alloc(
@@ -3162,26 +3092,7 @@ fn hostile(env: &Env, cp: &mut Checkpoints) {
 /// Allocate 512 MiB chunks until NV_ERR_NO_MEMORY, free one, allocate again.
 fn oom(env: &Env, cp: &mut Checkpoints) {
     let ctl = env.open("nvidiactl", false);
-    let (st, c) = ok_or_die(
-        "client",
-        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client", st);
-    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    let (st, d) = ok_or_die(
-        "device",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            c,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device", st);
+    let (c, d) = env.session(ctl, 0);
     let chunk = 512 * MIB;
     let alloc = || {
         let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
@@ -3245,12 +3156,8 @@ fn compute(env: &Env, cli: &Cli) {
         expect_ok(what, st);
         h
     };
-    let c = obj(0, 0, class::NV01_ROOT_CLIENT, None, "client");
-    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    put_u32(&mut dp, 0, gpu);
-    let d = obj(c, c, class::NV01_DEVICE_0, Some(&mut dp), "device");
-    let mut sp = vec![0u8; abi::size::NV2080_ALLOC];
-    let sub = obj(c, d, class::NV20_SUBDEVICE_0, Some(&mut sp), "subdevice");
+    let (c, d) = env.session(ctl, gpu);
+    let sub = env.subdevice(ctl, c, d);
     if cli.alloc_mib > 0 {
         let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
         put_u64(&mut p, 64, cli.alloc_mib * MIB);
@@ -3304,27 +3211,7 @@ fn busy(env: &Env, cli: &Cli) {
             .unwrap_or(0)
     });
     let ctl = env.open("nvidiactl", false);
-    let (st, c) = ok_or_die(
-        "client",
-        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client", st);
-    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    put_u32(&mut dp, 0, gpu);
-    let (st, d) = ok_or_die(
-        "device",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            c,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device", st);
+    let (c, d) = env.session(ctl, gpu);
     if cli.alloc_mib > 0 {
         loop {
             let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
@@ -3375,26 +3262,7 @@ fn pass_server(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
         .as_ref()
         .unwrap_or_else(|| die("pass-server needs --socket"));
     let ctl = env.open("nvidiactl", true);
-    let (st, c) = ok_or_die(
-        "client",
-        env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-    );
-    expect_ok("client", st);
-    let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-    let (st, d) = ok_or_die(
-        "device",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            c,
-            0,
-            class::NV01_DEVICE_0,
-            Some(&mut dp),
-        ),
-    );
-    expect_ok("device", st);
+    let (c, d) = env.session(ctl, 0);
     let mut handles = [c, d, 0, 0];
     for (i, size) in [4 * MIB, 6 * MIB].into_iter().enumerate() {
         let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
@@ -3512,26 +3380,7 @@ fn many_fds(env: &Env, cp: &mut Checkpoints) {
     let mut fds = Vec::new();
     for _ in 0..20 {
         let ctl = env.open("nvidiactl", false);
-        let (st, c) = ok_or_die(
-            "client",
-            env.alloc(ctl, false, false, 0, 0, 0, class::NV01_ROOT_CLIENT, None),
-        );
-        expect_ok("client", st);
-        let mut dp = vec![0u8; abi::size::NV0080_ALLOC];
-        let (st, d) = ok_or_die(
-            "device",
-            env.alloc(
-                ctl,
-                false,
-                false,
-                c,
-                c,
-                0,
-                class::NV01_DEVICE_0,
-                Some(&mut dp),
-            ),
-        );
-        expect_ok("device", st);
+        let (c, d) = env.session(ctl, 0);
         let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
         put_u64(&mut p, 64, MIB);
         let (st, _) = ok_or_die(
