@@ -34,8 +34,8 @@ use crate::{
         cgroup,
         config::Config,
         daemon::{Daemon, DaemonSettings},
+        host::{RealHost, Wake},
         log::Logs,
-        members::Wake,
         supervisor::{self, Notice},
         worker::Confirmation,
     },
@@ -509,6 +509,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             policy: Policy::Hybrid,
             config: config.clone(),
         });
+        let host = RealHost::new(args.actuator_priority, confirm_tx, wake_tx)?;
         let mut daemon = Daemon::new(
             Scheduler::new(config),
             LatencyRecorder::new(args.timeout_model),
@@ -516,12 +517,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             file_config,
             DaemonSettings {
                 default_priority: args.default_priority,
-                actuator_rt_priority: args.actuator_priority,
                 archive_retention_ns: args.archive_retention_s.saturating_mul(1_000_000_000),
             },
-            confirm_tx,
-            wake_tx,
-        )?;
+            Box::new(host),
+        );
         daemon.exclude(failsafe.pid());
         let mut histo = match &args.histo_log {
             Some(path) => {

@@ -439,3 +439,62 @@ impl FollowUps {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncBufReadExt;
+
+    use super::*;
+
+    /// What `tests/tests/chaos.rs` once timed ("status within 100 ms with 100
+    /// silent clients connected"), as what it stands for: a complete request
+    /// reaches the loop, and its answer the client, while a hundred others stay
+    /// connected and silent, none of them turned away and no deadline waited for.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_is_served_while_a_hundred_clients_stay_silent() {
+        let dir = std::env::temp_dir().join(format!("keling-server-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("control.sock");
+        let _ = std::fs::remove_file(&path);
+        let (requests, mut incoming) = mpsc::channel(64);
+        spawn(
+            UnixListener::bind(&path).unwrap(),
+            requests,
+            Arc::new(|_| Ok(())),
+        );
+        let mut silent = Vec::new();
+        for _ in 0..100 {
+            silent.push(UnixStream::connect(&path).await.unwrap());
+        }
+        let started = tokio::time::Instant::now();
+        let mut client = UnixStream::connect(&path).await.unwrap();
+        client.write_all(b"{\"status\":true}\n").await.unwrap();
+        let got = incoming.recv().await.expect("the request reached the loop");
+        assert_eq!(got.request, Request::Status(true));
+        got.reply.send(Reply::Signalled(0));
+        drop(got);
+        let mut line = String::new();
+        BufReader::new(&mut client)
+            .read_line(&mut line)
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::from_str::<Reply>(&line).unwrap(),
+            Reply::Signalled(0)
+        );
+        assert!(
+            started.elapsed() < REQUEST_DEADLINE,
+            "served only after {:?}: a silent client's deadline was waited for",
+            started.elapsed()
+        );
+        for (i, s) in silent.iter().enumerate() {
+            let mut buf = [0u8; 64];
+            match s.try_read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                other => panic!("silent client {i} was answered: {other:?}"),
+            }
+        }
+        assert!(incoming.try_recv().is_err(), "nothing came from the silent");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

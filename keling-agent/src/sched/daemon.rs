@@ -1,13 +1,17 @@
 //! Joins the trace to the scheduler core: turns kernel events into scheduler
-//! inputs, carries out the core's actions through the [`Actuator`](super::actuator::Actuator)s (freezes, thaws
-//! and stops on the actuation thread, [`super::worker`]), feeds confirmations
-//! back, measures each decision's latency, answers control requests, and exports
-//! status and the logs.
+//! inputs, carries out the core's actions (freezes, thaws and stops on the
+//! actuation thread, [`super::worker`]; signals through each task's
+//! [`Actuator`](super::actuator::Actuator)), feeds confirmations back, measures
+//! each decision's latency, answers control requests, and exports status and the
+//! logs.
 //!
 //! Beside it, each with one job: [`super::launch`] (launch requests and the held
 //! children of launched tasks), [`super::members`] (which process is whose,
 //! adoption, reconcile) and [`super::notify`] (what a launch's client hears). The
-//! daemon is the only one that feeds the core: they hand it what to feed.
+//! daemon is the only one that feeds the core: they hand it what to feed. All of
+//! them reach the machine (clock, cgroups, actuation thread, processes) only
+//! through the [`Host`] trait, so the daemon's behaviour is tested against a
+//! fake one without root (`daemon/behaviour.rs`).
 //!
 //! Every input goes to the core through [`Daemon::step`] with its [`Cause`]: the
 //! kernel timestamp and receipt time the decisions it leads to are timed from,
@@ -29,18 +33,16 @@ use std::{
 
 use keling_common::nvidia::{ObjectKind, status};
 use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskState};
-use tokio::sync::mpsc;
 
 use super::{
-    actuator::StoppedList,
-    cgroup::CgroupRoot,
     config::Config,
     history::{self, Histories},
+    host::{Host, Wake},
     launch::{self, Launches},
     log::Logs,
-    members::{Members, Wake},
+    members::Members,
     notify::{Clients, Eviction},
-    worker::{Confirmation, Job, Worker},
+    worker::{Confirmation, Job},
 };
 use crate::{
     control::{
@@ -50,14 +52,11 @@ use crate::{
     },
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
     latency::{DecisionTimes, LatencyRecorder, Stage, Verdict},
-    os::monotonic_ns,
     sched_log::Record,
 };
 
 /// Recent decisions kept for `--export tune`.
 const TUNE_SERIES_MAX: usize = 100_000;
-/// How long the cgroup of a task that ended may take to empty after `cgroup.kill`.
-const CGROUP_REMOVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The least time an actuation is given to show before it is reported unconfirmed
 /// (and a freeze escalated). Whether it was late is the latency model's call, on
 /// its own timeout.
@@ -98,8 +97,6 @@ impl Cause {
 pub struct DaemonSettings {
     /// Priority of tasks that neither the request nor a config rule gives one.
     pub default_priority: u8,
-    /// SCHED_FIFO priority of the actuation thread (0: ordinary class).
-    pub actuator_rt_priority: u8,
     /// Archived tasks are forgotten this long after they finished, ns.
     pub archive_retention_ns: u64,
 }
@@ -107,7 +104,8 @@ pub struct DaemonSettings {
 pub struct Daemon {
     sched: Scheduler,
     latency: LatencyRecorder,
-    cgroups: CgroupRoot,
+    /// The machine: clock, actuation thread, processes.
+    host: Box<dyn Host>,
     /// The tasks it acts on and which process is whose.
     members: Members,
     /// Launched tasks held before exec.
@@ -118,59 +116,46 @@ pub struct Daemon {
     clients: Clients,
     next_id: TaskId,
     logs: Logs,
-    worker: Worker,
-    wakes: mpsc::UnboundedSender<Wake>,
     config: Config,
     settings: DaemonSettings,
     /// When the daemon started (the interval log's start).
     started_ns: u64,
     /// (timestamp, end-to-end latency) of recent decisions, for `--export tune`.
     series: VecDeque<(u64, u64)>,
-    stopped: StoppedList,
     last_prune_ns: u64,
     /// Each task's transitions and decisions, for its owner (`keling status TASK`).
     histories: Histories,
 }
 
 impl Daemon {
-    /// A daemon with its actuation thread started. Confirmations come back on
-    /// `confirmations`, other wake-ups on `wakes`. Needs a tokio runtime.
+    /// A daemon acting on `host` (the machine: [`super::host::RealHost`]).
+    /// Confirmations and wake-ups come back from the host to
+    /// [`Daemon::confirmed`] and [`Daemon::woken`].
     pub fn new(
         sched: Scheduler,
         latency: LatencyRecorder,
         logs: Logs,
         config: Config,
         settings: DaemonSettings,
-        confirmations: mpsc::UnboundedSender<Confirmation>,
-        wakes: mpsc::UnboundedSender<Wake>,
-    ) -> anyhow::Result<Self> {
-        let worker = Worker::start(settings.actuator_rt_priority, confirmations)?;
-        if worker.realtime {
-            log::info!(
-                "actuation thread in the real-time class (SCHED_FIFO {})",
-                settings.actuator_rt_priority
-            );
-        }
-        Ok(Self {
+        host: Box<dyn Host>,
+    ) -> Self {
+        Self {
             sched,
             latency,
-            cgroups: CgroupRoot::open()?,
+            started_ns: host.now_ns(),
+            host,
             members: Members::default(),
             launches: Launches::default(),
             conn_task: HashMap::new(),
             clients: Clients::default(),
             next_id: 1,
             logs,
-            worker,
-            wakes,
             config,
             settings,
-            stopped: StoppedList::default(),
-            started_ns: monotonic_ns(),
             series: VecDeque::new(),
             last_prune_ns: 0,
             histories: Histories::default(),
-        })
+        }
     }
 
     /// Never adopt `pid` (the agent's fail-safe).
@@ -188,7 +173,7 @@ impl Daemon {
 
     /// [`Daemon::step`] for an input made now (not read from the kernel).
     fn step_now(&mut self, input: &Input) {
-        self.step(input, Cause::of(input, monotonic_ns()));
+        self.step(input, Cause::of(input, self.host.now_ns()));
     }
 
     fn apply(&mut self, out: Output, cause: &Cause) {
@@ -216,7 +201,7 @@ impl Daemon {
     /// to the actuation thread, which carries them out, confirms them and reports
     /// back.
     fn act(&mut self, action: Action, cause: &Cause) {
-        let decided_ns = monotonic_ns();
+        let decided_ns = self.host.now_ns();
         // Enforce is logged with the Kill/Terminate that follows it.
         let (id, kind) = (action.task(), action.kind().unwrap_or(ActionKind::Warn));
         let Some(task) = self.members.get(id) else {
@@ -238,7 +223,7 @@ impl Daemon {
                 // decisions down below a millisecond).
                 let timeout =
                     Duration::from_nanos(self.latency.timeout_ns()).max(CONFIRM_WAIT_FLOOR);
-                self.worker.submit(Job::Actuate {
+                self.host.submit(Job::Actuate {
                     id,
                     kind,
                     actuator,
@@ -250,7 +235,7 @@ impl Daemon {
             Action::Terminate { .. } | Action::Kill { .. } if self.launches.is_held(id) => {
                 self.tell_ending(id, libc::SIGKILL, cause);
                 self.launches
-                    .cancel(id, "ended by Keling", &mut self.clients);
+                    .cancel(id, "ended by Keling", &mut self.clients, &mut *self.host);
             }
             Action::Terminate { .. } => {
                 self.tell_ending(id, libc::SIGTERM, cause);
@@ -272,7 +257,7 @@ impl Daemon {
                 self.clients.tell_placed(id, pid, gpu, &self.sched);
                 // After the notice: the client hears where before the task's output.
                 self.launches
-                    .release(id, gpu, &mut self.clients, &self.wakes);
+                    .release(id, gpu, &mut self.clients, &mut *self.host);
             }
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
@@ -298,7 +283,7 @@ impl Daemon {
                 self.clients.tell_enforcement(id, record);
             }
         }
-        times.actuated_ns = monotonic_ns();
+        times.actuated_ns = self.host.now_ns();
         self.record(id, &times);
     }
 
@@ -362,7 +347,7 @@ impl Daemon {
             self.step_now(&Input::Confirmed {
                 id: c.id,
                 action: c.action,
-                ts_ns: c.times.confirmed_ns.unwrap_or_else(monotonic_ns),
+                ts_ns: c.times.confirmed_ns.unwrap_or_else(|| self.host.now_ns()),
             });
             return;
         }
@@ -376,7 +361,7 @@ impl Daemon {
                 confirmed: c.confirmed,
             });
         }
-        let ts_ns = c.times.confirmed_ns.unwrap_or_else(monotonic_ns);
+        let ts_ns = c.times.confirmed_ns.unwrap_or_else(|| self.host.now_ns());
         let input = if c.confirmed {
             Input::Confirmed {
                 id: c.id,
@@ -443,7 +428,10 @@ impl Daemon {
             return Reply::Error(format!("{} is not a signal", s.signal));
         }
         if self.launches.is_held(s.task) {
-            return Reply::Signalled(self.launches.signal(s.task, s.signal, &mut self.clients));
+            let n = self
+                .launches
+                .signal(s.task, s.signal, &mut self.clients, &mut *self.host);
+            return Reply::Signalled(n);
         }
         Reply::Signalled(t.actuator.signal(s.signal))
     }
@@ -458,7 +446,8 @@ impl Daemon {
             return;
         };
         if self.launches.is_held(id) {
-            self.launches.signal(id, signal, &mut self.clients);
+            self.launches
+                .signal(id, signal, &mut self.clients, &mut *self.host);
             return;
         }
         if let Some(t) = self.members.get(id) {
@@ -488,24 +477,14 @@ impl Daemon {
             &self.config,
             self.settings.default_priority,
             &self.sched,
-            monotonic_ns(),
+            self.host.now_ns(),
         )?;
         let id = self.next_id;
         self.next_id += 1;
-        let started = launch::start(
-            id,
-            req,
-            stdio,
-            creds,
-            conn,
-            &terms,
-            &self.cgroups,
-            &self.wakes,
-            track,
-        )?;
+        let started = launch::start(id, req, stdio, creds, conn, &terms, &mut *self.host, track)?;
         let pid = started.task.pid;
         self.members.insert(id, started.task, None);
-        self.launches.hold(id, started.held);
+        self.launches.hold(id, terms.env_gpu);
         self.conn_task.insert(conn, id);
         self.clients
             .add(reply.clone(), started.accepted, req.notify_preempt);
@@ -518,7 +497,7 @@ impl Daemon {
         );
         self.step_now(&Input::Arrive {
             spec: terms.spec(req, id, pid),
-            ts_ns: monotonic_ns(),
+            ts_ns: self.host.now_ns(),
         });
         if let Some(q) = self.sched.queued(id) {
             log::info!(
@@ -552,16 +531,7 @@ impl Daemon {
         };
         let status = if t.launched() {
             // Our child: reap it for its status.
-            match t.pidfd.try_wait() {
-                Ok(Some(s)) => ExitStatus::from_wait_status(s),
-                _ => match t.pidfd.wait_blocking() {
-                    Ok(s) => ExitStatus::from_wait_status(s),
-                    Err(e) => {
-                        log::warn!("task {id}: cannot reap pid {}: {e}", t.pid);
-                        ExitStatus::Exited(-1)
-                    }
-                },
-            }
+            self.host.reap(id)
         } else if let Some(s) = t.exit_seen {
             s
         } else {
@@ -571,7 +541,7 @@ impl Daemon {
             );
             ExitStatus::Exited(-1)
         };
-        self.end_task(id, status, monotonic_ns());
+        self.end_task(id, status, self.host.now_ns());
     }
 
     /// The task's root process ended: tell the core and the client, clean up.
@@ -581,7 +551,7 @@ impl Daemon {
             .members
             .get(id)
             .and_then(|t| t.exited_ns)
-            .unwrap_or_else(monotonic_ns);
+            .unwrap_or_else(|| self.host.now_ns());
         self.launches.ended(id, status, &mut self.clients);
         let input = Input::Exit {
             id,
@@ -592,29 +562,17 @@ impl Daemon {
         let ending_reason = self.sched.task(id).and_then(|t| t.ending_reason);
         self.clients.exited(id, status.code(), ending_reason);
         self.clients.settle(id);
-        if let Some(task) = self.members.remove(id) {
-            if let Some(conn) = task.conn {
-                self.conn_task.remove(&conn);
-            }
-            match task.cgroup {
-                Some(cg) => {
-                    // Whatever the task left behind goes with it; the wait for the
-                    // cgroup to empty runs off the loop.
-                    tokio::task::spawn_blocking(move || {
-                        if let Err(e) = cg.kill_and_remove(CGROUP_REMOVE_TIMEOUT) {
-                            log::warn!("task {id}: {e:#}");
-                        }
-                    });
-                }
-                None => self.stopped.forget(task.pid),
-            }
+        if let Some(conn) = self.members.remove(id).and_then(|t| t.conn) {
+            self.conn_task.remove(&conn);
         }
+        // Whatever the task left behind goes with it.
+        self.host.forget(id);
     }
 
     /// Turns one kernel event into scheduler inputs.
     pub fn on_event(&mut self, event: &Event) {
         // Every decision it leads to is timed from its receipt.
-        let received_ns = monotonic_ns();
+        let received_ns = self.host.now_ns();
         let h = *event.header();
         match event {
             Event::GpuOpen(o) if !self.members.is_member(h.pid) => {
@@ -624,11 +582,16 @@ impl Daemon {
             }
             Event::Exit(e) if e.group_dead != 0 => {
                 let status = ExitStatus::from_wait_status(e.exit_status);
-                if let Some(id) = self.members.root_exited(h.pid, h.ts_ns, status) {
+                if let Some(id) = self
+                    .members
+                    .root_exited(h.pid, h.ts_ns, status, &*self.host)
+                {
                     self.end_task(id, status, received_ns);
                 }
             }
-            Event::Fork(f) if f.tracked != 0 => self.members.forked(h.pid, f.child_pid),
+            Event::Fork(f) if f.tracked != 0 => {
+                self.members.forked(h.pid, f.child_pid, &*self.host)
+            }
             Event::Switch(s) => {
                 if let Some(id) = self.members.task_of(s.next_pid) {
                     self.activity(id, h.ts_ns, received_ns);
@@ -661,7 +624,7 @@ impl Daemon {
     /// [`Members::reconcile`]). Run every second and when the kernel reports lost
     /// events.
     pub fn reconcile_members(&mut self) {
-        self.members.reconcile();
+        self.members.reconcile(&*self.host);
     }
 
     /// A process Keling did not launch opened an NVIDIA device: it becomes a task
@@ -674,8 +637,7 @@ impl Daemon {
             ts_ns,
             &self.config,
             self.settings.default_priority,
-            &self.stopped,
-            &self.wakes,
+            &mut *self.host,
         );
         let Some((spec, uid)) = adopted else {
             return;
@@ -694,7 +656,7 @@ impl Daemon {
     }
 
     pub fn tick(&mut self) {
-        let now = monotonic_ns();
+        let now = self.host.now_ns();
         self.latency.tick(now);
         self.step_now(&Input::Tick { ts_ns: now });
         if now.saturating_sub(self.last_prune_ns) >= 1_000_000_000 {
@@ -715,13 +677,13 @@ impl Daemon {
     /// agent runs again.
     pub fn refreeze_after_failsafe(&mut self) {
         // The fail-safe consumed the stopped list and continued what was on it.
-        self.stopped.clear();
+        self.host.forget_stopped();
         let mut n = 0;
         for t in self.sched.tasks() {
             let holding = t.state == TaskState::Preempted
                 || matches!(t.in_flight, Some(ActionKind::Freeze | ActionKind::Stop));
             if let (true, Some(rt)) = (holding, self.members.get(t.spec.id)) {
-                self.worker.submit(Job::Refreeze {
+                self.host.submit(Job::Refreeze {
                     actuator: rt.actuator.clone(),
                 });
                 n += 1;
@@ -754,7 +716,7 @@ impl Daemon {
 
     /// What `keling status` shows to `caller` (its tasks marked as its own).
     pub fn status_for(&self, caller: Option<u32>) -> StatusReply {
-        let now = monotonic_ns();
+        let now = self.host.now_ns();
         let views = self.sched.tasks();
         let tasks = views
             .iter()
@@ -822,7 +784,7 @@ impl Daemon {
             in_flight: t.in_flight,
             cgroup: rt
                 .and_then(|r| r.cgroup.as_ref())
-                .map(|c| c.dir.to_string_lossy().into_owned()),
+                .map(|c| c.to_string_lossy().into_owned()),
             uid,
             mine: caller.is_some() && uid == caller,
             state_for_ms: now.saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
@@ -838,7 +800,7 @@ impl Daemon {
     pub fn history(&self, id: TaskId, caller: u32) -> Option<TaskHistory> {
         let view = self.sched.task(id)?;
         let views = self.sched.tasks();
-        let task = self.task_status(&views, &view, Some(caller), monotonic_ns());
+        let task = self.task_status(&views, &view, Some(caller), self.host.now_ns());
         let h = self.histories.get(id);
         Some(TaskHistory {
             task,
@@ -858,7 +820,7 @@ impl Daemon {
                 log::warn!("thawing pid {} at stop: {e:#}", t.pid);
             }
         }
-        self.stopped.clear();
+        self.host.forget_stopped();
     }
 }
 
@@ -952,6 +914,9 @@ fn memory_inputs(
     }
     out
 }
+
+#[cfg(test)]
+mod behaviour;
 
 #[cfg(test)]
 mod tests {

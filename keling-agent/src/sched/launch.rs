@@ -4,7 +4,7 @@
 //! A launch is checked against the access rules (who may use which priority, how
 //! much memory), the config's rules fill in what it leaves out ([`terms`]), and
 //! its command is started in a cgroup of its own, as its caller, held before exec
-//! until the probes track it ([`start`]). It arrives in the core at once (its GPU
+//! until the probes track it ([`start`], on the [`Host`]). It arrives in the core at once (its GPU
 //! calls are attributed from the first); the client hears `accepted` once the
 //! exec succeeded, or the step that failed, and then its exit code.
 //!
@@ -17,46 +17,21 @@
 //! runs nothing, holds nothing and is never frozen; its client hears `queued`
 //! (position, why) and later `placed`. A queued task that is signalled, or that
 //! Keling ends, is killed before it ran anything ([`Launches::cancel`]).
-use std::{
-    collections::HashMap,
-    ffi::OsString,
-    os::fd::{AsRawFd, OwnedFd},
-    sync::Arc,
-};
+use std::{collections::HashMap, os::fd::OwnedFd};
 
 use keling_sched::{Binding, Scheduler, TaskId, TaskSpec};
-use tokio::sync::mpsc;
 
 use super::{
-    actuator::CgroupActuator,
-    cgroup::{CgroupRoot, TaskCgroup},
     config::{Config, Settings},
-    members::{TaskRuntime, Wake, watch_exit},
+    host::{EnvGpu, Host, Launch},
+    members::TaskRuntime,
     notify::Clients,
 };
 use crate::{
     control::{Accepted, LaunchRequest},
     event::decode::ExitStatus,
-    os::{
-        pidfd::Pidfd,
-        proc::ProcessFacts,
-        spawn::{HeldChild, SpawnOptions, parse_env},
-        users::Credentials,
-    },
+    os::{proc::ProcessFacts, users::Credentials},
 };
-
-/// The environment of a task whose client sent none.
-const MINIMAL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
-/// Where a launched task's `CUDA_VISIBLE_DEVICES` comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EnvGpu {
-    /// The GPU the launch chose (pinned, or placed at arrival), set at the fork;
-    /// `None` leaves the client's value.
-    Chosen(Option<u32>),
-    /// Late binding: the GPU the core binds it to, written at its release.
-    AtPlacement,
-}
 
 /// What a launch request comes to once checked against the access rules and
 /// completed by the config's.
@@ -161,18 +136,17 @@ impl Terms {
     }
 }
 
-/// A launch started: the task's record and its held child.
+/// A launch started: the task's record and what its client is owed.
 pub struct Started {
     pub task: TaskRuntime,
-    pub held: Held,
     /// What its client hears once the exec succeeded.
     pub accepted: Accepted,
 }
 
-/// Starts launched task `id` under `terms`: a cgroup of its own, its command
-/// forked as its caller and held before exec, tracked by the probes (`track`),
-/// its end watched. A failed start leaves no cgroup behind.
-#[expect(clippy::too_many_arguments, reason = "temporary: the host takes most")]
+/// Starts launched task `id` under `terms` on the host ([`Host::start`]): in a
+/// cgroup of its own, as its caller, held before exec, tracked by the probes
+/// (`track`). Hold it with [`Launches::hold`].
+#[expect(clippy::too_many_arguments, reason = "each is one fact of the launch")]
 pub fn start(
     id: TaskId,
     req: &LaunchRequest,
@@ -180,108 +154,46 @@ pub fn start(
     creds: &Credentials,
     conn: u64,
     terms: &Terms,
-    cgroups: &CgroupRoot,
-    wakes: &mpsc::UnboundedSender<Wake>,
+    host: &mut dyn Host,
     track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
 ) -> Result<Started, String> {
-    // Unique across agents: a test or a restart may run several in turn.
-    let cgroup = cgroups
-        .create_task(&format!("task-{}-{id}", std::process::id()))
-        .map_err(|e| format!("{e:#}"))?;
-    let (pidfd, child) = match start_held(req, stdio, creds, terms.env_gpu, &cgroup, track) {
-        Ok(s) => s,
-        Err(e) => {
-            // A failed launch leaves no cgroup behind (nothing entered it).
-            let _ = cgroup.remove();
-            return Err(format!("{e:#}"));
-        }
+    let launch = Launch {
+        request: req,
+        stdio,
+        creds,
+        env_gpu: terms.env_gpu,
     };
-    let pid = pidfd.pid();
-    let pidfd = Arc::new(pidfd);
-    watch_exit(id, &pidfd, wakes);
+    let started = host
+        .start(id, &launch, track)
+        .map_err(|e| format!("{e:#}"))?;
     Ok(Started {
         task: TaskRuntime {
-            pid,
-            pidfd,
-            actuator: Arc::new(CgroupActuator::new(cgroup.clone())),
-            cgroup: Some(cgroup),
+            pid: started.pid,
+            actuator: started.actuator,
+            cgroup: Some(started.cgroup),
             uid: creds.uid,
             conn: Some(conn),
             last_active_ns: 0,
             exit_seen: None,
             exited_ns: None,
         },
-        held: Held {
-            child,
-            env_gpu: terms.env_gpu,
-        },
         accepted: Accepted {
             task: id,
             gpu: terms.gpu,
-            pid,
+            pid: started.pid,
         },
     })
 }
 
-/// Forks the task's process as its caller, tracks it, and holds it before exec.
-fn start_held(
-    req: &LaunchRequest,
-    stdio: &[OwnedFd],
-    creds: &Credentials,
-    env_gpu: EnvGpu,
-    cgroup: &TaskCgroup,
-    track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-) -> anyhow::Result<(Pidfd, HeldChild)> {
-    let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
-        [
-            stdio[0].as_raw_fd(),
-            stdio[1].as_raw_fd(),
-            stdio[2].as_raw_fd(),
-        ]
-    });
-    let argv: Vec<OsString> = req.argv.iter().map(OsString::from).collect();
-    let mut env = match &req.env {
-        Some(entries) => parse_env(entries),
-        None => vec![(OsString::from("PATH"), OsString::from(MINIMAL_PATH))],
-    };
-    if let EnvGpu::Chosen(Some(g)) = env_gpu {
-        env.retain(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
-        env.push((
-            OsString::from("CUDA_VISIBLE_DEVICES"),
-            OsString::from(g.to_string()),
-        ));
-    }
-    let opts = SpawnOptions {
-        gpu_at_release: matches!(env_gpu, EnvGpu::AtPlacement),
-        env,
-        clear_env: true,
-        stdio: fds,
-        cgroup_procs: Some(cgroup.procs_file()),
-        cwd: Some(req.cwd.clone()),
-        credentials: Some(creds.clone()),
-        new_session: true,
-    };
-    let held = HeldChild::spawn_with(&argv, &opts)?;
-    // Our child, not yet reaped: its pid is certainly its own.
-    let pidfd = Pidfd::open(held.pid())?;
-    track(held.pid())?;
-    Ok((pidfd, held))
-}
-
-/// A launched task's child, held before exec until the core places it.
-pub struct Held {
-    child: HeldChild,
-    env_gpu: EnvGpu,
-}
-
 /// The launched tasks not yet released to exec: queued (late binding), or
-/// between their fork and their `Place`.
+/// between their fork and their `Place`; where each one's
+/// `CUDA_VISIBLE_DEVICES` comes from. (The children themselves are the host's.)
 #[derive(Default)]
-pub struct Launches(HashMap<TaskId, Held>);
+pub struct Launches(HashMap<TaskId, EnvGpu>);
 
 impl Launches {
-    pub fn hold(&mut self, id: TaskId, held: Held) {
-        self.0.insert(id, held);
+    pub fn hold(&mut self, id: TaskId, env_gpu: EnvGpu) {
+        self.0.insert(id, env_gpu);
     }
 
     pub fn is_held(&self, id: TaskId) -> bool {
@@ -289,16 +201,10 @@ impl Launches {
     }
 
     /// Lets a held task exec on `gpu` (where the core placed it); the exec's
-    /// outcome comes back as [`Wake::Exec`]. A task released already (a pinned
-    /// task placed again) is left alone.
-    pub fn release(
-        &mut self,
-        id: TaskId,
-        gpu: u32,
-        clients: &mut Clients,
-        wakes: &mpsc::UnboundedSender<Wake>,
-    ) {
-        let Some(Held { child, env_gpu }) = self.0.remove(&id) else {
+    /// outcome comes back as [`Wake::Exec`](super::host::Wake::Exec). A task
+    /// released already (a pinned task placed again) is left alone.
+    pub fn release(&mut self, id: TaskId, gpu: u32, clients: &mut Clients, host: &mut dyn Host) {
+        let Some(env_gpu) = self.0.remove(&id) else {
             return;
         };
         let at = match env_gpu {
@@ -308,31 +214,22 @@ impl Launches {
         if let Some(g) = at {
             clients.bound(id, g);
         }
-        match child.release_on(at) {
-            Ok(pending) => {
-                let wakes = wakes.clone();
-                tokio::spawn(async move {
-                    let outcome = pending.outcome().await;
-                    let _ = wakes.send(Wake::Exec(id, outcome));
-                });
-            }
-            Err(e) => {
-                // The child was reaped; its pidfd reports the end.
-                log::warn!("task {id}: {e:#}");
-                clients.exec_outcome(id, Err(format!("{e:#}")));
-            }
+        if let Err(e) = host.release(id, at) {
+            // The child was reaped; its end comes back as usual.
+            log::warn!("task {id}: {e:#}");
+            clients.exec_outcome(id, Err(format!("{e:#}")));
         }
     }
 
     /// Ends a task that is still held (it never ran its command) and says so to
     /// its client.
-    pub fn cancel(&mut self, id: TaskId, why: &str, clients: &mut Clients) {
-        let Some(held) = self.0.remove(&id) else {
+    pub fn cancel(&mut self, id: TaskId, why: &str, clients: &mut Clients, host: &mut dyn Host) {
+        if self.0.remove(&id).is_none() {
             return;
-        };
+        }
         log::info!("task {id}: {why} while queued; its command never ran");
-        // Killed unreaped: its pidfd reports the end, which ends the task.
-        held.child.cancel();
+        // Killed unreaped: its end comes back, which ends the task.
+        host.cancel(id);
         clients.exec_outcome(
             id,
             Err(format!(
@@ -344,7 +241,13 @@ impl Launches {
     /// A signal for a task still held before exec: one whose default action
     /// ends a process ends it (it never runs); the others have nothing to act
     /// on. The number of processes signalled.
-    pub fn signal(&mut self, id: TaskId, signal: i32, clients: &mut Clients) -> usize {
+    pub fn signal(
+        &mut self,
+        id: TaskId,
+        signal: i32,
+        clients: &mut Clients,
+        host: &mut dyn Host,
+    ) -> usize {
         const HARMLESS: [i32; 8] = [
             libc::SIGCHLD,
             libc::SIGCONT,
@@ -358,15 +261,14 @@ impl Launches {
         if HARMLESS.contains(&signal) {
             return 0;
         }
-        self.cancel(id, &format!("sent signal {signal}"), clients);
+        self.cancel(id, &format!("sent signal {signal}"), clients, host);
         1
     }
 
     /// The task ended while held by something other than Keling (its pid was
     /// killed): it never ran, and no exec outcome will come.
     pub fn ended(&mut self, id: TaskId, status: ExitStatus, clients: &mut Clients) {
-        if let Some(held) = self.0.remove(&id) {
-            held.child.reaped();
+        if self.0.remove(&id).is_some() {
             clients.exec_outcome(
                 id,
                 Err(format!(

@@ -14,44 +14,26 @@
 //! held by a pidfd opened only if the process existed when the event happened.
 //!
 //! The map is for attributing events, never for acting: nothing here signals or
-//! freezes anything.
+//! freezes anything. What identifies a task's processes (the pidfds, a launched
+//! task's cgroup) is the [`Host`]'s; this module asks it what they say.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
     sync::Arc,
 };
 
 use keling_sched::{TaskId, TaskSpec};
-use tokio::sync::mpsc;
 
-use super::{
-    actuator::{Actuator, SignalActuator, StoppedList},
-    cgroup::TaskCgroup,
-    config::Config,
-};
-use crate::{
-    event::decode::{DeviceFile, ExitStatus},
-    os::{
-        pidfd::Pidfd,
-        proc::{self, ProcessFacts},
-    },
-};
-
-/// Things that happen off the loop and come back to it.
-pub enum Wake {
-    /// A task's pidfd says its process exited.
-    Exited(TaskId),
-    /// A launched command's exec succeeded, or which step failed.
-    Exec(TaskId, Result<(), String>),
-}
+use super::{actuator::Actuator, config::Config, host::Host};
+use crate::event::decode::{DeviceFile, ExitStatus};
 
 /// What the agent keeps about a task beside the core's view.
 pub struct TaskRuntime {
+    /// Its root process (what identifies it is the host's: [`Host`]).
     pub pid: u32,
-    /// Held since launch (our child) or adoption: the task's identity.
-    pub pidfd: Arc<Pidfd>,
     pub actuator: Arc<dyn Actuator>,
-    /// Tasks Keling launched: their cgroup.
-    pub cgroup: Option<TaskCgroup>,
+    /// Tasks Keling launched: their cgroup's directory.
+    pub cgroup: Option<PathBuf>,
     /// Whose task it is.
     pub uid: u32,
     /// The launch's connection (its forwarded signals come on it).
@@ -158,13 +140,13 @@ impl Members {
     /// A process of a task forked (the trace saw it). A launched task's members
     /// come from its cgroup anyway; an adopted one's child is remembered with its
     /// start time (and not at all when it is already gone).
-    pub fn forked(&mut self, parent: u32, child: u32) {
+    pub fn forked(&mut self, parent: u32, child: u32, host: &dyn Host) {
         let Some(&m) = self.pid_task.get(&parent) else {
             return;
         };
         let adopted = self.tasks.get(&m.task).is_some_and(|t| !t.launched());
         let start_ticks = if adopted {
-            proc::start_ticks(child)
+            host.start_ticks(child)
         } else {
             None
         };
@@ -184,14 +166,20 @@ impl Members {
     /// not launch are not its children: their exit code comes from the kernel,
     /// their end from their pidfd; an adopted task whose pidfd says it is gone
     /// already is returned, to be ended now.
-    pub fn root_exited(&mut self, pid: u32, ts_ns: u64, status: ExitStatus) -> Option<TaskId> {
+    pub fn root_exited(
+        &mut self,
+        pid: u32,
+        ts_ns: u64,
+        status: ExitStatus,
+        host: &dyn Host,
+    ) -> Option<TaskId> {
         let id = self.pid_task.get(&pid)?.task;
         let t = self.tasks.get_mut(&id).filter(|t| t.pid == pid)?;
         t.exited_ns = Some(ts_ns);
         if t.launched() {
             return None;
         }
-        if t.pidfd.is_alive() {
+        if host.alive(id) {
             // Not quite gone: the pidfd will say so in a moment.
             t.exit_seen = Some(status);
             return None;
@@ -204,11 +192,11 @@ impl Members {
     /// adopted task's are its process, while its pidfd says it lives, and the
     /// children the trace saw, while their start time is the one recorded. Run
     /// every second and when the kernel reports lost events.
-    pub fn reconcile(&mut self) {
+    pub fn reconcile(&mut self, host: &dyn Host) {
         let mut members: HashMap<u32, Member> = HashMap::new();
         for (&id, t) in &self.tasks {
-            if let Some(cg) = &t.cgroup {
-                for pid in cg.pids() {
+            if t.launched() {
+                for pid in host.members(id) {
                     members.insert(
                         pid,
                         Member {
@@ -219,7 +207,7 @@ impl Members {
                 }
                 // The root process may have left its cgroup's list already
                 // (exiting): it stays ours until its pidfd says it is gone.
-                if t.pidfd.is_alive() {
+                if host.alive(id) {
                     members.entry(t.pid).or_insert(Member {
                         task: id,
                         start_ticks: None,
@@ -238,10 +226,10 @@ impl Members {
                 continue; // not in its cgroup any more
             }
             let still = if pid == t.pid {
-                t.pidfd.is_alive()
+                host.alive(m.task)
             } else {
                 m.start_ticks
-                    .is_some_and(|s| proc::start_ticks(pid) == Some(s))
+                    .is_some_and(|s| host.start_ticks(pid) == Some(s))
             };
             if still {
                 members.insert(pid, m);
@@ -264,7 +252,10 @@ impl Members {
     /// it, or when the defaults say to manage unmatched processes. Never the agent
     /// or its fail-safe; never a process that started after the event (the pid's
     /// owner changed). Returns its spec for the core and its owner.
-    #[expect(clippy::too_many_arguments, reason = "temporary: the host takes most")]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the event (pid, device, time), the rules (config, default priority) and the host"
+    )]
     pub fn adopt(
         &mut self,
         id: TaskId,
@@ -273,53 +264,35 @@ impl Members {
         ts_ns: u64,
         config: &Config,
         default_priority: u8,
-        stopped: &StoppedList,
-        wakes: &mpsc::UnboundedSender<Wake>,
+        host: &mut dyn Host,
     ) -> Option<(TaskSpec, u32)> {
         if self.excluded.contains(&pid) {
             return None;
         }
-        let facts = ProcessFacts::of_pid(pid);
+        let facts = host.facts(pid);
         let (settings, managed) = config.settings_for(&facts);
         if !managed {
             return None;
         }
-        let pidfd = match Pidfd::open_started_by(pid, ts_ns) {
-            Ok(p) => p,
-            Err(e) => {
-                log::debug!(
-                    "not adopting pid {pid}: {e} (gone, or not the process that opened the device)"
-                );
-                return None;
-            }
-        };
-        let (start_ticks, uid) =
-            pidfd.read_proc(|pid| Some((proc::start_ticks(pid)?, proc::uid(pid)?)))?;
+        let adopted = host.adopt(id, pid, ts_ns)?;
         log::info!(
             "adopting pid {pid} ({}) as task {id} (rule {:?})",
             facts.comm,
             settings.rule
         );
-        let pidfd = Arc::new(pidfd);
-        watch_exit(id, &pidfd, wakes);
         self.insert(
             id,
             TaskRuntime {
                 pid,
-                pidfd: pidfd.clone(),
-                actuator: Arc::new(SignalActuator {
-                    pidfd,
-                    start_ticks,
-                    stopped: stopped.clone(),
-                }),
+                actuator: adopted.actuator,
                 cgroup: None,
-                uid,
+                uid: adopted.uid,
                 conn: None,
                 last_active_ns: 0,
                 exit_seen: None,
                 exited_ns: None,
             },
-            Some(start_ticks),
+            Some(adopted.start_ticks),
         );
         let spec = TaskSpec {
             id,
@@ -333,27 +306,6 @@ impl Members {
             hard_kill: settings.hard_kill,
             expected_runtime_ms: None,
         };
-        Some((spec, uid))
+        Some((spec, adopted.uid))
     }
-}
-
-/// Reports the task's end when its pidfd polls readable.
-pub fn watch_exit(id: TaskId, pidfd: &Pidfd, wakes: &mpsc::UnboundedSender<Wake>) {
-    let fd = match pidfd.try_clone_fd() {
-        Ok(fd) => fd,
-        Err(e) => {
-            log::warn!("task {id}: cannot watch its pidfd ({e}); its end comes from the trace");
-            return;
-        }
-    };
-    let wakes = wakes.clone();
-    tokio::spawn(async move {
-        match crate::os::async_fd(fd) {
-            Ok(afd) => {
-                let _ = afd.readable().await;
-            }
-            Err(e) => log::warn!("task {id}: cannot watch its pidfd: {e}"),
-        }
-        let _ = wakes.send(Wake::Exited(id));
-    });
 }
