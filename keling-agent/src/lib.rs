@@ -8,7 +8,7 @@
 //! | [`event`] | draining the ring buffer, decoding raw records into typed events | do I/O besides the ring buffer |
 //! | [`model`] | the process model: processes and threads from decoded events, each joined with its GPU figures | do I/O |
 //! | [`gpu`] | the device directory and driver version, names of ABI numbers, GPU figures per process, NVML | touch the kernel maps (it is handed what `bpf` read) |
-//! | [`sched`] | the daemon loop glue around `keling-sched`, actuators (cgroup, signals), writing the logs, config, fail-safe | parse `/proc` itself (it asks `os`) |
+//! | [`sched`] | the daemon around `keling-sched` (feed, act, export; launches, membership, client notices beside it), the machine behind one `Host` trait (a fake one tests the daemon without root), actuators (cgroup, signals), writing the logs, config, fail-safe | parse `/proc` itself (it asks `os`) |
 //! | [`sched_log`] | the scheduling log's line types and the input log's header: the one definition the writer (`sched`) and every reader use | do I/O or import any other module of the agent |
 //! | [`control`] | the typed control protocol, its server (one task per client, deadlines, size limits) and client | block the event loop |
 //! | [`latency`] | decision latency histograms, timeout models, exports | read clocks |
