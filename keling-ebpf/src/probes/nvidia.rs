@@ -35,6 +35,7 @@ use super::{
     files::{FILES, add_fd, device_of_file, file_of_fd, find_slot, follows, proc_fds},
 };
 use crate::{atomic_add, count_undecoded, current_ids, emit, emit_quiet, header};
+use aya_ebpf::EbpfContext;
 
 /// What sys_enter learned, for sys_exit.
 #[derive(Clone, Copy)]
@@ -84,6 +85,34 @@ struct PendingIoctl {
 #[map]
 static PENDING_IOCTL: HashMap<u32, PendingIoctl> =
     HashMap::with_max_entries(keling_common::MAX_PENDING, 0);
+
+/// [0]: entries in `PENDING_IOCTL` now, at least (added to before an insert,
+/// taken from after a remove that found one; an insert over a stale entry counts
+/// twice, which only costs speed). While it is 0, `sys_exit_ioctl` returns before
+/// any helper call or hash lookup: the exit of every ioctl that is not an NVIDIA
+/// call in flight costs one array load (the verifier inlines array lookups).
+#[map]
+static IN_FLIGHT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The pending entry of `tid` is gone: one fewer in flight.
+#[inline(always)]
+fn pending_removed(tid: u32) {
+    if PENDING_IOCTL.remove(tid).is_ok()
+        && let Some(n) = IN_FLIGHT.get_ptr_mut(0)
+    {
+        // SAFETY: a map value pointer; every CPU changes it only atomically.
+        unsafe { atomic_add(n, u64::MAX) };
+    }
+}
+
+/// A tracepoint record's u64 at byte `off`, by a direct load (tracepoint
+/// programs may read their context; cheaper than `read_at`'s helper call).
+#[inline(always)]
+fn ctx_u64(ctx: &TracePointContext, off: usize) -> u64 {
+    // SAFETY: `off` is one of the record's argument slots (syscall records hold
+    // u64s from byte 16), 8-aligned and inside the record.
+    unsafe { *(ctx.as_ptr().add(off) as *const u64) }
+}
 
 /// nvidiaN open file -> the nvidiactl open file it was registered with
 /// (REGISTER_FD): calls through the former act on clients of the latter. LRU: an
@@ -139,19 +168,13 @@ fn nvidia_shaped(cmd: u32) -> bool {
 
 #[tracepoint(category = "syscalls", name = "sys_enter_ioctl")]
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
-    // SAFETY: syscall tracepoint records hold u64 arguments from byte 16.
-    let cmd = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0) as u32;
+    // sys_enter_ioctl: fd at byte 16, cmd at 24, arg at 32.
+    let cmd = ctx_u64(&ctx, 24) as u32;
     if !nvidia_shaped(cmd) {
         return 0;
     }
     let (pid, tid) = current_ids();
-    // SAFETY: as above.
-    let (fd, arg) = unsafe {
-        (
-            ctx.read_at::<u64>(16).unwrap_or(u64::MAX) as i32,
-            ctx.read_at::<u64>(32).unwrap_or(0),
-        )
-    };
+    let (fd, arg) = (ctx_u64(&ctx, 16) as i32, ctx_u64(&ctx, 32));
     let file = file_of_fd(fd);
     if file == 0 {
         return 0;
@@ -227,11 +250,20 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     if followed {
         count_calls(p);
     }
+    // Counted first: an exit never finds an entry the count does not include.
+    let Some(n) = IN_FLIGHT.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: a map value pointer; every CPU changes it only atomically.
+    unsafe { atomic_add(n, 1) };
     #[expect(
         clippy::needless_borrows_for_generic_args,
         reason = "a copy would go on the stack"
     )]
-    let _ = PENDING_IOCTL.insert(tid, &*p, 0);
+    if PENDING_IOCTL.insert(tid, &*p, 0).is_err() {
+        // SAFETY: as above.
+        unsafe { atomic_add(n, u64::MAX) };
+    }
     0
 }
 
@@ -501,6 +533,15 @@ fn handler(p: &PendingIoctl) -> u32 {
 
 #[tracepoint(category = "syscalls", name = "sys_exit_ioctl")]
 pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
+    // No NVIDIA call in flight anywhere: nothing to look up.
+    let idle = match IN_FLIGHT.get_ptr(0) {
+        // SAFETY: a map value pointer; a plain load of a counter others add to.
+        Some(n) => (unsafe { core::ptr::read_volatile(n) }) == 0,
+        None => true,
+    };
+    if idle {
+        return 0;
+    }
     let (_, tid) = current_ids();
     // Worked on in place: a copy would take a third of the 512-byte stack.
     let Some(p) = PENDING_IOCTL.get_ptr_mut(tid) else {
@@ -509,8 +550,8 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     // SAFETY: a map value pointer, valid for this program run; only this thread's
     // syscall uses this entry.
     let p = unsafe { &mut *p };
-    // SAFETY: sys_exit_* records hold the return value at byte 16.
-    p.ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1);
+    // sys_exit_* records hold the return value at byte 16.
+    p.ret = ctx_u64(&ctx, 16) as i64;
     if p.undecoded == 0 && p.ret == 0 {
         let h = handler(p);
         if h != 0 {
@@ -537,7 +578,7 @@ fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<R
     match result {
         // Fully reported; a teardown it queued is done now.
         Ok(None) => {
-            let _ = PENDING_IOCTL.remove(tid);
+            pending_removed(tid);
             deferred::run(ctx);
         }
         Ok(Some(report)) => {
@@ -548,7 +589,7 @@ fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<R
                 report.outcome = outcome::UNDECODED;
             }
             report_ioctl(p, &report, reason);
-            let _ = PENDING_IOCTL.remove(tid);
+            pending_removed(tid);
         }
         Err(r) => {
             count_undecoded(p.pid, r);
@@ -558,7 +599,7 @@ fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<R
                 requested: 0,
             };
             report_ioctl(p, &report, 1 + r);
-            let _ = PENDING_IOCTL.remove(tid);
+            pending_removed(tid);
             deferred::run(ctx);
         }
     }
