@@ -754,13 +754,15 @@ fn report_ioctl(p: &PendingIoctl, report: &Report, reason: u32) {
 }
 
 /// A failed allocation may matter to a decision at once (memory pressure); plain
-/// calls are detail, and for the long-running agent a call that succeeded and was
-/// decoded is only an activity signal (active.rs).
+/// calls are detail. The long-running agent asks for memory and activity only:
+/// every other call is an activity signal to it (active.rs), with no ring-buffer
+/// reservation; what it counts of them (undecoded calls, call counts) the kernel
+/// counts in maps.
 #[inline(always)]
 fn emit_quiet_or_not(e: GpuIoctlEvent) {
     if e.requested_bytes != 0 {
         emit(e);
-    } else if e.status == 0 && e.ret == 0 && e.undecoded == 0 && super::active::limited() {
+    } else if super::active::limited() {
         super::active::report(e.header.pid, e.header.tid, active_cause::IOCTL);
     } else {
         emit_quiet(e);
