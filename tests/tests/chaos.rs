@@ -242,9 +242,13 @@ fn hostile_clients_delay_neither_preemption_nor_status() {
     let garbage = raw_request(&agent.socket, "garbage, not JSON");
     let reply: Value = serde_json::from_str(&garbage).expect("the error reply is JSON");
     assert!(
-        reply["error"].as_str().unwrap().contains("bad request"),
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bad request"),
         "{garbage}"
     );
+    assert_eq!(reply["error"]["kind"], "invalid", "{garbage}");
 
     let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     wait_for(

@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 
 use super::human;
 use crate::control::{
-    DEFAULT_SOCKET, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
+    DEFAULT_SOCKET, ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
     client::Connection,
 };
 
@@ -171,19 +171,22 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
     });
     let mut conn = Connection::request(&args.socket, &req, &[0, 1, 2])?;
     forward_signals(conn.sender().context("clone the connection")?, args.quiet);
-    let mut queued = false;
     loop {
         match conn.next_reply()? {
             None => bail!("the agent closed the connection before the task ended (did it stop?)"),
             Some(Reply::ExitCode(code)) => return Ok(code),
-            // Queued first: it was accepted, and ended before it started.
-            Some(Reply::Error(err)) if queued => bail!("{err}"),
-            Some(Reply::Error(err)) => bail!("the agent refused the task: {err}"),
+            Some(Reply::Error(err)) => match err.kind {
+                ErrorKind::Invalid | ErrorKind::Refused | ErrorKind::NotPermitted => {
+                    bail!("the agent refused the task: {err}")
+                }
+                ErrorKind::StartFailed => bail!("the task could not start: {err}"),
+                // It was accepted and queued, and ended before it started.
+                ErrorKind::NeverRan | ErrorKind::NotFound | ErrorKind::Internal => bail!("{err}"),
+            },
             Some(Reply::Accepted(a)) => {
                 log::debug!("launched as task {} on GPU {:?}", a.task, a.gpu);
             }
             Some(Reply::Notice(n)) if !args.quiet => {
-                queued |= matches!(n, Notice::Queued { .. });
                 // One write per line, so it never interleaves with the task's own
                 // output mid-line.
                 let line = format!("{PREFIX}{}\n", notice_line(&n, args.json));
@@ -191,7 +194,7 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
                 let _ = err.write_all(line.as_bytes());
                 let _ = err.flush();
             }
-            Some(Reply::Notice(n)) => queued |= matches!(n, Notice::Queued { .. }),
+            Some(Reply::Notice(_)) => {}
             Some(other) => bail!("unexpected reply from the agent: {other:?}"),
         }
     }

@@ -31,8 +31,12 @@
 //! - `{"signal": {"task": ID, "signal": N}}`: signal a task (its owner or root):
 //!   `{"signalled": COUNT}`.
 //!
-//! Anything else is answered with `{"error": "what is wrong"}` and the connection is
-//! closed.
+//! Anything else is answered with `{"error": {"kind": "invalid", "message": "what is
+//! wrong"}}` and the connection is closed. Every failure is such an
+//! [`ReplyError`]: its [`ErrorKind`] tells a refusal (`refused`, `not_permitted`)
+//! from a command that could not start (`start_failed`), one that was ended while
+//! queued (`never_ran`), a task that is not there (`not_found`), a malformed
+//! request (`invalid`) and the agent's own trouble (`internal`).
 use std::{
     collections::BTreeMap,
     os::fd::{FromRawFd, OwnedFd, RawFd},
@@ -137,11 +141,50 @@ pub enum Reply {
     Export(String),
     /// How many processes a signal reached.
     Signalled(usize),
-    Error(String),
+    Error(ReplyError),
     /// Something Keling did to a launched task, pushed to its client while it runs.
     Notice(Notice),
     /// One task's history.
     History(Box<TaskHistory>),
+}
+
+/// What kind of failure a [`Reply::Error`] is.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is malformed, or asks for something that does not exist (a
+    /// signal number out of range, no command).
+    Invalid,
+    /// The access rules refuse it (a priority or a quota not the caller's).
+    Refused,
+    /// The task is not there (finished and forgotten, or never was).
+    NotFound,
+    /// The task is someone else's.
+    NotPermitted,
+    /// The command could not be started (which step failed and why).
+    StartFailed,
+    /// The task was ended while it waited queued: its command never ran.
+    NeverRan,
+    /// The agent could not do it (a cgroup it could not make, an export that
+    /// failed).
+    Internal,
+}
+
+/// A failure, as the control socket answers it: `{"error": {"kind", "message"}}`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ReplyError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ReplyError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ReplyError {
+            kind,
+            message: message.into(),
+        }
+    }
 }
 
 /// A task named in a notice or a status: which one, and its priority.
@@ -417,6 +460,31 @@ pub fn recv_with_fds(sock: RawFd, max: usize) -> std::io::Result<(Vec<u8>, Vec<O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client tells a refusal from a failed start by the error's kind, on the
+    /// wire as `{"error": {"kind", "message"}}`.
+    #[test]
+    fn errors_carry_their_kind() {
+        let e = Reply::Error(ReplyError::new(
+            ErrorKind::Refused,
+            "priority 1 is not allowed",
+        ));
+        let text = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            text,
+            r#"{"error":{"kind":"refused","message":"priority 1 is not allowed"}}"#
+        );
+        assert_eq!(serde_json::from_str::<Reply>(&text).unwrap(), e);
+        let never: Reply =
+            serde_json::from_str(r#"{"error":{"kind":"never_ran","message":"x"}}"#).unwrap();
+        assert!(matches!(
+            never,
+            Reply::Error(ReplyError {
+                kind: ErrorKind::NeverRan,
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn wire_format_is_stable() {

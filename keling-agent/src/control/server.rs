@@ -21,7 +21,10 @@ use tokio::{
     sync::mpsc,
 };
 
-use super::{MAX_REQUEST_BYTES, Notice, REQUEST_DEADLINE, Reply, Request, recv_with_fds};
+use super::{
+    ErrorKind, MAX_REQUEST_BYTES, Notice, REQUEST_DEADLINE, Reply, ReplyError, Request,
+    recv_with_fds,
+};
 use crate::os::users::{Credentials, peer_groups};
 
 /// How long the agent waits for a client to take a reply before dropping it.
@@ -252,7 +255,7 @@ async fn serve(
                 follow_ups = Some((peer, requests));
             }
         }
-        Err(what) => replier.send(Reply::Error(what)),
+        Err(what) => replier.send(Reply::Error(ReplyError::new(ErrorKind::Invalid, what))),
     }
     drop(replier);
     let (read_half, mut write_half) = stream.into_split();
@@ -285,8 +288,11 @@ async fn serve(
             Ok(l) => l,
             Err(e) => {
                 log::warn!("control socket: a reply did not serialise: {e}");
-                serde_json::to_vec(&Reply::Error(format!("internal error: {e}")))
-                    .unwrap_or_default()
+                serde_json::to_vec(&Reply::Error(ReplyError::new(
+                    ErrorKind::Internal,
+                    format!("internal error: {e}"),
+                )))
+                .unwrap_or_default()
             }
         };
         line.push(b'\n');

@@ -46,8 +46,8 @@ use super::{
 };
 use crate::{
     control::{
-        ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus, Reply, Request,
-        SignalRequest, StatusReply, TaskHistory, TaskStatus,
+        ErrorKind, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus, Reply,
+        ReplyError, Request, SignalRequest, StatusReply, TaskHistory, TaskStatus,
         server::{Incoming, Peer, Replier},
     },
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
@@ -393,14 +393,17 @@ impl Daemon {
             ))),
             Request::History(id) => reply.send(match self.history(id, peer.creds.uid) {
                 Some(h) => Reply::History(Box::new(h)),
-                None => Reply::Error(format!(
-                    "no task {id} (finished tasks are kept for {} s)",
-                    self.settings.archive_retention_ns / 1_000_000_000
+                None => Reply::Error(ReplyError::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "no task {id} (finished tasks are kept for {} s)",
+                        self.settings.archive_retention_ns / 1_000_000_000
+                    ),
                 )),
             }),
             Request::Export(format) => reply.send(match self.export(format) {
                 Ok(text) => Reply::Export(text),
-                Err(e) => Reply::Error(format!("{e:#}")),
+                Err(e) => Reply::Error(ReplyError::new(ErrorKind::Internal, format!("{e:#}"))),
             }),
             Request::Launch(req) => {
                 if let Err(e) = self.launch(&req, &fds, &peer, conn, &reply, track) {
@@ -416,16 +419,25 @@ impl Daemon {
     /// `{"signal": ...}`: the task's owner or root may signal it.
     fn signal_request(&mut self, s: &SignalRequest, peer: &Peer) -> Reply {
         let Some(t) = self.members.get(s.task) else {
-            return Reply::Error(format!("no running task {}", s.task));
+            return Reply::Error(ReplyError::new(
+                ErrorKind::NotFound,
+                format!("no running task {}", s.task),
+            ));
         };
         if !self.config.access_policy.may_act_on(&peer.creds, t.uid) {
-            return Reply::Error(format!(
-                "task {} belongs to uid {}: only its owner or root may signal it",
-                s.task, t.uid
+            return Reply::Error(ReplyError::new(
+                ErrorKind::NotPermitted,
+                format!(
+                    "task {} belongs to uid {}: only its owner or root may signal it",
+                    s.task, t.uid
+                ),
             ));
         }
         if !(1..=64).contains(&s.signal) {
-            return Reply::Error(format!("{} is not a signal", s.signal));
+            return Reply::Error(ReplyError::new(
+                ErrorKind::Invalid,
+                format!("{} is not a signal", s.signal),
+            ));
         }
         if self.launches.is_held(s.task) {
             let n = self
@@ -469,7 +481,7 @@ impl Daemon {
         conn: u64,
         reply: &Replier,
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReplyError> {
         let creds = &peer.creds;
         let terms = launch::terms(
             req,

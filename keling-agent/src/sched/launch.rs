@@ -28,7 +28,7 @@ use super::{
     notify::Clients,
 };
 use crate::{
-    control::{Accepted, LaunchRequest},
+    control::{Accepted, ErrorKind, LaunchRequest, ReplyError},
     event::decode::ExitStatus,
     os::{proc::ProcessFacts, users::Credentials},
 };
@@ -56,10 +56,10 @@ pub fn terms(
     default_priority: u8,
     sched: &Scheduler,
     now_ns: u64,
-) -> Result<Terms, String> {
+) -> Result<Terms, ReplyError> {
     let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
     if argv0.is_empty() {
-        return Err("no command given".into());
+        return Err(ReplyError::new(ErrorKind::Invalid, "no command given"));
     }
     let facts = ProcessFacts {
         comm: argv0
@@ -74,13 +74,16 @@ pub fn terms(
         exe: argv0.starts_with('/').then(|| argv0.to_owned()),
     };
     let (rule, _) = config.settings_for(&facts);
-    let (priority, mem_quota_bytes) = config.access_policy.launch_terms(
-        creds,
-        req.priority,
-        rule.priority,
-        default_priority,
-        req.mem_quota_bytes.or(rule.mem_quota_bytes),
-    )?;
+    let (priority, mem_quota_bytes) = config
+        .access_policy
+        .launch_terms(
+            creds,
+            req.priority,
+            rule.priority,
+            default_priority,
+            req.mem_quota_bytes.or(rule.mem_quota_bytes),
+        )
+        .map_err(|why| ReplyError::new(ErrorKind::Refused, why))?;
     let late = sched.config().binding == Binding::Late;
     let gpu = match req.gpu.or(rule.gpu) {
         Some(g) => Some(g),
@@ -156,7 +159,7 @@ pub fn start(
     terms: &Terms,
     host: &mut dyn Host,
     track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-) -> Result<Started, String> {
+) -> Result<Started, ReplyError> {
     let launch = Launch {
         request: req,
         stdio,
@@ -165,7 +168,7 @@ pub fn start(
     };
     let started = host
         .start(id, &launch, track)
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| ReplyError::new(ErrorKind::StartFailed, format!("{e:#}")))?;
     Ok(Started {
         task: TaskRuntime {
             pid: started.pid,
@@ -230,11 +233,9 @@ impl Launches {
         log::info!("task {id}: {why} while queued; its command never ran");
         // Killed unreaped: its end comes back, which ends the task.
         host.cancel(id);
-        clients.exec_outcome(
+        clients.never_ran(
             id,
-            Err(format!(
-                "task {id} was {why} while queued: its command never ran"
-            )),
+            format!("task {id} was {why} while queued: its command never ran"),
         );
     }
 
@@ -269,11 +270,9 @@ impl Launches {
     /// killed): it never ran, and no exec outcome will come.
     pub fn ended(&mut self, id: TaskId, status: ExitStatus, clients: &mut Clients) {
         if self.0.remove(&id).is_some() {
-            clients.exec_outcome(
+            clients.never_ran(
                 id,
-                Err(format!(
-                    "task {id} ended while queued ({status:?}): its command never ran"
-                )),
+                format!("task {id} ended while queued ({status:?}): its command never ran"),
             );
         }
     }

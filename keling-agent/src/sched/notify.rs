@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use keling_sched::{EnforcementRecord, Reason, Scheduler, TaskId, TaskState, Transition};
 
 use super::history;
-use crate::control::{Accepted, Notice, Reply, TaskRef, server::Replier};
+use crate::control::{Accepted, ErrorKind, Notice, Reply, ReplyError, TaskRef, server::Replier};
 
 /// The refused allocation a step handles: whom an eviction it leads to is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +33,7 @@ struct Client {
     reply: Replier,
     accepted: Accepted,
     /// The exec's outcome, once known.
-    exec: Option<Result<(), String>>,
+    exec: Option<Result<(), ReplyError>>,
     /// The task's exit code, once it ended.
     exit_code: Option<i32>,
     told_accepted: bool,
@@ -72,11 +72,19 @@ impl Clients {
         }
     }
 
-    /// The exec's outcome: `Ok`, or which step of the start failed (or why the
-    /// command never ran). Told at the next [`Clients::settle`].
+    /// The exec's outcome: `Ok`, or which step of the start failed. Told at the
+    /// next [`Clients::settle`].
     pub fn exec_outcome(&mut self, id: TaskId, outcome: Result<(), String>) {
         if let Some(c) = self.0.get_mut(&id) {
-            c.exec = Some(outcome);
+            c.exec = Some(outcome.map_err(|m| ReplyError::new(ErrorKind::StartFailed, m)));
+        }
+    }
+
+    /// The task ended before its release: its command never ran (`why`). Told
+    /// at the next [`Clients::settle`].
+    pub fn never_ran(&mut self, id: TaskId, why: String) {
+        if let Some(c) = self.0.get_mut(&id) {
+            c.exec = Some(Err(ReplyError::new(ErrorKind::NeverRan, why)));
         }
     }
 

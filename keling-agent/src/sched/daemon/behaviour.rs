@@ -14,7 +14,8 @@ use keling_sched::{ActionKind, GpuInfo, SchedConfig, Scheduler, TaskId};
 use super::{CONFIRM_WAIT_FLOOR, Daemon, DaemonSettings};
 use crate::{
     control::{
-        LaunchRequest, Notice, Reply, Request, SignalRequest, StatusReply, TaskStatus,
+        ErrorKind, LaunchRequest, Notice, Reply, ReplyError, Request, SignalRequest, StatusReply,
+        TaskStatus,
         server::{Incoming, NOTICE_QUEUE, Peer, Replier, TestReceiver},
     },
     latency::{LatencyRecorder, ModelKind},
@@ -256,7 +257,10 @@ async fn a_command_that_cannot_start_is_the_clients_error() {
     client.rx.drain();
     let why = "cannot enter the working directory /gone as uid 0".to_owned();
     a.daemon.woken(Wake::Exec(id, Err(why.clone())));
-    assert_eq!(client.rx.drain(), vec![Reply::Error(why)]);
+    assert_eq!(
+        client.rx.drain(),
+        vec![Reply::Error(ReplyError::new(ErrorKind::StartFailed, why))]
+    );
     a.exit(id, 127);
     assert_eq!(client.rx.drain(), vec![], "told everything already");
     // The start itself failed: refused at once, nothing arrives in the core.
@@ -264,7 +268,10 @@ async fn a_command_that_cannot_start_is_the_clients_error() {
     let replies = a.request(Request::Launch(launch_request(5, None)));
     assert_eq!(
         replies,
-        vec![Reply::Error("cannot fork: out of memory".into())]
+        vec![Reply::Error(ReplyError::new(
+            ErrorKind::StartFailed,
+            "cannot fork: out of memory"
+        ))]
     );
     assert_eq!(a.status().tasks.len(), 1);
 }
@@ -592,7 +599,10 @@ async fn late_binding_queues_unbound_held_tasks_and_status_lists_them() {
     assert_eq!(a.host.calls().last(), Some(&Call::Cancel(fourth)));
     a.exit(fourth, 128 + libc::SIGKILL);
     match c4.rx.drain().as_slice() {
-        [Reply::Error(why)] => assert!(why.contains("never ran"), "{why}"),
+        [Reply::Error(why)] => {
+            assert_eq!(why.kind, ErrorKind::NeverRan);
+            assert!(why.message.contains("never ran"), "{why}");
+        }
         other => panic!("{other:?}"),
     }
     assert!(
