@@ -123,7 +123,7 @@ static REGISTERED: aya_ebpf::maps::LruHashMap<u64, u64> =
 
 /// Calls of followed processes by `call_key(kind, number)`: what they sent, counted
 /// at sys_enter. Updated with atomic adds (one process's threads call on several
-/// CPUs at once).
+/// CPUs at once). `keling trace` only: the agent (`active::limited`) counts none.
 #[map]
 static CALL_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(MAX_CALL_KEYS, 0);
 
@@ -247,7 +247,9 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     if let Err(reason) = decode_enter(p) {
         p.undecoded = 1 + reason;
     }
-    if followed {
+    // Exact call counts are `keling trace`'s summary; the long-running agent
+    // (activity signals on) reads none, and is spared two hash updates a call.
+    if followed && !super::active::limited() {
         count_calls(p);
     }
     // Counted first: an exit never finds an entry the count does not include.
