@@ -79,7 +79,7 @@ const NO_GPU: u32 = u32::MAX;
 /// The step of the child's start that failed (reported through the pipe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
-enum Step {
+pub enum Step {
     Session = 1,
     Cgroup = 2,
     Credentials = 3,
@@ -97,6 +97,30 @@ impl Step {
             5 => Step::Exec,
             _ => return None,
         })
+    }
+}
+
+/// Why a released child did not get to run its command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct StartError {
+    /// The step that failed, when the child reported one.
+    pub step: Option<Step>,
+    /// Its errno (0 when none was reported).
+    pub errno: i32,
+    /// What failed, for the person who launched it.
+    pub message: String,
+}
+
+impl StartError {
+    /// A failure with no step of the child's to name (it ended early, the report
+    /// could not be read, the release failed).
+    pub fn other(message: impl Into<String>) -> Self {
+        StartError {
+            step: None,
+            errno: 0,
+            message: message.into(),
+        }
     }
 }
 
@@ -362,7 +386,7 @@ pub struct PendingExec {
 impl PendingExec {
     /// Blocks until the exec succeeded (`Ok`) or a step failed (what failed). The
     /// child is not reaped.
-    pub fn wait(self) -> Result<(), String> {
+    pub fn wait(self) -> Result<(), StartError> {
         let mut buf = [0u8; 8];
         let mut got = 0;
         while got < buf.len() {
@@ -386,14 +410,16 @@ impl PendingExec {
     }
 
     /// As [`PendingExec::wait`], without blocking the thread (tokio).
-    pub async fn outcome(self) -> Result<(), String> {
-        let fd = self.report.try_clone().map_err(|e| e.to_string())?;
-        super::set_nonblocking(&fd).map_err(|e| e.to_string())?;
-        let fd = super::async_fd(fd).map_err(|e| e.to_string())?;
+    pub async fn outcome(self) -> Result<(), StartError> {
+        let report = |e: io::Error| StartError::other(format!("reading the exec report: {e}"));
+        let fd = self.report.try_clone().map_err(report)?;
+        super::set_nonblocking(&fd).map_err(report)?;
+        let fd = super::async_fd(fd)
+            .map_err(|e| StartError::other(format!("reading the exec report: {e:#}")))?;
         let mut buf = [0u8; 8];
         let mut got = 0;
         loop {
-            let mut guard = fd.readable().await.map_err(|e| e.to_string())?;
+            let mut guard = fd.readable().await.map_err(report)?;
             let r = guard.try_io(|f| {
                 // SAFETY: reading into the rest of a valid buffer.
                 let n = unsafe {
@@ -417,27 +443,31 @@ impl PendingExec {
                     }
                 }
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                Ok(Err(e)) => return Err(format!("reading the exec report: {e}")),
+                Ok(Err(e)) => return Err(report(e)),
                 Err(_would_block) => {}
             }
         }
         self.verdict(&buf[..got])
     }
 
-    fn verdict(&self, report: &[u8]) -> Result<(), String> {
+    fn verdict(&self, report: &[u8]) -> Result<(), StartError> {
         // Nothing: the pipe closed on exec (close-on-exec). Anything else: a failure.
         if report.is_empty() {
             return Ok(());
         }
         if report.len() < 8 {
-            return Err(format!(
+            return Err(StartError::other(format!(
                 "cannot start {}: the child ended early",
                 self.context.program
-            ));
+            )));
         }
-        let step = u32::from_ne_bytes(report[..4].try_into().expect("4 bytes"));
+        let step = Step::from_u32(u32::from_ne_bytes(report[..4].try_into().expect("4 bytes")));
         let errno = i32::from_ne_bytes(report[4..8].try_into().expect("4 bytes"));
-        Err(self.context.describe(Step::from_u32(step), errno))
+        Err(StartError {
+            step,
+            errno,
+            message: self.context.describe(step, errno),
+        })
     }
 }
 

@@ -11,6 +11,7 @@
 //! reused a pid. What comes back off the loop (a task's end, an exec's outcome)
 //! comes as a [`Wake`]; confirmations of actuations come from the actuation
 //! thread as [`Confirmation`]s.
+use crate::os::spawn::StartError;
 use std::{
     collections::HashMap,
     ffi::OsString,
@@ -54,7 +55,7 @@ pub enum Wake {
     /// A task's pidfd says its process exited.
     Exited(TaskId),
     /// A launched command's exec succeeded, or which step failed.
-    Exec(TaskId, Result<(), String>),
+    Exec(TaskId, Result<(), StartError>),
 }
 
 /// Where a launched task's `CUDA_VISIBLE_DEVICES` comes from.

@@ -17,6 +17,7 @@
 //! runs nothing, holds nothing and is never frozen; its client hears `queued`
 //! (position, why) and later `placed`. A queued task that is signalled, or that
 //! Keling ends, is killed before it ran anything ([`Launches::cancel`]).
+use crate::os::spawn::StartError;
 use std::{collections::HashMap, os::fd::OwnedFd};
 
 use keling_sched::{Binding, Scheduler, TaskId, TaskSpec};
@@ -220,7 +221,7 @@ impl Launches {
         if let Err(e) = host.release(id, at) {
             // The child was reaped; its end comes back as usual.
             log::warn!("task {id}: {e:#}");
-            clients.exec_outcome(id, Err(format!("{e:#}")));
+            clients.exec_outcome(id, Err(StartError::other(format!("{e:#}"))));
         }
     }
 

@@ -11,6 +11,7 @@
 //! notices for a client that does not read (it hears how many later), so a
 //! silent client delays neither the loop nor anybody's decisions. Nothing here
 //! decides anything either: the scheduler core is only read.
+use crate::os::spawn::StartError;
 use std::collections::HashMap;
 
 use keling_sched::{EnforcementRecord, Reason, Scheduler, TaskId, TaskState, Transition};
@@ -74,9 +75,9 @@ impl Clients {
 
     /// The exec's outcome: `Ok`, or which step of the start failed. Told at the
     /// next [`Clients::settle`].
-    pub fn exec_outcome(&mut self, id: TaskId, outcome: Result<(), String>) {
+    pub fn exec_outcome(&mut self, id: TaskId, outcome: Result<(), StartError>) {
         if let Some(c) = self.0.get_mut(&id) {
-            c.exec = Some(outcome.map_err(|m| ReplyError::new(ErrorKind::StartFailed, m)));
+            c.exec = Some(outcome.map_err(|e| ReplyError::new(ErrorKind::StartFailed, e.message)));
         }
     }
 

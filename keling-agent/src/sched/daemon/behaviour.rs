@@ -12,6 +12,7 @@
 use keling_sched::{ActionKind, GpuInfo, SchedConfig, Scheduler, TaskId};
 
 use super::{CONFIRM_WAIT_FLOOR, Daemon, DaemonSettings};
+use crate::os::spawn::StartError;
 use crate::{
     control::{
         ErrorKind, LaunchRequest, Notice, Reply, ReplyError, Request, SignalRequest, StatusReply,
@@ -256,7 +257,8 @@ async fn a_command_that_cannot_start_is_the_clients_error() {
     let (id, mut client) = a.launch(5, Some(1));
     client.rx.drain();
     let why = "cannot enter the working directory /gone as uid 0".to_owned();
-    a.daemon.woken(Wake::Exec(id, Err(why.clone())));
+    a.daemon
+        .woken(Wake::Exec(id, Err(StartError::other(why.clone()))));
     assert_eq!(
         client.rx.drain(),
         vec![Reply::Error(ReplyError::new(ErrorKind::StartFailed, why))]
