@@ -1,4 +1,5 @@
-//! Keling's eBPF programs (built for `bpfel-unknown-none` by `cargo xtask build`).
+//! Keling's eBPF programs (built for `bpfel-unknown-none` by `cargo xtask build`, or
+//! by keling-agent's build.rs with aya-build).
 //!
 //! One module per subsystem under `probes/`; the maps and the helpers every probe
 //! shares are here. The event layouts and map contracts are in `keling-common`.

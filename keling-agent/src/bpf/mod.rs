@@ -35,8 +35,9 @@ pub mod btf;
 pub mod programs;
 pub mod tracefs;
 
-/// The compiled eBPF object (`cargo xtask build` puts it there; empty when the agent
-/// was built with a plain `cargo build`).
+/// The compiled eBPF object (see keling-agent/build.rs: `cargo xtask build` passes it
+/// in, a plain `cargo build` builds it; empty when this machine lacked nightly or
+/// bpf-linker, which that build warned about).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/keling.bpf.o"));
 
 /// The embedded eBPF object, if this build has one.
@@ -162,8 +163,9 @@ impl Probes {
     pub fn load(opts: &LoadOptions) -> anyhow::Result<Self> {
         if EBPF_OBJECT.is_empty() {
             bail!(
-                "this keling binary was built without its eBPF programs (a plain `cargo build`); \
-                 build it with `cargo xtask build` or run it with `cargo xtask run`"
+                "this keling binary was built without its eBPF programs (its build found no \
+                 nightly toolchain or bpf-linker, or AYA_BUILD_SKIP was set); build it with \
+                 `cargo xtask build` or run it with `cargo xtask run`"
             );
         }
         crate::os::check_privileges()?;

@@ -138,15 +138,21 @@ mod tests {
                     .all(|&s| s > 0 && s < keling_common::maps::tail_call::SLOTS)
             );
         }
-        // The embedded object (when this build has one) defines every program.
-        if let Some(obj) = crate::bpf::embedded_object() {
-            let obj = aya_obj::Object::parse(obj).expect("the embedded eBPF object parses");
-            for (_, name) in WORK_PROGRAMS.iter().chain(IOCTL_PROGRAMS) {
-                assert!(
-                    obj.programs.contains_key(*name),
-                    "{name} is not in the object"
-                );
+        // The embedded object defines every program. Only a build that said it had
+        // none (cfg keling_no_ebpf: build.rs found no nightly or bpf-linker) may lack it.
+        let Some(obj) = crate::bpf::embedded_object() else {
+            if cfg!(keling_no_ebpf) {
+                eprintln!("skipping the object check: this build has no eBPF object");
+                return;
             }
+            panic!("build.rs embedded an empty eBPF object without cfg keling_no_ebpf");
+        };
+        let obj = aya_obj::Object::parse(obj).expect("the embedded eBPF object parses");
+        for (_, name) in WORK_PROGRAMS.iter().chain(IOCTL_PROGRAMS) {
+            assert!(
+                obj.programs.contains_key(*name),
+                "{name} is not in the object"
+            );
         }
     }
 
