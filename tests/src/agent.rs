@@ -379,3 +379,23 @@ pub fn task_pid(agent: &Agent, progress_file: &Path) -> u32 {
     });
     pid
 }
+
+/// `keling replay` of the agent's input log (stopped first) against its
+/// scheduling log matches every one of at least `min_recorded` decisions.
+pub fn assert_replays_exactly(agent: &Agent, min_recorded: u64) {
+    let out = Command::new(keling_bin())
+        .arg("replay")
+        .arg(agent.input_log())
+        .arg("--sched-log")
+        .arg(&agent.sched_log)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let replay: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "{replay}");
+    let c = &replay["comparison"];
+    assert!(c["recorded"].as_u64().unwrap() >= min_recorded, "{replay}");
+    assert_eq!(c["matched"], c["recorded"], "{replay}");
+    assert_eq!(c["match_rate"], 1.0, "{replay}");
+}

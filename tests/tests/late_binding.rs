@@ -240,19 +240,5 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
     let header: Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
     assert_eq!(header["config"]["binding"], "late", "{header}");
     assert_eq!(header["config"]["placement_seed"], 7, "{header}");
-    let out = Command::new(keling_bin())
-        .arg("replay")
-        .arg(agent.input_log())
-        .arg("--sched-log")
-        .arg(&agent.sched_log)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let replay: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    assert!(out.status.success(), "{replay}");
-    let c = &replay["comparison"];
-    assert!(c["recorded"].as_u64().unwrap() >= 8, "{replay}");
-    assert_eq!(c["matched"], c["recorded"], "{replay}");
-    assert_eq!(c["match_rate"], 1.0, "{replay}");
+    keling_tests::agent::assert_replays_exactly(&agent, 8);
 }

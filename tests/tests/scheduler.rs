@@ -154,21 +154,7 @@ fn interactive_task_preempts_background_and_it_resumes() {
         Some(1),
         "{header}"
     );
-    let out = Command::new(keling_bin())
-        .arg("replay")
-        .arg(agent.input_log())
-        .arg("--sched-log")
-        .arg(&agent.sched_log)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let replay: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    assert!(out.status.success(), "{replay}");
-    let c = &replay["comparison"];
-    assert!(c["recorded"].as_u64().unwrap() >= 4, "{replay}");
-    assert_eq!(c["matched"], c["recorded"], "{replay}");
-    assert_eq!(c["match_rate"], 1.0, "{replay}");
+    keling_tests::agent::assert_replays_exactly(&agent, 4);
 }
 
 #[test]
