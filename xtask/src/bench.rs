@@ -604,6 +604,15 @@ fn ring_buffer(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
 /// Freeze/thaw cycles per host condition: enough that a p99 is not a maximum.
 const DECISION_CYCLES: u64 = 1100;
 
+/// The tasks an agent launched (its `task-<pid>-*` cgroups), ended on drop.
+struct EndTasks(u32);
+
+impl Drop for EndTasks {
+    fn drop(&mut self) {
+        crate::demo::end_demo_tasks(self.0);
+    }
+}
+
 /// Processes started for the bench, killed by pid and reaped on drop.
 struct Started(Vec<Child>);
 
@@ -734,6 +743,8 @@ fn decision_run(dir: &Path, busy: bool) -> anyhow::Result<(Value, Vec<String>)> 
         ],
     )?;
     let agent_pid = agent.pid();
+    // Whatever happens below, the tasks this agent launched end with the run.
+    let _tasks = EndTasks(agent_pid);
     let keling = dir.join("keling");
     let launch = |prio: &str, cmd: &[&str]| {
         Command::new(&keling)
@@ -800,7 +811,11 @@ fn decision_run(dir: &Path, busy: bool) -> anyhow::Result<(Value, Vec<String>)> 
         if Instant::now() > deadline {
             let _ = fg.kill();
             let _ = fg.wait();
-            bail!("the interactive task did not finish its bursts in time");
+            bail!(
+                "the interactive task did not finish its {DECISION_CYCLES} bursts in time \
+                 (decisions stopped at {})",
+                status()?["latency"]["decisions"]
+            );
         }
         let decisions = status()?["latency"]["decisions"].as_u64().unwrap_or(0);
         eprint!(
