@@ -62,6 +62,25 @@ macro_rules! config {
 
 mod probes;
 
+/// Argument `i` (0-5) of a `syscalls:sys_enter_*` record, by a direct load
+/// (tracepoint programs may read their context; cheaper than `read_at`'s helper
+/// call).
+#[inline(always)]
+fn syscall_arg(ctx: &aya_ebpf::programs::TracePointContext, i: usize) -> u64 {
+    use aya_ebpf::EbpfContext;
+    // SAFETY: syscall records hold 6 u64 arguments from byte 16: `i` < 6 makes
+    // an 8-aligned load inside the record.
+    unsafe { *(ctx.as_ptr().add(16 + 8 * i) as *const u64) }
+}
+
+/// The return value of a `syscalls:sys_exit_*` record, by a direct load.
+#[inline(always)]
+fn syscall_ret(ctx: &aya_ebpf::programs::TracePointContext) -> i64 {
+    use aya_ebpf::EbpfContext;
+    // SAFETY: sys_exit_* records hold the return value at byte 16.
+    unsafe { *(ctx.as_ptr().add(16) as *const i64) }
+}
+
 /// (pid, tid) of the current task.
 #[inline(always)]
 fn current_ids() -> (u32, u32) {

@@ -36,7 +36,10 @@ use keling_common::{
 };
 
 use super::deferred::{self, Work};
-use crate::{count_undecoded, current_ids, emit, header, is_tracked_pid, kread, track};
+use crate::{
+    count_undecoded, current_ids, emit, header, is_tracked_pid, kread, syscall_arg as arg,
+    syscall_ret as ret, track,
+};
 
 /// The NVIDIA fds Keling knows, per process.
 #[map]
@@ -132,18 +135,6 @@ pub fn queue_orphan(pid: u32, tid: u32, file_id: u64) {
         return;
     }
     deferred::push(pid, tid, Work::Orphan { file_id });
-}
-
-#[inline(always)]
-fn arg(ctx: &TracePointContext, i: usize) -> u64 {
-    // SAFETY: syscall tracepoint records hold 6 u64 arguments from byte 16.
-    unsafe { ctx.read_at::<u64>(16 + 8 * i) }.unwrap_or(0)
-}
-
-#[inline(always)]
-fn ret(ctx: &TracePointContext) -> i64 {
-    // SAFETY: sys_exit_* records hold the return value at byte 16.
-    unsafe { ctx.read_at::<i64>(16) }.unwrap_or(-1)
 }
 
 /// The open file behind `fd` of the current task (its `struct file` address).

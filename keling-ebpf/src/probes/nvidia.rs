@@ -34,8 +34,9 @@ use super::{
     deferred::{self, Scope},
     files::{FILES, add_fd, device_of_file, file_of_fd, find_slot, follows, proc_fds},
 };
-use crate::{atomic_add, count_undecoded, current_ids, emit, emit_quiet, header};
-use aya_ebpf::EbpfContext;
+use crate::{
+    atomic_add, count_undecoded, current_ids, emit, emit_quiet, header, syscall_arg, syscall_ret,
+};
 
 /// What sys_enter learned, for sys_exit.
 #[derive(Clone, Copy)]
@@ -105,15 +106,6 @@ fn pending_removed(tid: u32) {
     }
 }
 
-/// A tracepoint record's u64 at byte `off`, by a direct load (tracepoint
-/// programs may read their context; cheaper than `read_at`'s helper call).
-#[inline(always)]
-fn ctx_u64(ctx: &TracePointContext, off: usize) -> u64 {
-    // SAFETY: `off` is one of the record's argument slots (syscall records hold
-    // u64s from byte 16), 8-aligned and inside the record.
-    unsafe { *(ctx.as_ptr().add(off) as *const u64) }
-}
-
 /// nvidiaN open file -> the nvidiactl open file it was registered with
 /// (REGISTER_FD): calls through the former act on clients of the latter. LRU: an
 /// nvidiaN file's release is not followed, so old entries make room.
@@ -168,13 +160,13 @@ fn nvidia_shaped(cmd: u32) -> bool {
 
 #[tracepoint(category = "syscalls", name = "sys_enter_ioctl")]
 pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
-    // sys_enter_ioctl: fd at byte 16, cmd at 24, arg at 32.
-    let cmd = ctx_u64(&ctx, 24) as u32;
+    // sys_enter_ioctl(fd, cmd, arg).
+    let cmd = syscall_arg(&ctx, 1) as u32;
     if !nvidia_shaped(cmd) {
         return 0;
     }
     let (pid, tid) = current_ids();
-    let (fd, arg) = (ctx_u64(&ctx, 16) as i32, ctx_u64(&ctx, 32));
+    let (fd, arg) = (syscall_arg(&ctx, 0) as i32, syscall_arg(&ctx, 2));
     let file = file_of_fd(fd);
     if file == 0 {
         return 0;
@@ -552,8 +544,7 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     // SAFETY: a map value pointer, valid for this program run; only this thread's
     // syscall uses this entry.
     let p = unsafe { &mut *p };
-    // sys_exit_* records hold the return value at byte 16.
-    p.ret = ctx_u64(&ctx, 16) as i64;
+    p.ret = syscall_ret(&ctx);
     if p.undecoded == 0 && p.ret == 0 {
         let h = handler(p);
         if h != 0 {
