@@ -92,8 +92,9 @@
 //! becomes `Running` in the same step (reason `placed`; it is already running, so no
 //! action is needed); otherwise it is frozen and becomes `Preempted` when the freeze
 //! is confirmed (reason `queued`). `Running → Preempted` reasons:
-//! `quantum_expired`, `idle`, `preempted_by_higher_priority`, `round_robin` (an
-//! equal-priority task is ahead in the rotation); `Preempted → Running`: `resumed`.
+//! `quantum_expired`, `preempted_by_higher_priority`, `round_robin` (an
+//! equal-priority task is ahead in the rotation; `idle` only in older logs, see
+//! "Who holds the slots"); `Preempted → Running`: `resumed`.
 //! `Exit` makes a task `Completed` (exit code 0, reason `exited`) or `Failed`
 //! (non-zero: `exited_with_error`; or any exit after Keling started ending it: the
 //! first enforcement's reason, `duration_limit`, `evicted_for_memory` or
@@ -111,9 +112,12 @@
 //! 4. id,
 //!
 //! and the first `slots_per_gpu` should hold the slots. Tasks outside that set that
-//! run are frozen at once (a higher-priority task preempts immediately); tasks in it
+//! run and want the GPU are frozen at once (a higher-priority task preempts
+//! immediately); idle ones outside it *yield*: they give up the slot but keep
+//! running, unfrozen ([`TaskView::yielded`]), since they use neither the GPU nor a
+//! CPU and, frozen, could never show that they want the GPU again. Tasks in the set
 //! that are frozen are thawed as soon as a slot is free, that is when the freezes in
-//! flight are confirmed. The one exception to "never more than the slots": a task
+//! flight are confirmed; a yielded task in it takes its slot back. The one exception to "never more than the slots": a task
 //! that arrives and ranks among the holders is already running, so it becomes
 //! `Running` at once, and the task it displaces runs too until its freeze lands.
 //! Once the actuations in flight are confirmed the scheduler is work-conserving:
@@ -126,8 +130,12 @@
 //! task wants the GPU (it is starting and has never had the chance to show
 //! activity). A frozen task cannot show activity, so it keeps what it had when frozen
 //! and the idle timeout only counts while it runs (it restarts when the task
-//! resumes). A consequence: a task frozen while idle stays frozen until a slot is
-//! free or the agent sends `Active` for it.
+//! resumes). A task is never frozen for being idle, so a frozen task wants the GPU
+//! unless an `Idle` hint said otherwise while it was frozen. A yielded task
+//! that is active again ranks like any other: among the holders it takes its slot
+//! back (the holder it displaces is frozen), outside them it is frozen with the
+//! reason a running task would get; its first calls reach the GPU before the
+//! freeze lands, as an arriving task's do.
 //!
 //! **Round robin.** A task's quantum ([`quantum_ms`]) is used only while it is
 //! `Running`. When it is used up and an active task of the same priority on the same
@@ -224,9 +232,10 @@
 //!   rank before it.
 //!
 //! The other holders (idle ones, and lower priorities) are displaced: if the task
-//! takes one of their slots, the displaced task's `Freeze` follows in the same
-//! output (reason `idle` or `preempted_by_higher_priority` when it lands), and it
-//! runs until then, as a task displaced by an arrival does.
+//! takes one of their slots, an idle holder yields (it keeps running, without the
+//! slot), a lower priority's `Freeze` follows in the same output (reason
+//! `preempted_by_higher_priority` when it lands) and it runs until then, as a task
+//! displaced by an arrival does. Yielded tasks hold no slot.
 //!
 //! **Which GPU.** A GPU with a free slot (room without displacing anyone) comes
 //! first: the highest W; among weights within [`PLACEMENT_WEIGHT_TIE`], the least

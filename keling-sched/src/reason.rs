@@ -20,7 +20,10 @@ pub enum Reason {
     /// `Running → Preempted`: its quantum was used up and an active task of its
     /// priority waited.
     QuantumExpired,
-    /// `Running → Preempted`: it was idle while an active task waited.
+    /// `Running → Preempted`: it was idle while an active task waited. Only in
+    /// logs of older versions, which froze such a task; the core now lets an
+    /// idle task yield its slot without freezing it ([`TaskView::yielded`](crate::TaskView::yielded)).
+    /// Kept so those logs still read.
     Idle,
     /// `Running → Preempted`: a task of higher priority took the slot.
     PreemptedByHigherPriority,

@@ -220,7 +220,7 @@ impl Scheduler {
         let late = self.config.binding == Binding::Late;
         let mut busy: Vec<u32> = Vec::new();
         for task in self.tasks.values_mut() {
-            if task.state == TaskState::Running {
+            if task.state == TaskState::Running && !task.yielded {
                 task.on_gpu_ns = task.on_gpu_ns.saturating_add(elapsed_ns);
                 task.quantum_used_ns = task.quantum_used_ns.saturating_add(elapsed_ns);
                 if late && let Some(gpu) = task.gpu {
@@ -650,16 +650,25 @@ impl Scheduler {
             if task.actuation.is_some() {
                 continue;
             }
+            if task.state == TaskState::Running && !task.wants_gpu {
+                // Idle: it gives the slot up but keeps running, so that its next
+                // call can show it wants the GPU again (it uses neither the GPU
+                // nor a CPU now, so freezing it would gain nothing).
+                task.yielded = true;
+                continue;
+            }
             let reason = match task.state {
                 TaskState::Pending => Reason::Queued,
                 TaskState::Running if rotated.contains(&id) => Reason::QuantumExpired,
-                TaskState::Running if !task.wants_gpu => Reason::Idle,
                 TaskState::Running if best_holder_priority.is_some_and(|p| p < task.priority()) => {
                     Reason::PreemptedByHigherPriority
                 }
                 TaskState::Running => Reason::RoundRobin,
                 _ => continue,
             };
+            // A yielded task that is active again runs (and may use the GPU)
+            // until its freeze lands: it counts as a holder until then.
+            task.yielded = false;
             task.actuation = Some(Actuation {
                 direction: Direction::Freeze,
                 reason,
@@ -672,11 +681,12 @@ impl Scheduler {
         // running (it counts first, since it runs either way); frozen ones are thawed
         // only into a free slot, so freezes in flight are waited for.
         for &id in should_hold {
-            if let Some(task) = self.tasks.get_mut(&id)
-                && task.state == TaskState::Pending
-                && task.actuation.is_none()
-            {
-                resume(&mut self.next_event_id, now, task, Reason::Placed, out);
+            if let Some(task) = self.tasks.get_mut(&id) {
+                // A yielded task among the holders takes its slot back.
+                task.yielded = false;
+                if task.state == TaskState::Pending && task.actuation.is_none() {
+                    resume(&mut self.next_event_id, now, task, Reason::Placed, out);
+                }
             }
         }
         let mut holders = ranked

@@ -147,12 +147,17 @@ pub struct TaskView {
     pub gpu: Option<u32>,
     /// Memory held now, per GPU index.
     pub mem_bytes: BTreeMap<u32, u64>,
-    /// Time spent `Running`.
+    /// Time spent holding a slot (`Running`, not yielded).
     pub on_gpu_ns: u64,
     /// `on_gpu_ns` in whole ms.
     pub on_gpu_ms: u64,
     /// Whether it wants the GPU (active, as opposed to idle).
     pub wants_gpu: bool,
+    /// `Running` without its slot: it went idle while another task waited for
+    /// the GPU and gave the slot up without being frozen; when it is active
+    /// again it takes a slot back or is frozen to wait for one.
+    #[serde(default)]
+    pub yielded: bool,
     /// Its priority's class.
     pub class: Class,
     /// Its priority's quantum.
@@ -329,6 +334,7 @@ mod tests {
             on_gpu_ns: 1_000,
             on_gpu_ms: 0,
             wants_gpu: true,
+            yielded: false,
             class: Class::Interactive,
             quantum_ms: 20,
             in_flight: None,
@@ -338,7 +344,7 @@ mod tests {
             finished_ns: None,
             exit_code: None,
         };
-        let json = r#"{"spec":{"id":7,"pid":1234,"name":"train \"x\"","priority":3,"gpu":0,"mem_quota_bytes":1073741824,"max_duration_ms":null,"grace_ms":500,"hard_kill":false,"expected_runtime_ms":60000},"state":"Running","gpu":0,"mem_bytes":{"0":2147483648},"on_gpu_ns":1000,"on_gpu_ms":0,"wants_gpu":true,"class":"Interactive","quantum_ms":20,"in_flight":null,"ending_reason":"over_quota","arrived_ns":1000,"started_ns":1000,"finished_ns":null,"exit_code":null}"#;
+        let json = r#"{"spec":{"id":7,"pid":1234,"name":"train \"x\"","priority":3,"gpu":0,"mem_quota_bytes":1073741824,"max_duration_ms":null,"grace_ms":500,"hard_kill":false,"expected_runtime_ms":60000},"state":"Running","gpu":0,"mem_bytes":{"0":2147483648},"on_gpu_ns":1000,"on_gpu_ms":0,"wants_gpu":true,"yielded":false,"class":"Interactive","quantum_ms":20,"in_flight":null,"ending_reason":"over_quota","arrived_ns":1000,"started_ns":1000,"finished_ns":null,"exit_code":null}"#;
         assert_eq!(serde_json::to_string(&view).unwrap(), json);
         assert_eq!(serde_json::from_str::<TaskView>(json).unwrap(), view);
     }

@@ -58,6 +58,10 @@ pub(crate) struct Task {
     /// Position in the round-robin queue of its priority: lower goes first.
     pub(crate) queue_seq: u64,
     pub(crate) wants_gpu: bool,
+    /// Running without its slot: it went idle while another task waited, so it
+    /// gave up the slot but was not frozen (frozen, it could never show that it
+    /// wants the GPU again). Cleared when it holds a slot again or is frozen.
+    pub(crate) yielded: bool,
     pub(crate) last_active_ns: u64,
     pub(crate) actuation: Option<Actuation>,
     pub(crate) warned: bool,
@@ -89,6 +93,7 @@ impl Task {
             quantum_used_ns: 0,
             queue_seq,
             wants_gpu: true,
+            yielded: false,
             last_active_ns: now_ns,
             actuation: None,
             warned: false,
@@ -120,9 +125,9 @@ impl Task {
                 .is_some_and(|a| a.direction == Direction::Freeze)
     }
 
-    /// Running, or about to (a thaw is in flight).
+    /// Running (and not yielded), or about to (a thaw is in flight).
     pub(crate) fn holds_slot(&self) -> bool {
-        self.state == TaskState::Running
+        (self.state == TaskState::Running && !self.yielded)
             || self
                 .actuation
                 .is_some_and(|a| a.direction == Direction::Thaw)
@@ -181,6 +186,7 @@ impl Task {
             on_gpu_ns: self.on_gpu_ns,
             on_gpu_ms: self.on_gpu_ns / NS_PER_MS,
             wants_gpu: self.wants_gpu,
+            yielded: self.yielded,
             class: class_of(self.spec.priority),
             quantum_ms: quantum_ms(self.spec.priority),
             in_flight: self.actuation.map(|a| match (a.direction, a.escalated) {

@@ -334,6 +334,10 @@ pub struct TaskStatus {
     pub on_gpu_ms: u64,
     pub elapsed_ms: u64,
     pub wants_gpu: bool,
+    /// `RUNNING` without its slot: idle, it gave the slot to a waiting task
+    /// without being frozen.
+    #[serde(default)]
+    pub yielded: bool,
     pub in_flight: Option<keling_sched::ActionKind>,
     /// The task's cgroup (tasks Keling launched); bytes that are not UTF-8 are
     /// shown as U+FFFD.

@@ -47,8 +47,6 @@ struct TaskStat {
     gpu: Option<u32>,
     state: Option<TaskState>,
     waiting_since: Option<u64>,
-    /// Preempted for idleness and not yet active again.
-    idle_preempted: bool,
     waited_ns: u64,
     first_wait_ns: Option<u64>,
     /// Memory held, per GPU.
@@ -221,16 +219,6 @@ impl Metrics {
                     ..TaskStat::default()
                 });
             }
-            Input::Active { id, .. } => {
-                if let Some(t) = self.tasks.get_mut(id)
-                    && t.idle_preempted
-                    && t.waiting_since.is_none()
-                    && !t.ended
-                {
-                    t.idle_preempted = false;
-                    t.waiting_since = Some(ts);
-                }
-            }
             Input::Idle { id, .. } => self.end_wait(*id, ts),
             Input::MemAlloc { id, gpu, bytes, .. } => self.memory(*id, *gpu, *bytes, 0, ts),
             Input::MemFree { id, gpu, bytes, .. } => self.memory(*id, *gpu, 0, *bytes, ts),
@@ -345,12 +333,12 @@ impl Metrics {
         match to {
             TaskState::Preempted if from == TaskState::Running => {
                 *self.preemptions.entry(reason.as_str()).or_default() += 1;
-                if let Some(t) = self.tasks.get_mut(&id) {
-                    if reason == Reason::Idle {
-                        t.idle_preempted = true;
-                    } else {
-                        t.waiting_since.get_or_insert(ts);
-                    }
+                // Logs of older versions froze idle tasks (reason `idle`):
+                // an idle task does not wait.
+                if let Some(t) = self.tasks.get_mut(&id)
+                    && reason != Reason::Idle
+                {
+                    t.waiting_since.get_or_insert(ts);
                 }
             }
             TaskState::Completed | TaskState::Failed => {
@@ -728,8 +716,8 @@ mod tests {
     }
 
     /// A hand-worked run on two GPUs: who waited how long, busy shares, one
-    /// preemption, and an idle preemption that is not a wait until the task is
-    /// active again.
+    /// preemption, and an idle task that yields its slot (not a wait) and takes
+    /// it back when it is active again.
     #[test]
     fn waits_busy_time_and_preemptions_of_a_known_run() {
         let config = SchedConfig {
@@ -839,15 +827,9 @@ mod tests {
                 ts_ns: 62 * MS,
             },
         );
-        step(
-            &mut m,
-            Input::Confirmed {
-                id: 3,
-                action: ActionKind::Freeze,
-                ts_ns: 63 * MS,
-            },
-        );
-        // 3 wants the GPU again at 80 ms; 4 leaves at 90 ms, 3 runs at 91 ms.
+        // 3 yields its slot, unfrozen; it wants the GPU again at 80 ms and
+        // takes the slot back (it is ahead of 4 in the rotation); 4's freeze is
+        // still in flight when it leaves at 90 ms.
         step(
             &mut m,
             Input::Active {
@@ -863,14 +845,6 @@ mod tests {
                 ts_ns: 90 * MS,
             },
         );
-        step(
-            &mut m,
-            Input::Confirmed {
-                id: 3,
-                action: ActionKind::Thaw,
-                ts_ns: 91 * MS,
-            },
-        );
         step(&mut m, Input::Tick { ts_ns: 100 * MS });
         let (s, waits) = m.finish();
         let delay: BTreeMap<TaskId, f64> = s
@@ -878,27 +852,23 @@ mod tests {
             .iter()
             .map(|d| (d.task, d.queueing_delay_ms))
             .collect();
-        assert_eq!(delay, [(1, 39.0), (2, 0.0), (3, 11.0), (4, 0.0)].into());
+        assert_eq!(delay, [(1, 39.0), (2, 0.0), (3, 0.0), (4, 0.0)].into());
         assert_eq!(
             s.preemptions_by_reason,
-            [
-                ("idle".to_owned(), 1),
-                ("preempted_by_higher_priority".to_owned(), 1)
-            ]
-            .into()
+            [("preempted_by_higher_priority".to_owned(), 1)].into()
         );
-        assert_eq!(s.preemptions, 2);
+        assert_eq!(s.preemptions, 1);
         assert_eq!(s.evictions, 0);
-        // GPU 0 busy 0-100 ms except 50-51; GPU 1 busy 60-100 ms except 90-91.
+        // GPU 0 busy 0-100 ms except 50-51; GPU 1 busy 60-100 ms.
         assert_eq!(s.gpus[0].busy_share, 0.99);
-        assert_eq!(s.gpus[1].busy_share, 0.39);
+        assert_eq!(s.gpus[1].busy_share, 0.4);
         assert!(
-            (s.load_balance_error - 0.6 / 0.69).abs() < 1e-9,
+            (s.load_balance_error - 0.59 / 0.695).abs() < 1e-9,
             "{}",
             s.load_balance_error
         );
-        assert_eq!(s.queueing_delay_ms.mean, 12.5);
-        assert_eq!(waits.iter().filter(|w| w.ns > 0).count(), 2);
+        assert_eq!(s.queueing_delay_ms.mean, 9.75);
+        assert_eq!(waits.iter().filter(|w| w.ns > 0).count(), 1);
         assert_eq!(s.endings, [("exited".to_owned(), 2)].into());
         // GPU 0: 1000 bytes all along; GPU 1: 1000 from 60 to 80 ms, 400 after.
         assert_eq!(s.gpus[0].mean_mem_bytes, 1000.0);

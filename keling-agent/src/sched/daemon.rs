@@ -793,6 +793,7 @@ impl Daemon {
             on_gpu_ms: t.on_gpu_ms,
             elapsed_ms: end.saturating_sub(t.arrived_ns) / 1_000_000,
             wants_gpu: t.wants_gpu,
+            yielded: t.yielded,
             in_flight: t.in_flight,
             cgroup: rt
                 .and_then(|r| r.cgroup.as_ref())

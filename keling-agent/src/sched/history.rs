@@ -100,7 +100,8 @@ pub fn slot_holders(views: &[TaskView], task: &TaskView) -> Vec<TaskRef> {
         .filter(|v| match v.in_flight {
             Some(ActionKind::Thaw) => true,
             Some(ActionKind::Freeze | ActionKind::Stop) => false,
-            _ => matches!(v.state, TaskState::Running | TaskState::Pending),
+            // A yielded task runs without a slot.
+            _ => matches!(v.state, TaskState::Running | TaskState::Pending) && !v.yielded,
         })
         .collect();
     holders.sort_by_key(|v| (!v.wants_gpu, v.spec.priority, v.spec.id));
@@ -158,6 +159,7 @@ mod tests {
             on_gpu_ns: 0,
             on_gpu_ms: 0,
             wants_gpu: true,
+            yielded: false,
             class: Class::Background,
             quantum_ms: 100,
             in_flight: None,

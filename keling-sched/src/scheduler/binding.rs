@@ -136,7 +136,7 @@ impl Scheduler {
                     || t.expected_remaining_ms(now)
                         .is_none_or(|ms| ms > PREEMPTION_MIN_REMAINING_MS)
             };
-            if t.state == TaskState::Running && t.actuation.is_none() {
+            if t.state == TaskState::Running && !t.yielded && t.actuation.is_none() {
                 if policy == Policy::Fifo {
                     room.kept += 1;
                 } else if !t.wants_gpu {

@@ -206,12 +206,23 @@ fn an_idle_holder_yields_to_a_queued_job() {
     assert_eq!(queue_ids(&h), vec![2]);
     h.at_ms(10);
     let out = h.idle(1);
-    assert_eq!(
-        out.actions,
-        vec![Action::Place { id: 2, gpu: 0 }, Action::Freeze { id: 1 }]
-    );
+    // 1 yields its slot without being frozen: frozen, it could not show that it
+    // wants the GPU again.
+    assert_eq!(out.actions, vec![Action::Place { id: 2, gpu: 0 }]);
     let out = h.settle(out);
-    assert_eq!(moves(&out)[1], (1, Running, Preempted, "idle"));
+    assert_eq!(moves(&out), vec![(2, Pending, Running, "placed")]);
+    assert_eq!((h.state(1), h.view(1).yielded), (Running, true));
+    // Active again, it ranks before 2 (priority 2 against 9): it takes the slot
+    // back and 2 is frozen.
+    h.at_ms(20);
+    let out = h.active(1);
+    assert_eq!(out.actions, vec![Action::Freeze { id: 2 }]);
+    let out = h.settle(out);
+    assert_eq!(
+        moves(&out),
+        vec![(2, Running, Preempted, "preempted_by_higher_priority")]
+    );
+    assert_eq!((h.state(1), h.view(1).yielded), (Running, false));
 }
 
 /// A job pinned to a GPU is bound there at arrival (it is running as it is, as
@@ -680,7 +691,7 @@ fn check_settled_hybrid(sched: &Scheduler) {
         let queued = sched.task(q.id).expect("known");
         for v in views
             .iter()
-            .filter(|v| v.state == Running && v.gpu.is_some_and(|g| g < 3))
+            .filter(|v| v.state == Running && !v.yielded && v.gpu.is_some_and(|g| g < 3))
         {
             assert!(
                 v.wants_gpu && v.spec.priority <= queued.spec.priority,

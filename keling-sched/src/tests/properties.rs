@@ -326,7 +326,10 @@ impl Driver {
                         .tasks()
                         .iter()
                         .filter(|v| v.gpu == view.gpu && v.state.is_live())
-                        .filter(|v| v.state == Running || v.in_flight == Some(ActionKind::Thaw))
+                        .filter(|v| {
+                            (v.state == Running && !v.yielded)
+                                || v.in_flight == Some(ActionKind::Thaw)
+                        })
                         .count();
                     assert!(
                         holders <= self.sched.config().slots(),
@@ -444,10 +447,17 @@ fn check_settled_policy(sched: &Scheduler) {
             assert_eq!(v.in_flight, None, "task {}", v.spec.id);
             assert_ne!(v.state, Pending, "task {} never decided", v.spec.id);
         }
+        for v in &on_gpu {
+            if v.yielded {
+                assert_eq!(v.state, Running, "task {} yielded", v.spec.id);
+                assert!(!v.wants_gpu, "task {} yielded but wants the GPU", v.spec.id);
+            }
+        }
+        // The slot holders: yielded tasks run, idle, without one.
         let running: Vec<&TaskView> = on_gpu
             .iter()
             .copied()
-            .filter(|v| v.state == Running)
+            .filter(|v| v.state == Running && !v.yielded)
             .collect();
         let waiting: Vec<&TaskView> = on_gpu
             .iter()
