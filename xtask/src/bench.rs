@@ -234,6 +234,27 @@ impl Under {
     }
 }
 
+/// Mounts tracefs at /sys/kernel/tracing unless it (or debugfs's copy) is there.
+fn ensure_tracefs() -> anyhow::Result<()> {
+    let mounted = [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .iter()
+    .any(|p| Path::new(p).is_dir());
+    if mounted {
+        return Ok(());
+    }
+    let status = Command::new("mount")
+        .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+        .status()
+        .context("running mount")?;
+    if !status.success() {
+        bail!("tracefs is not mounted and `mount -t tracefs tracefs /sys/kernel/tracing` failed");
+    }
+    Ok(())
+}
+
 pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -251,6 +272,9 @@ pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     if part("calls") || part("switches") {
         crate::setup::debian_packages(&["bpftrace"])?;
     }
+    // bpftrace finds tracepoints through tracefs, which a fresh machine has not
+    // mounted (the agent mounts it itself, but bpftrace may run first).
+    ensure_tracefs()?;
     println!(
         "Keling bench: {rounds} interleaved rounds, medians; ratios are the figures to compare."
     );

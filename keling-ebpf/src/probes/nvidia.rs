@@ -239,9 +239,22 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     if let Err(reason) = decode_enter(p) {
         p.undecoded = 1 + reason;
     }
-    // Exact call counts are `keling trace`'s summary; the long-running agent
-    // (activity signals on) reads none, and is spared two hash updates a call.
-    if followed && !super::active::limited() {
+    if super::active::limited() {
+        // The long-running agent asks nothing of a plain call's result (only
+        // memory, and activity): its activity is reported now and it leaves no
+        // pending entry, so its exit costs one array read. Calls with a handler,
+        // REGISTER_FD (its exit records the pairing) and undecoded ones (their
+        // count) take the full path.
+        if p.undecoded == 0
+            && handler(p) == 0
+            && (p.device == device_file::UVM || p.escape != escape::REGISTER_FD)
+        {
+            super::active::report(pid, tid, active_cause::IOCTL);
+            return 0;
+        }
+    } else if followed {
+        // Exact call counts are `keling trace`'s summary; the long-running agent
+        // reads none, and is spared two hash updates a call.
         count_calls(p);
     }
     // Counted first: an exit never finds an entry the count does not include.
