@@ -725,6 +725,34 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
             "",
         );
         rows.insert("slow_actuations".into(), json!(slow));
+        // The kernel's own floor, side by side: the same task frozen and thawed by
+        // a SCHED_FIFO thread writing cgroup.freeze directly, no Keling.
+        let floor = freezer_floor(dir, busy)?;
+        for (action, write, confirmed) in
+            [("freeze", &floor.0, &floor.1), ("thaw", &floor.2, &floor.3)]
+        {
+            let mut w = write.clone();
+            let mut c = confirmed.clone();
+            let n = w.len();
+            report.row(
+                "decisions",
+                &format!("{host}: {action}, kernel alone: write / to confirmed"),
+                format!(
+                    "p50 {:.3} / {:.3} ms, p99 {:.3} / {:.3} ms, max {:.3} / {:.3} ms, n {n}",
+                    quantile(&mut w, 0.5),
+                    quantile(&mut c, 0.5),
+                    quantile(&mut w, 0.99),
+                    quantile(&mut c, 0.99),
+                    quantile(&mut w, 1.0),
+                    quantile(&mut c, 1.0),
+                ),
+                "",
+            );
+            rows.insert(
+                format!("{action}.kernel_alone_ms"),
+                json!({"write": write, "confirmed": confirmed}),
+            );
+        }
         json_rows.insert(if busy { "busy_host" } else { "idle_host" }, rows);
         if !busy {
             report
@@ -736,6 +764,118 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         .json
         .insert("decision_latency".into(), json!(json_rows));
     Ok(())
+}
+
+/// Cgroup removed (its processes killed first) on drop.
+struct FloorCgroup(PathBuf, Started);
+
+impl Drop for FloorCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("cgroup.freeze"), "0");
+        for c in &mut (self.1).0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What the kernel's freezer costs by itself: the decision bench's 16-thread busy
+/// task in a cgroup of its own, frozen and thawed 1000 times (frozen 20 ms, then
+/// running 30 ms, as in the decision runs) from a
+/// SCHED_FIFO 50 thread (the actuator's priority) writing `cgroup.freeze` and
+/// waiting for `cgroup.events` to say so; with a spinning process per CPU besides
+/// when `busy`. Milliseconds: (freeze write, freeze to confirmed, thaw write, thaw
+/// to confirmed).
+fn freezer_floor(
+    dir: &Path,
+    busy: bool,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    use std::os::unix::fs::FileExt;
+    let root = crate::demo::cgroup2_mount().context("no cgroup v2 hierarchy mounted")?;
+    let cg = root.join(format!("keling-bench-freezer-{}", std::process::id()));
+    std::fs::create_dir(&cg).with_context(|| format!("creating {}", cg.display()))?;
+    let workload = dir.join("keling-workload");
+    let mut guard = FloorCgroup(cg.clone(), Started(Vec::new()));
+    let task = Command::new(&workload)
+        .args(["threads", "16", "900000", "/dev/null"])
+        .stdout(Stdio::null())
+        .spawn()?;
+    let pid = task.id();
+    guard.1.0.push(task);
+    if busy {
+        for _ in 0..std::thread::available_parallelism().map_or(2, |n| n.get()) {
+            guard.1.0.push(
+                Command::new(&workload)
+                    .args(["busy", "900000"])
+                    .stdout(Stdio::null())
+                    .spawn()?,
+            );
+        }
+    }
+    std::fs::write(cg.join("cgroup.procs"), pid.to_string())?;
+    std::thread::sleep(Duration::from_millis(300));
+    let cg2 = cg.clone();
+    let worker = std::thread::spawn(move || -> anyhow::Result<_> {
+        let param = libc::sched_param { sched_priority: 50 };
+        // SAFETY: a valid sched_param for this thread.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+            bail!("SCHED_FIFO: {}", std::io::Error::last_os_error());
+        }
+        let freeze = std::fs::OpenOptions::new()
+            .write(true)
+            .open(cg2.join("cgroup.freeze"))?;
+        let events = std::fs::File::open(cg2.join("cgroup.events"))?;
+        let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut buf = [0u8; 256];
+        for _ in 0..1000 {
+            for (value, want) in [(b"1", "frozen 1"), (b"0", "frozen 0")] {
+                let t0 = Instant::now();
+                freeze.write_at(value, 0)?;
+                let write = t0.elapsed();
+                loop {
+                    let n = events.read_at(&mut buf, 0)?;
+                    if String::from_utf8_lossy(&buf[..n]).contains(want) {
+                        break;
+                    }
+                    let mut pfd = libc::pollfd {
+                        fd: std::os::fd::AsRawFd::as_raw_fd(&events),
+                        events: libc::POLLPRI,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut pfd, 1, 50) };
+                    if t0.elapsed() > Duration::from_secs(5) {
+                        bail!("the freezer never reported {want}");
+                    }
+                }
+                let confirmed = t0.elapsed();
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                if value == b"1" {
+                    out.0.push(ms(write));
+                    out.1.push(ms(confirmed));
+                } else {
+                    out.2.push(ms(write));
+                    out.3.push(ms(confirmed));
+                }
+                // The decision bench's rhythm: frozen ~20 ms, running ~30 ms.
+                // (A freeze within ~10 ms of a thaw is slow, kernel alone too:
+                // each thread the thaw woke must run once before it can freeze.)
+                std::thread::sleep(Duration::from_millis(if value == b"1" { 20 } else { 30 }));
+            }
+        }
+        Ok(out)
+    });
+    let out = worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("the freezer thread panicked"))??;
+    drop(guard);
+    Ok(out)
 }
 
 /// The milliseconds after `key` in a slow-actuation line (`handoff 0.012 ms`).

@@ -131,15 +131,20 @@ pub fn run_with_simulated_driver(bin_dir: &Path, args: &[String]) -> anyhow::Res
     std::process::exit(status.code().unwrap_or(1));
 }
 
-/// The demo's tasks outlive the agent (launched tasks are not killed when it
-/// stops): end them, through the cgroups that agent made (`task-<pid>-<id>`).
-pub(crate) fn end_demo_tasks(agent_pid: u32) {
+/// Where the cgroup v2 hierarchy is mounted.
+pub(crate) fn cgroup2_mount() -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let Some(cgroup2) = info.lines().find_map(|l| {
+    info.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
         let mountpoint = left.split(' ').nth(4)?;
         (right.split(' ').next()? == "cgroup2").then(|| PathBuf::from(mountpoint))
-    }) else {
+    })
+}
+
+/// The demo's tasks outlive the agent (launched tasks are not killed when it
+/// stops): end them, through the cgroups that agent made (`task-<pid>-<id>`).
+pub(crate) fn end_demo_tasks(agent_pid: u32) {
+    let Some(cgroup2) = cgroup2_mount() else {
         return;
     };
     let prefix = format!("task-{agent_pid}-");
