@@ -748,9 +748,13 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
                 ),
                 "",
             );
+            let summary = |v: &mut Vec<f64>| {
+                json!({"p50": quantile(v, 0.5), "p99": quantile(v, 0.99),
+                    "max": quantile(v, 1.0), "n": v.len()})
+            };
             rows.insert(
                 format!("{action}.kernel_alone_ms"),
-                json!({"write": write, "confirmed": confirmed}),
+                json!({"write": summary(&mut w), "confirmed": summary(&mut c)}),
             );
         }
         json_rows.insert(if busy { "busy_host" } else { "idle_host" }, rows);
