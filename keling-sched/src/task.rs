@@ -186,7 +186,8 @@ impl Task {
             on_gpu_ns: self.on_gpu_ns,
             on_gpu_ms: self.on_gpu_ns / NS_PER_MS,
             wants_gpu: self.wants_gpu,
-            yielded: self.yielded,
+            // Only a running task can have yielded (an exit leaves the flag).
+            yielded: self.yielded && self.state == TaskState::Running,
             class: class_of(self.spec.priority),
             quantum_ms: quantum_ms(self.spec.priority),
             in_flight: self.actuation.map(|a| match (a.direction, a.escalated) {

@@ -728,9 +728,10 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         // The kernel's own floor, side by side: the same task frozen and thawed by
         // a SCHED_FIFO thread writing cgroup.freeze directly, no Keling.
         let floor = freezer_floor(dir, busy)?;
-        for (action, write, confirmed) in
-            [("freeze", &floor.0, &floor.1), ("thaw", &floor.2, &floor.3)]
-        {
+        for (action, write, confirmed) in [
+            ("freeze", &floor.freeze_write, &floor.freeze_confirmed),
+            ("thaw", &floor.thaw_write, &floor.thaw_confirmed),
+        ] {
             let mut w = write.clone();
             let mut c = confirmed.clone();
             let n = w.len();
@@ -770,6 +771,16 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// [`freezer_floor`]'s samples, in ms: each write of `cgroup.freeze`, and from
+/// the write to `cgroup.events` saying so.
+#[derive(Default)]
+struct FreezerFloor {
+    freeze_write: Vec<f64>,
+    freeze_confirmed: Vec<f64>,
+    thaw_write: Vec<f64>,
+    thaw_confirmed: Vec<f64>,
+}
+
 /// Cgroup removed (its processes killed first) on drop.
 struct FloorCgroup(PathBuf, Started);
 
@@ -794,12 +805,8 @@ impl Drop for FloorCgroup {
 /// running 30 ms, as in the decision runs) from a
 /// SCHED_FIFO 50 thread (the actuator's priority) writing `cgroup.freeze` and
 /// waiting for `cgroup.events` to say so; with a spinning process per CPU besides
-/// when `busy`. Milliseconds: (freeze write, freeze to confirmed, thaw write, thaw
-/// to confirmed).
-fn freezer_floor(
-    dir: &Path,
-    busy: bool,
-) -> anyhow::Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+/// when `busy`.
+fn freezer_floor(dir: &Path, busy: bool) -> anyhow::Result<FreezerFloor> {
     use std::os::unix::fs::FileExt;
     let root = crate::demo::cgroup2_mount().context("no cgroup v2 hierarchy mounted")?;
     let cg = root.join(format!("keling-bench-freezer-{}", std::process::id()));
@@ -835,7 +842,7 @@ fn freezer_floor(
             .write(true)
             .open(cg2.join("cgroup.freeze"))?;
         let events = std::fs::File::open(cg2.join("cgroup.events"))?;
-        let mut out = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut out = FreezerFloor::default();
         let mut buf = [0u8; 256];
         for _ in 0..1000 {
             for (value, want) in [(b"1", "frozen 1"), (b"0", "frozen 0")] {
@@ -860,13 +867,13 @@ fn freezer_floor(
                 }
                 let confirmed = t0.elapsed();
                 let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                if value == b"1" {
-                    out.0.push(ms(write));
-                    out.1.push(ms(confirmed));
+                let (w, c) = if value == b"1" {
+                    (&mut out.freeze_write, &mut out.freeze_confirmed)
                 } else {
-                    out.2.push(ms(write));
-                    out.3.push(ms(confirmed));
-                }
+                    (&mut out.thaw_write, &mut out.thaw_confirmed)
+                };
+                w.push(ms(write));
+                c.push(ms(confirmed));
                 // The decision bench's rhythm: frozen ~20 ms, running ~30 ms.
                 // (A freeze within ~10 ms of a thaw is slow, kernel alone too:
                 // each thread the thaw woke must run once before it can freeze.)
