@@ -129,6 +129,80 @@ fn a_yielded_task_active_again_behind_a_higher_priority_is_frozen() {
 }
 
 #[test]
+fn equal_priorities_rotate_by_quantum_to_the_back_of_the_queue() {
+    let mut h = Harness::new(config(1, 1));
+    for id in 1..=3 {
+        let out = h.arrive(spec(id, 7)); // quantum 100 ms
+        h.settle(out);
+    }
+    let mut starts = Vec::new();
+    let mut stops = Vec::new();
+    for ms in (10..=400).step_by(10) {
+        h.at_ms(ms);
+        let running: Vec<TaskId> = h
+            .sched
+            .tasks()
+            .iter()
+            .filter(|v| v.state == Running)
+            .map(|v| v.spec.id)
+            .collect();
+        let mut out = Output::default();
+        for id in running {
+            let active = h.active(id);
+            let active = h.settle(active);
+            out.transitions.extend(active.transitions);
+        }
+        let tick = h.tick();
+        out.transitions.extend(h.settle(tick).transitions);
+        for (id, from, to, reason) in moves(&out) {
+            match (from, to) {
+                (_, Running) => starts.push((ms, id)),
+                (Running, Preempted) => stops.push((ms, id, reason.to_string())),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(starts, vec![(100, 2), (200, 3), (300, 1), (400, 2)]);
+    let expired = |ms, id| (ms, id, "quantum_expired".to_string());
+    assert_eq!(
+        stops,
+        vec![
+            expired(100, 1),
+            expired(200, 2),
+            expired(300, 3),
+            expired(400, 1)
+        ]
+    );
+}
+
+#[test]
+fn a_task_alone_keeps_running_past_its_quantum() {
+    let mut h = Harness::new(config(1, 1));
+    h.arrive(spec(1, 0)); // quantum 5 ms
+    for ms in 1..=100 {
+        h.at_ms(ms);
+        assert_eq!(h.active(1), Output::default());
+        assert_eq!(h.tick(), Output::default());
+    }
+    assert_eq!(h.state(1), Running);
+    assert_eq!(h.view(1).on_gpu_ms, 100);
+}
+
+#[test]
+fn lower_priority_task_resumes_when_the_higher_one_exits() {
+    let mut h = Harness::new(config(1, 1));
+    h.arrive(spec(1, 8));
+    let out = h.arrive(spec(2, 2));
+    h.settle(out);
+    h.at_ms(30);
+    let out = h.exit(2, 0);
+    assert_eq!(moves(&out), vec![(2, Running, Completed, "exited")]);
+    assert_eq!(out.actions, vec![Action::Thaw { id: 1 }]);
+    let out = h.confirm(1, ActionKind::Thaw);
+    assert_eq!(moves(&out), vec![(1, Preempted, Running, "resumed")]);
+}
+
+#[test]
 fn idle_tasks_keep_their_slots_when_nobody_waits() {
     let mut h = Harness::new(config(1, 2));
     h.arrive(spec(1, 3));
