@@ -781,6 +781,19 @@ struct FreezerFloor {
     thaw_confirmed: Vec<f64>,
 }
 
+/// A busy host: one spinning `keling-workload busy` per CPU, ended with `started`.
+fn spawn_spinners(workload: &Path, started: &mut Started) -> anyhow::Result<()> {
+    for _ in 0..std::thread::available_parallelism().map_or(2, |n| n.get()) {
+        started.0.push(
+            Command::new(workload)
+                .args(["busy", "900000"])
+                .stdout(Stdio::null())
+                .spawn()?,
+        );
+    }
+    Ok(())
+}
+
 /// Cgroup removed (its processes killed first) on drop.
 struct FloorCgroup(PathBuf, Started);
 
@@ -820,14 +833,7 @@ fn freezer_floor(dir: &Path, busy: bool) -> anyhow::Result<FreezerFloor> {
     let pid = task.id();
     guard.1.0.push(task);
     if busy {
-        for _ in 0..std::thread::available_parallelism().map_or(2, |n| n.get()) {
-            guard.1.0.push(
-                Command::new(&workload)
-                    .args(["busy", "900000"])
-                    .stdout(Stdio::null())
-                    .spawn()?,
-            );
-        }
+        spawn_spinners(&workload, &mut guard.1)?;
     }
     std::fs::write(cg.join("cgroup.procs"), pid.to_string())?;
     std::thread::sleep(Duration::from_millis(300));
@@ -958,14 +964,7 @@ fn decision_run(dir: &Path, busy: bool) -> anyhow::Result<(Value, Vec<String>)> 
     }
     if busy {
         // Outside Keling: one spinning process per CPU, all along.
-        for _ in 0..std::thread::available_parallelism().map_or(2, |n| n.get()) {
-            started.0.push(
-                Command::new(&workload)
-                    .args(["busy", "900000"])
-                    .stdout(Stdio::null())
-                    .spawn()?,
-            );
-        }
+        spawn_spinners(Path::new(&workload), &mut started)?;
     }
     let mut fg = launch(
         "3",
