@@ -23,13 +23,21 @@ pub struct ThreadStats {
     pub switches: u64,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
-    /// Time on the CPU between switch-in and switch-out, in ns. A thread already
-    /// running when tracing started counts from its first switch-in.
+    /// Time on the CPU while traced, in ns: the kernel's own CPU-time counter of the
+    /// thread (carried by each switch-out), so a switch the kernel did not report
+    /// costs nothing. A thread already running when tracing started counts from
+    /// its first switch-in, until its first switch-out; from the counter after.
     pub on_cpu_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     #[serde(skip)]
     on_cpu_since_ns: Option<u64>,
+    /// The kernel's CPU-time counter at the thread's last switch-out.
+    #[serde(skip)]
+    runtime_ns: Option<u64>,
+    /// Created while traced (its counter started at 0 under the trace).
+    #[serde(skip)]
+    born_traced: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -71,6 +79,10 @@ pub struct Model {
     /// Thread id -> process, for every thread seen.
     owner: BTreeMap<u32, u32>,
     pub events: u64,
+    /// Switch-outs of a traced thread with no switch-in reported since its last
+    /// one: the kernel never reported the switch onto the CPU (see docs/limits.md:
+    /// switches away from some tasks reach no tracepoint here) or it was lost.
+    pub unreported_switch_ins: u64,
 }
 
 impl Model {
@@ -113,6 +125,9 @@ impl Model {
                     p.comm = comm.clone();
                 }
                 self.add_thread(e.child_pid, e.child_tid, &comm);
+                if let Some(t) = self.threads.get_mut(&e.child_tid) {
+                    t.born_traced = true;
+                }
             }
             Event::Exec(e) if e.tracked != 0 => {
                 let (pid, tid) = (e.header.pid, e.header.tid);
@@ -131,6 +146,12 @@ impl Model {
                 // Every thread of an exec'd process is its leader now.
                 if let Some(t) = self.threads.get_mut(&tid) {
                     t.comm = comm;
+                    if e.old_tid != tid {
+                        // The leader's tid names another task now, with its own
+                        // CPU-time counter.
+                        t.runtime_ns = None;
+                        t.born_traced = false;
+                    }
                 }
             }
             Event::Exit(e) if e.tracked != 0 => {
@@ -155,8 +176,25 @@ impl Model {
                     } else {
                         t.involuntary_switches += 1;
                     }
-                    if let Some(since) = t.on_cpu_since_ns.take() {
-                        t.on_cpu_ns += ts.saturating_sub(since);
+                    let segment = t
+                        .on_cpu_since_ns
+                        .take()
+                        .map(|since| ts.saturating_sub(since));
+                    let runtime = e.prev_runtime_ns;
+                    let counted = t.runtime_ns.is_some() || t.born_traced;
+                    if segment.is_none() && counted {
+                        self.unreported_switch_ins += 1;
+                    }
+                    t.on_cpu_ns += match (runtime, t.runtime_ns) {
+                        // The probe could not read the counter: the timestamps.
+                        (0, _) => segment.unwrap_or(0),
+                        (now, Some(last)) => now.saturating_sub(last),
+                        (now, None) if t.born_traced => now,
+                        // Already running when the trace began: from its switch-in.
+                        (_, None) => segment.unwrap_or(0),
+                    };
+                    if runtime != 0 {
+                        t.runtime_ns = Some(runtime);
                     }
                 }
                 if e.next_pid != 0 {
@@ -248,7 +286,9 @@ mod tests {
         })
     }
 
-    fn switch(ts: u64, prev: (u32, u32), next: (u32, u32), prev_state: u64) -> Event {
+    /// A switch from `prev` to `next` ((pid, tid), pid 0 when untracked);
+    /// `runtime` is the kernel's CPU-time counter of `prev`.
+    fn switch(ts: u64, prev: (u32, u32), next: (u32, u32), prev_state: u64, runtime: u64) -> Event {
         Event::Switch(SwitchEvent {
             header: hdr(EventKind::Switch, ts, prev.0, prev.1),
             prev_tid: prev.1,
@@ -256,6 +296,7 @@ mod tests {
             next_tid: next.1,
             next_pid: next.0,
             prev_state,
+            prev_runtime_ns: runtime,
         })
     }
 
@@ -277,10 +318,16 @@ mod tests {
         m.apply(&fork(10, 100, 101, 101)); // a child process
         m.apply(&fork(11, 100, 100, 102)); // a thread of 100
         // 101 runs 5 ns, sleeps (voluntary); then is preempted after 3 more ns.
-        m.apply(&switch(20, (0, 999), (101, 101), 0));
-        m.apply(&switch(25, (101, 101), (0, 998), task_state::INTERRUPTIBLE));
-        m.apply(&switch(30, (0, 998), (101, 101), 0));
-        m.apply(&switch(33, (101, 101), (0, 997), task_state::PREEMPTED));
+        m.apply(&switch(20, (0, 999), (101, 101), 0, 0));
+        m.apply(&switch(
+            25,
+            (101, 101),
+            (0, 998),
+            task_state::INTERRUPTIBLE,
+            5,
+        ));
+        m.apply(&switch(30, (0, 998), (101, 101), 0, 0));
+        m.apply(&switch(33, (101, 101), (0, 997), task_state::PREEMPTED, 8));
         m.apply(&exit(40, 101, 101, 7 << 8, true));
         m.apply(&exit(41, 100, 102, 0, false));
         m.apply(&exit(42, 100, 100, 9, true));
@@ -302,6 +349,99 @@ mod tests {
         assert_eq!(child.involuntary_switches, 1);
         assert_eq!(child.on_cpu_ns, 8);
         assert_eq!(m.events, 9);
+    }
+
+    fn on_cpu(m: &Model, tid: u32) -> u64 {
+        m.threads[&tid].on_cpu_ns
+    }
+
+    #[test]
+    fn a_switch_in_the_kernel_never_reported_costs_no_cpu_time() {
+        let mut m = Model::default();
+        m.add_process(100, 1, "keling".into(), &[100]);
+        m.apply(&fork(10, 100, 100, 102));
+        m.apply(&switch(20, (0, 999), (100, 102), 0, 0));
+        m.apply(&switch(25, (100, 102), (0, 998), task_state::PREEMPTED, 5));
+        // Back on the CPU at 33 after a task whose switches reach no tracepoint:
+        // no switch-in; the kernel's counter says it ran 7 ns more.
+        m.apply(&switch(40, (100, 102), (0, 998), task_state::PREEMPTED, 12));
+        assert_eq!(on_cpu(&m, 102), 12);
+        assert_eq!(m.unreported_switch_ins, 1);
+        // A lost switch-out is covered the same way: the next one has the counter.
+        m.apply(&switch(50, (0, 998), (100, 102), 0, 0));
+        m.apply(&switch(60, (0, 998), (100, 102), 0, 0));
+        m.apply(&switch(
+            62,
+            (100, 102),
+            (0, 998),
+            task_state::INTERRUPTIBLE,
+            24,
+        ));
+        assert_eq!(on_cpu(&m, 102), 24);
+        assert_eq!(m.unreported_switch_ins, 1);
+    }
+
+    #[test]
+    fn a_thread_running_before_the_trace_counts_from_its_first_switch_in() {
+        let mut m = Model::default();
+        // Attached to: 1000 ns of CPU before the trace began.
+        m.add_process(100, 1, "sh".into(), &[100, 101]);
+        // 100 was on the CPU when the trace began: its first switch-out has no start.
+        m.apply(&switch(
+            10,
+            (100, 100),
+            (0, 998),
+            task_state::PREEMPTED,
+            1000,
+        ));
+        assert_eq!(on_cpu(&m, 100), 0);
+        m.apply(&switch(20, (0, 998), (100, 100), 0, 0));
+        m.apply(&switch(
+            25,
+            (100, 100),
+            (0, 998),
+            task_state::PREEMPTED,
+            1005,
+        ));
+        m.apply(&switch(
+            40,
+            (100, 100),
+            (0, 998),
+            task_state::PREEMPTED,
+            1012,
+        ));
+        assert_eq!(on_cpu(&m, 100), 12);
+        // 101's first switch-out follows a switch-in: that segment, then the counter.
+        m.apply(&switch(50, (0, 998), (100, 101), 0, 0));
+        m.apply(&switch(
+            54,
+            (100, 101),
+            (0, 998),
+            task_state::PREEMPTED,
+            7000,
+        ));
+        m.apply(&switch(
+            70,
+            (100, 101),
+            (0, 998),
+            task_state::PREEMPTED,
+            7006,
+        ));
+        assert_eq!(on_cpu(&m, 101), 10);
+        // Only the one after a known counter counts as unreported.
+        assert_eq!(m.unreported_switch_ins, 2);
+    }
+
+    #[test]
+    fn without_the_counter_on_cpu_time_comes_from_the_switch_timestamps() {
+        let mut m = Model::default();
+        m.add_process(100, 1, "sh".into(), &[100]);
+        m.apply(&fork(10, 100, 100, 102));
+        m.apply(&switch(20, (0, 999), (100, 102), 0, 0));
+        m.apply(&switch(25, (100, 102), (0, 998), task_state::PREEMPTED, 0));
+        m.apply(&switch(30, (0, 999), (100, 102), 0, 0));
+        m.apply(&switch(33, (100, 102), (0, 998), task_state::PREEMPTED, 0));
+        assert_eq!(on_cpu(&m, 102), 8);
     }
 
     #[test]

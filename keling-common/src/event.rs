@@ -149,6 +149,12 @@ pub struct SwitchEvent {
     pub next_pid: u32,
     /// The tracepoint's `prev_state` (task state bits as `sched_switch` reports them).
     pub prev_state: u64,
+    /// The kernel's own CPU-time counter of the thread switched out (its
+    /// `se.sum_exec_runtime`, ns, brought up to date just before this tracepoint)
+    /// when that thread is tracked, else 0. On-CPU time comes from it, so a switch
+    /// the kernel never reported (some kernels hide switches away from certain
+    /// tasks, see docs/limits.md) or a lost event costs no CPU time.
+    pub prev_runtime_ns: u64,
 }
 
 /// A tracked process showed it is working: a thread of it was switched onto a CPU or

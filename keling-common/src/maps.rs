@@ -135,6 +135,8 @@ pub struct ProbeConfig {
     /// N: report instead at most one [`crate::ActiveEvent`] per tracked root per N
     /// ns (the long-running agent, which only needs to know a task is working).
     pub active_interval_ns: u32,
+    /// `task_struct.se.sum_exec_runtime`: the thread's CPU time so far (u64, ns).
+    pub task_runtime_off: u32,
 }
 
 impl ProbeConfig {
@@ -166,6 +168,7 @@ impl ProbeConfig {
         driver_major: 0,
         wakeup_bytes: 0,
         active_interval_ns: 0,
+        task_runtime_off: 0,
     };
 }
 

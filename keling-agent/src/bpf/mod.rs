@@ -156,6 +156,7 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
         driver_major: opts.driver_major,
         wakeup_bytes: opts.ringbuf_bytes / 4,
         active_interval_ns: opts.active_interval_ns,
+        task_runtime_off: off("task_struct", "se")? + off("sched_entity", "sum_exec_runtime")?,
     })
 }
 

@@ -431,6 +431,13 @@ async fn event_loop(
     let calls = probes.call_counts()?;
     let (gpu_procs, gpus) = gpu_stats(&acc);
     let processes = model.summary(gpu_procs);
+    if model.unreported_switch_ins > 0 {
+        log::debug!(
+            "{} switches onto a traced thread reached no tracepoint (docs/limits.md); \
+             on-CPU times come from the kernel's own counter",
+            model.unreported_switch_ins
+        );
+    }
     sink.summary(&Summary {
         ts_ns: now,
         duration_ns: now.saturating_sub(start_ns),

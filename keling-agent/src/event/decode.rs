@@ -926,6 +926,7 @@ mod tests {
             next_tid: 0,
             next_pid: 0,
             prev_state: 1,
+            prev_runtime_ns: 12_345,
         };
         assert_eq!(decode(&bytes_of(&switch)), Ok(Event::Switch(switch)));
         assert!(switch.voluntary());
@@ -1346,6 +1347,7 @@ mod tests {
             next_tid: 2,
             next_pid: 0,
             prev_state: 0,
+            prev_runtime_ns: 0,
         };
         assert!(!s.voluntary(), "runnable (yield) is involuntary");
         s.prev_state = keling_common::task_state::PREEMPTED;

@@ -287,6 +287,7 @@ mod tests {
             next_tid: if out { 1 } else { 43 },
             next_pid: next,
             prev_state,
+            prev_runtime_ns: 0,
         })
     }
 

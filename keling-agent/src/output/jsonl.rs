@@ -71,6 +71,7 @@ pub fn event_json(event: &Event) -> Value {
             "voluntary": e.voluntary(),
             "next_tid": e.next_tid,
             "next_pid": opt_pid(e.next_pid),
+            "prev_runtime_ns": (e.prev_runtime_ns != 0).then_some(e.prev_runtime_ns),
         }),
         Event::Active(e) => json!({
             "type": "active",

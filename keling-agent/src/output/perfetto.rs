@@ -80,6 +80,8 @@ pub struct PerfettoSink {
     started: bool,
     /// Thread -> (switched in at, pid, cpu).
     on_cpu: BTreeMap<u32, (u64, u32, u32)>,
+    /// Thread -> the kernel's CPU-time counter at its last switch-out.
+    runtime: BTreeMap<u32, u64>,
     /// (pid, gpu) -> bytes held, from the events.
     held: BTreeMap<(u32, Option<u32>), Held>,
     /// (pid, gpu) -> time of the counter's last point.
@@ -123,6 +125,7 @@ impl PerfettoSink {
             out,
             started: false,
             on_cpu: BTreeMap::new(),
+            runtime: BTreeMap::new(),
             held: BTreeMap::new(),
             counter_ns: BTreeMap::new(),
             process_names: BTreeMap::new(),
@@ -200,17 +203,35 @@ impl PerfettoSink {
         self.counter(ts_ns, pid, gpu)
     }
 
+    /// Ends `tid`'s slice on the CPU. A switch-out with no switch-in since the
+    /// last one (the kernel reported none: see docs/limits.md) still gets its
+    /// slice when the kernel's CPU-time counter is known at both: the thread ran
+    /// without a break from the unreported switch-in to this switch-out, so the
+    /// slice starts that much before it (marked `reconstructed`).
     fn switch_out(
         &mut self,
         ts_ns: u64,
         tid: u32,
         how: &str,
         prev_state: Option<u64>,
+        out: Option<(u32, u32, u64)>,
     ) -> io::Result<()> {
-        let Some((since, pid, cpu)) = self.on_cpu.remove(&tid) else {
-            return Ok(());
+        let last = match out {
+            Some((_, _, runtime)) if runtime != 0 => self.runtime.insert(tid, runtime),
+            _ => None,
+        };
+        let open = self.on_cpu.remove(&tid);
+        let (since, pid, cpu, reconstructed) = match (open, out, last) {
+            (Some((since, pid, cpu)), ..) => (since, pid, cpu, false),
+            (None, Some((pid, cpu, runtime)), Some(last)) if runtime > last => {
+                (ts_ns.saturating_sub(runtime - last), pid, cpu, true)
+            }
+            _ => return Ok(()),
         };
         let mut args = json!({"cpu": cpu});
+        if reconstructed {
+            args["reconstructed"] = json!(true);
+        }
         if let Some(s) = prev_state {
             args["prev_state"] = json!(state_letter(s));
         }
@@ -338,7 +359,13 @@ impl Sink for PerfettoSink {
         match event {
             Event::Switch(e) => {
                 if e.prev_pid != 0 {
-                    self.switch_out(ts, e.prev_tid, left_cpu(e.prev_state), Some(e.prev_state))?;
+                    self.switch_out(
+                        ts,
+                        e.prev_tid,
+                        left_cpu(e.prev_state),
+                        Some(e.prev_state),
+                        Some((e.prev_pid, h.cpu, e.prev_runtime_ns)),
+                    )?;
                 }
                 if e.next_pid != 0 {
                     // A switch-in without the switch-out before it (lost): the
@@ -450,7 +477,7 @@ impl Sink for PerfettoSink {
         let end = s.ts_ns.max(self.last_ns);
         // Threads still on a CPU, tasks still frozen: closed at the end.
         for tid in self.on_cpu.keys().copied().collect::<Vec<_>>() {
-            self.switch_out(end, tid, "running at the end of the trace", None)?;
+            self.switch_out(end, tid, "running at the end of the trace", None, None)?;
         }
         for (pid, (since, why)) in std::mem::take(&mut self.frozen) {
             self.write(&json!({
@@ -514,6 +541,17 @@ mod tests {
     };
 
     fn switch(ts: u64, prev: (u32, u32), next: (u32, u32), prev_state: u64) -> Event {
+        switch_counted(ts, prev, next, prev_state, 0)
+    }
+
+    /// A switch whose `prev` had `runtime` ns of CPU by the kernel's counter.
+    fn switch_counted(
+        ts: u64,
+        prev: (u32, u32),
+        next: (u32, u32),
+        prev_state: u64,
+        runtime: u64,
+    ) -> Event {
         Event::Switch(SwitchEvent {
             header: EventHeader {
                 kind: EventKind::Switch as u32,
@@ -527,7 +565,35 @@ mod tests {
             next_tid: next.1,
             next_pid: next.0,
             prev_state,
+            prev_runtime_ns: runtime,
         })
+    }
+
+    #[test]
+    fn a_slice_whose_switch_in_was_never_reported_is_rebuilt_from_the_counter() {
+        let events = [
+            switch_counted(1_000, (0, 0), (42, 43), 0, 0),
+            switch_counted(3_000, (42, 43), (0, 0), task_state::PREEMPTED, 2_000),
+            // Switched in at 5 us with no event; out at 8 us, 3 us more CPU.
+            switch_counted(8_000, (42, 43), (0, 0), task_state::PREEMPTED, 5_000),
+            // No counter: nothing can be said about the start.
+            switch_counted(9_000, (42, 43), (0, 0), task_state::PREEMPTED, 0),
+        ];
+        let procs = [ProcessStats {
+            pid: 42,
+            ..Default::default()
+        }];
+        let v = run(&events, &procs);
+        let slices: Vec<(f64, f64, bool)> = of(&v, "X")
+            .map(|s| {
+                (
+                    s["ts"].as_f64().unwrap(),
+                    s["dur"].as_f64().unwrap(),
+                    s["args"]["reconstructed"] == true,
+                )
+            })
+            .collect();
+        assert_eq!(slices, [(1.0, 2.0, false), (5.0, 3.0, true)]);
     }
 
     fn run(events: &[Event], procs: &[ProcessStats]) -> Value {

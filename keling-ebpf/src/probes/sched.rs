@@ -3,7 +3,11 @@
 //! Filtered in the kernel: a switch is reported only when the thread going off or
 //! coming on the CPU is in `TRACKED_TIDS`; everything else costs two hash lookups.
 //! For the long-running agent a switch-in is only an activity signal (active.rs).
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
 use keling_common::{EventKind, SwitchEvent, active_cause, task_state};
 
 use crate::{TRACKED_TIDS, current_ids, emit_quiet, header, tracked_tid};
@@ -49,6 +53,19 @@ fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     let (pid, tid) = current_ids();
+    // The thread going off is `current`; the scheduler charged it its time on the
+    // CPU just before this tracepoint, so the counter is up to date.
+    let prev_runtime_ns = if prev_pid.is_some() {
+        // SAFETY: bpf_probe_read_kernel checks the address; a bad one is an error,
+        // reported as 0 (the agent then falls back to the switch timestamps).
+        unsafe {
+            let task = bpf_get_current_task() as *const u8;
+            bpf_probe_read_kernel(task.add(config!(task_runtime_off) as usize) as *const u64)
+        }
+        .unwrap_or(0)
+    } else {
+        0
+    };
     emit_quiet(SwitchEvent {
         header: header(EventKind::Switch, pid, tid),
         prev_tid,
@@ -56,6 +73,7 @@ fn try_sched_switch(ctx: &TracePointContext) -> Result<(), i64> {
         next_tid,
         next_pid: next_pid.unwrap_or(0),
         prev_state,
+        prev_runtime_ns,
     });
     Ok(())
 }
