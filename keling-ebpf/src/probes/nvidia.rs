@@ -147,6 +147,25 @@ fn user_u64(base: u64, off: usize) -> Result<u64, u32> {
     user::<u64>(base + off as u64)
 }
 
+/// The first `N` 32-bit words of a parameter struct, in one read: a helper call
+/// costs far more than the bytes, and the fields every call needs sit together at
+/// the start. Indexed by byte offset (`w[off / 4]`, via [`word`] and [`dword`]).
+#[inline(always)]
+fn user_words<const N: usize>(base: u64) -> Result<[u32; N], u32> {
+    user::<[u32; N]>(base)
+}
+
+#[inline(always)]
+fn word<const N: usize>(w: &[u32; N], off: usize) -> u32 {
+    w[off / 4]
+}
+
+/// A little-endian u64 at byte offset `off` of `w` (8-aligned in every struct).
+#[inline(always)]
+fn dword<const N: usize>(w: &[u32; N], off: usize) -> u64 {
+    w[off / 4] as u64 | (w[off / 4 + 1] as u64) << 32
+}
+
 /// The command has the shape of an RM escape ('F') or a UVM command (a plain
 /// number up to UVM_IS_8_SUPPORTED, or INITIALIZE / DEINITIALIZE): worth looking at
 /// the file.
@@ -290,9 +309,10 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
         if p.size != size::XFER {
             return Err(undecoded::UNKNOWN_LAYOUT);
         }
-        p.escape = user_u32(p.params, xfer::CMD)? & 0xff;
-        p.size = user_u32(p.params, xfer::SIZE)?;
-        p.params = user_u64(p.params, xfer::PTR)?;
+        let w = user_words::<4>(p.params)?;
+        p.escape = word(&w, xfer::CMD) & 0xff;
+        p.size = word(&w, xfer::SIZE);
+        p.params = dword(&w, xfer::PTR);
         p.via_xfer = 1;
     }
     let base = p.params;
@@ -309,10 +329,11 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             {
                 return Err(undecoded::FINN_SERIALIZED);
             }
-            p.client = user_u32(base, nvos21::H_ROOT)?;
-            p.parent = user_u32(base, nvos21::H_OBJECT_PARENT)?;
-            p.class = user_u32(base, nvos21::H_CLASS)?;
-            p.sub_params = user_u64(base, nvos21::P_ALLOC_PARMS)?;
+            let w = user_words::<6>(base)?;
+            p.client = word(&w, nvos21::H_ROOT);
+            p.parent = word(&w, nvos21::H_OBJECT_PARENT);
+            p.class = word(&w, nvos21::H_CLASS);
+            p.sub_params = dword(&w, nvos21::P_ALLOC_PARMS);
             if p.class == class::NV01_DEVICE_0 {
                 p.gpu = device_gpu(p.sub_params)?;
             }
@@ -322,9 +343,10 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             if p.size != size::NVOS05_ALLOC_OBJECT {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos21::H_ROOT)?;
-            p.parent = user_u32(base, nvos21::H_OBJECT_PARENT)?;
-            p.class = user_u32(base, nvos21::H_CLASS)?;
+            let w = user_words::<4>(base)?;
+            p.client = word(&w, nvos21::H_ROOT);
+            p.parent = word(&w, nvos21::H_OBJECT_PARENT);
+            p.class = word(&w, nvos21::H_CLASS);
             if p.class == class::NV01_DEVICE_0 {
                 p.gpu = device_gpu(0)?;
             }
@@ -333,36 +355,40 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             if p.size != size::NVOS00_FREE {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos00::H_ROOT)?;
-            p.parent = user_u32(base, nvos00::H_OBJECT_PARENT)?;
-            p.handle = user_u32(base, nvos00::H_OBJECT_OLD)?;
+            let w = user_words::<3>(base)?;
+            p.client = word(&w, nvos00::H_ROOT);
+            p.parent = word(&w, nvos00::H_OBJECT_PARENT);
+            p.handle = word(&w, nvos00::H_OBJECT_OLD);
         }
         escape::ALLOC_MEMORY => {
             if p.size != size::NVOS02_ALLOC_MEMORY {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos02::H_ROOT)?;
-            p.parent = user_u32(base, nvos02::H_OBJECT_PARENT)?;
-            p.class = user_u32(base, nvos02::H_CLASS)?;
+            let w = user_words::<4>(base)?;
+            p.client = word(&w, nvos02::H_ROOT);
+            p.parent = word(&w, nvos02::H_OBJECT_PARENT);
+            p.class = word(&w, nvos02::H_CLASS);
         }
         escape::VID_HEAP_CONTROL => {
             if p.size != size::NVOS32_VID_HEAP {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos32::H_ROOT)?;
-            p.parent = user_u32(base, nvos32::H_OBJECT_PARENT)?;
-            p.sub = user_u32(base, nvos32::FUNCTION)?;
+            let w = user_words::<3>(base)?;
+            p.client = word(&w, nvos32::H_ROOT);
+            p.parent = word(&w, nvos32::H_OBJECT_PARENT);
+            p.sub = word(&w, nvos32::FUNCTION);
             p.handle = user_u32(base, nvos32::H_MEMORY)?;
         }
         escape::CONTROL => {
             if p.size != size::NVOS54_CONTROL {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos54::H_CLIENT)?;
-            p.handle = user_u32(base, nvos54::H_OBJECT)?;
-            p.sub = user_u32(base, nvos54::CMD)?;
+            let w = user_words::<4>(base)?;
+            p.client = word(&w, nvos54::H_CLIENT);
+            p.handle = word(&w, nvos54::H_OBJECT);
+            p.sub = word(&w, nvos54::CMD);
             p.has_control = 1;
-            if user_u32(base, nvos54::FLAGS)? & nvos54::FLAGS_FINN_SERIALIZED != 0 {
+            if word(&w, nvos54::FLAGS) & nvos54::FLAGS_FINN_SERIALIZED != 0 {
                 return Err(undecoded::FINN_SERIALIZED);
             }
             decode_control_enter(p)?;
@@ -371,10 +397,11 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             if p.size != size::NVOS55_DUP_OBJECT {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos55::H_CLIENT)?;
-            p.parent = user_u32(base, nvos55::H_PARENT)?;
-            p.aux = user_u32(base, nvos55::H_CLIENT_SRC)?;
-            p.aux2 = user_u32(base, nvos55::H_OBJECT_SRC)?;
+            let w = user_words::<5>(base)?;
+            p.client = word(&w, nvos55::H_CLIENT);
+            p.parent = word(&w, nvos55::H_PARENT);
+            p.aux = word(&w, nvos55::H_CLIENT_SRC);
+            p.aux2 = word(&w, nvos55::H_OBJECT_SRC);
         }
         escape::MAP_MEMORY | escape::UNMAP_MEMORY => {
             let want = if p.escape == escape::MAP_MEMORY {
@@ -385,8 +412,9 @@ fn decode_enter(p: &mut PendingIoctl) -> Result<(), u32> {
             if p.size != want {
                 return Err(undecoded::UNKNOWN_LAYOUT);
             }
-            p.client = user_u32(base, nvos33::H_CLIENT)?;
-            p.handle = user_u32(base, nvos33::H_MEMORY)?;
+            let w = user_words::<3>(base)?;
+            p.client = word(&w, nvos33::H_CLIENT);
+            p.handle = word(&w, nvos33::H_MEMORY);
         }
         escape::REGISTER_FD => {
             // `{int ctl_fd}`: this nvidiaN file acts for the clients of that
