@@ -151,13 +151,23 @@ pub fn file_of_fd(fd: i32) -> u64 {
     let Some(fdt) = kread::<u64>(files, config!(files_fdt_off)) else {
         return 0;
     };
-    let max = kread::<u32>(fdt, config!(fdt_max_fds_off)).unwrap_or(0);
+    // `struct fdtable` starts `unsigned int max_fds; struct file **fd;` (BTF
+    // says so on this kernel when the offsets are 8 apart): then one read.
+    let (max, array) = if config!(fdt_fd_off) == config!(fdt_max_fds_off) + 8 {
+        let Some(pair) = kread::<[u64; 2]>(fdt, config!(fdt_max_fds_off)) else {
+            return 0;
+        };
+        (pair[0] as u32, pair[1])
+    } else {
+        let max = kread::<u32>(fdt, config!(fdt_max_fds_off)).unwrap_or(0);
+        let Some(array) = kread::<u64>(fdt, config!(fdt_fd_off)) else {
+            return 0;
+        };
+        (max, array)
+    };
     if fd as u32 >= max {
         return 0;
     }
-    let Some(array) = kread::<u64>(fdt, config!(fdt_fd_off)) else {
-        return 0;
-    };
     kread::<u64>(array, fd as u32 * 8).unwrap_or(0)
 }
 
