@@ -22,9 +22,13 @@ pub const GLOBAL_CONFIG: &str = "KELING_CONFIG";
 pub mod tail_call {
     /// Entries of each program array (slot 0 is never used: 0 means "none").
     pub const SLOTS: u32 = 8;
+    /// The kprobe-type twin of each tail-called program (the driver-entry
+    /// backend's) is named with this suffix, and so is its program array.
+    pub const KPROBE_SUFFIX: &str = "_kprobe";
     /// `WORK_PROG`: the deferred accounting work, by work kind.
     pub mod work {
         pub const MAP: &str = "WORK_PROG";
+        pub const MAP_KPROBE: &str = "WORK_PROG_KPROBE";
         /// Release an open file: tear down its clients.
         pub const RELEASE_FILE: u32 = 1;
         /// Tear down memories shared with other clients.
@@ -42,6 +46,7 @@ pub mod tail_call {
     /// reached from `sys_exit_ioctl`.
     pub mod ioctl {
         pub const MAP: &str = "IOCTL_PROG";
+        pub const MAP_KPROBE: &str = "IOCTL_PROG_KPROBE";
         pub const ALLOC: u32 = 1;
         pub const FREE: u32 = 2;
         pub const CONTROL: u32 = 3;
@@ -137,6 +142,14 @@ pub struct ProbeConfig {
     pub active_interval_ns: u32,
     /// `task_struct.se.sum_exec_runtime`: the thread's CPU time so far (u64, ns).
     pub task_runtime_off: u32,
+    /// The driver-entry backend's view of the syscall behind a driver call, in the
+    /// user registers the kernel saved (`struct pt_regs`): where the first
+    /// argument (the fd) and the syscall number are, and ioctl's number. All 0
+    /// when this kernel's BTF has no such registers (then the backend is not
+    /// offered).
+    pub regs_arg0_off: u32,
+    pub regs_syscall_nr_off: u32,
+    pub ioctl_syscall_nr: u32,
 }
 
 impl ProbeConfig {
@@ -169,6 +182,9 @@ impl ProbeConfig {
         wakeup_bytes: 0,
         active_interval_ns: 0,
         task_runtime_off: 0,
+        regs_arg0_off: 0,
+        regs_syscall_nr_off: 0,
+        ioctl_syscall_nr: 0,
     };
 }
 

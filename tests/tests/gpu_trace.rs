@@ -156,12 +156,25 @@ impl Snapshots {
 /// every checkpoint of every workload and at the end, Keling's per-process,
 /// per-GPU figures (bytes, peak, host bytes, allocs, frees) must equal the
 /// simulator's ground truth exactly, with nothing undecoded.
+/// How [`random_workloads`] runs: the workloads' extra arguments, and the
+/// environment of `keling trace`.
+#[derive(Default)]
+struct RandomRun<'a> {
+    workload_args: &'a str,
+    keling_env: Vec<(&'a str, String)>,
+}
+
 fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
+    random_workloads_with(sim, base, count, steps, RandomRun::default())
+}
+
+fn random_workloads_with(sim: &Nvsim, base: u64, count: u64, steps: u32, run: RandomRun) -> Value {
     let dir = tempdir();
     let out_path = dir.join("trace.jsonl");
     let script = format!(
-        "for s in $(seq {base} {last}); do {wl} --dev-dir {dev} --seed $s --steps {steps} \
+        "for s in $(seq {base} {last}); do {wl} --dev-dir {dev} --seed $s --steps {steps} {extra} \
          --checkpoints --checkpoint-every 10 || {{ echo \"workload seed $s failed\" >&2; exit 1; }}; done",
+        extra = run.workload_args,
         last = base + count - 1,
         wl = gwl(),
         dev = sim.dev_dir(),
@@ -178,6 +191,7 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
             ])
             .arg(&out_path)
             .args(["--", "sh", "-c", &script])
+            .envs(run.keling_env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -271,6 +285,100 @@ fn two_hundred_random_workloads_match_ground_truth() {
         procs.len() as u64 > count,
         "forked children were traced too"
     );
+}
+
+/// The driver-entry backend's exit path (its kprobe-type handler and work
+/// programs, in their own program arrays) keeps the accounting exact through
+/// allocations, frees, XFER, dups, exports and imports, forks, execs and file
+/// releases. This kernel cannot attach kprobes, so the same exit code runs from
+/// a uretprobe on a function the workload calls right after each ioctl returns,
+/// with its return value (`KELING_TEST_IOCTL_RETURN`); the entry is the
+/// tracepoint's (the same code as the driver entry's after it found the file).
+/// The workloads kill no child mid-work: a kill between an ioctl's return and
+/// that call would lose an exit the real kretprobe cannot lose.
+#[test]
+fn driver_entry_exit_path_matches_ground_truth() {
+    let Some(fx) = Fixture::gpu(
+        "driver_entry_exit_path_matches_ground_truth",
+        &["--gpus", "2", "--mem-per-gpu", "6442450944"],
+    ) else {
+        return;
+    };
+    let target = format!("{}:keling_test_ioctl_returned", gwl());
+    let summary = random_workloads_with(
+        fx.sim(),
+        seed_base(),
+        40,
+        30,
+        RandomRun {
+            workload_args: "--no-kills",
+            keling_env: vec![("KELING_TEST_IOCTL_RETURN", target)],
+        },
+    );
+    assert_eq!(summary["ioctl_backend"], "test-return-uprobe");
+    // The workloads made each kind of call that has a handler program; with
+    // sys_exit_ioctl not attached, only that path can have counted their effects.
+    let escapes = &summary["escapes"];
+    for name in [
+        "RM_ALLOC",
+        "RM_VID_HEAP_CONTROL",
+        "RM_FREE",
+        "RM_DUP_OBJECT",
+        "RM_CONTROL",
+    ] {
+        assert!(
+            escapes[name]["calls"].as_u64().unwrap_or(0) > 0,
+            "no {name} in {escapes}"
+        );
+    }
+}
+
+/// With the driver-entry backend asked for by name, on a machine where it cannot
+/// attach, `keling trace` stops before running anything and says why; its
+/// programs (the entry, the return and the kprobe-type twins of every handler
+/// and work program) were loaded first, so the verifier accepted them here.
+/// `auto` takes the tracepoints and says so in the summary.
+#[test]
+fn driver_entry_backend_loads_and_says_why_it_cannot_attach() {
+    let Some(fx) = Fixture::gpu(
+        "driver_entry_backend_loads_and_says_why_it_cannot_attach",
+        &["--gpus", "1"],
+    ) else {
+        return;
+    };
+    let sim = fx.sim();
+    let dir = tempdir();
+    let marker = dir.join("ran");
+    let out = Command::new(keling_tests::keling_bin())
+        .args([
+            "trace",
+            "--dev-dir",
+            sim.dev_dir(),
+            "--ioctl-backend",
+            "driver-entry",
+        ])
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--ioctl-backend driver-entry: its programs load on this kernel")
+            && stderr.contains("simulated driver"),
+        "{stderr}"
+    );
+    assert!(
+        !marker.exists(),
+        "the command ran although tracing could not start"
+    );
+    let t = trace(
+        &["--dev-dir", sim.dev_dir()],
+        &[&gwl(), "--dev-dir", sim.dev_dir(), "--scenario", "basic"],
+    );
+    assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
+    assert_eq!(t.summary()["ioctl_backend"], "tracepoints");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

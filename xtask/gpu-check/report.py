@@ -488,6 +488,7 @@ def main(argv):
     if tr.summary is None:
         out.append("- **the trace has no summary line** (keling trace did not end cleanly?)")
     else:
+        out.append(f"- NVIDIA ioctls seen at: {tr.summary.get('ioctl_backend', 'not said')}")
         for k in ("drops", "decode_errors"):
             v = miss.get(tr.summary, k, "summary")
             if v:

@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::{KProbe, RawTracePoint, TracePoint, UProbe},
 };
 use keling_common::{
     DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_CALL_COUNTS,
@@ -22,12 +22,14 @@ use keling_common::{
 use self::{
     btf::Btf,
     programs::{
-        Attach, Feature, IOCTL_PROG_MAP, IOCTL_PROGRAMS, PROGRAMS, WORK_PROG_MAP, WORK_PROGRAMS,
+        Attach, DRIVER_ENTRY, DRIVER_RETURN, Feature, IOCTL_PROG_MAP, IOCTL_PROG_MAP_KPROBE,
+        IOCTL_PROGRAMS, IoctlBackend, PROGRAMS, TEST_RETURN, WORK_PROG_MAP, WORK_PROG_MAP_KPROBE,
+        WORK_PROGRAMS, driver_entry_symbols, kprobe_twin,
     },
     tracefs::TracepointFormat,
 };
 use crate::gpu::{
-    env::{GpuArgs, NvidiaFiles},
+    env::{GpuArgs, IoctlBackendChoice, NvidiaFiles},
     stats::{CallCounts, GpuAccounting},
 };
 
@@ -50,6 +52,13 @@ pub fn embedded_object() -> Option<&'static [u8]> {
 /// every tracepoint.
 pub const SKIP_PROGRAMS_ENV: &str = "KELING_SKIP_PROGRAMS";
 
+/// Test hook: `PATH:SYMBOL` runs the driver-entry backend's exit path (its
+/// kprobe-type programs) from a uretprobe on SYMBOL in the binary PATH, in place
+/// of `sys_exit_ioctl` ([`IoctlBackend::TestReturnUprobe`]): how the tests run
+/// that path on a machine whose kernel has no kprobes. The test workload calls
+/// SYMBOL right after each ioctl with its return value.
+pub const TEST_IOCTL_RETURN_ENV: &str = "KELING_TEST_IOCTL_RETURN";
+
 /// What to load.
 pub struct LoadOptions {
     /// Report fork/exec/exit of every process, not only tracked ones, and track
@@ -70,6 +79,8 @@ pub struct LoadOptions {
     /// kernel reports instead that a tracked process was active, at most once per
     /// tracked root per N ns (the scheduler needs nothing more).
     pub active_interval_ns: u32,
+    /// Where NVIDIA ioctls are to be seen (`--ioctl-backend`).
+    pub ioctl_backend: IoctlBackendChoice,
 }
 
 impl LoadOptions {
@@ -89,6 +100,7 @@ impl LoadOptions {
             nvidia_files: gpu.nvidia_files()?,
             required,
             active_interval_ns: 0,
+            ioctl_backend: gpu.ioctl_backend,
         })
     }
 }
@@ -105,6 +117,8 @@ pub struct Probes {
     ebpf: Ebpf,
     /// Features with a program this kernel could not attach.
     pub degraded: BTreeSet<Feature>,
+    /// Where NVIDIA ioctls are seen.
+    pub ioctl_backend: IoctlBackend,
     nvidia_files: NvidiaFiles,
 }
 
@@ -124,6 +138,13 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
     let exit = TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
     let switch = TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
     let exec = TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
+    // The syscall's saved user registers, for the driver-entry backend: x86-64's
+    // `struct pt_regs` (di: the first argument; orig_ax: the syscall number).
+    let (regs_arg0_off, regs_syscall_nr_off, ioctl_syscall_nr) =
+        match (off("pt_regs", "di"), off("pt_regs", "orig_ax")) {
+            (Ok(di), Ok(nr)) if cfg!(target_arch = "x86_64") => (di, nr, libc::SYS_ioctl as u32),
+            _ => (0, 0, 0),
+        };
     Ok(ProbeConfig {
         task_pid_off: off("task_struct", "pid")?,
         task_tgid_off: off("task_struct", "tgid")?,
@@ -157,6 +178,9 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
         wakeup_bytes: opts.ringbuf_bytes / 4,
         active_interval_ns: opts.active_interval_ns,
         task_runtime_off: off("task_struct", "se")? + off("sched_entity", "sum_exec_runtime")?,
+        regs_arg0_off,
+        regs_syscall_nr_off,
+        ioctl_syscall_nr,
     })
 }
 
@@ -202,24 +226,23 @@ impl Probes {
                     .map(|&(slot, name)| (IOCTL_PROG_MAP, slot, name)),
             );
         for (map, slot, name) in tail_called {
-            let _timing = Timing(name, std::time::Instant::now());
-            let prog: &mut TracePoint = ebpf
-                .program_mut(name)
-                .with_context(|| format!("program {name} missing"))?
-                .try_into()?;
-            prog.load()
-                .with_context(|| format!("verifier rejected {name}"))?;
-            let fd = prog.fd()?.try_clone()?;
-            let mut array = ProgramArray::try_from(
-                ebpf.map_mut(map)
-                    .with_context(|| format!("{map} map missing"))?,
-            )?;
-            array.set(slot, &fd, 0)?;
+            let fd = {
+                let _timing = Timing(name, std::time::Instant::now());
+                let prog: &mut TracePoint = program(&mut ebpf, name)?.try_into()?;
+                prog.load()
+                    .with_context(|| format!("verifier rejected {name}"))?;
+                prog.fd()?.try_clone()?
+            };
+            set_slot(&mut ebpf, map, slot, &fd)?;
         }
+        let ioctl_backend = ioctl_backend(&mut ebpf, opts, &config)?;
         let skip = std::env::var(SKIP_PROGRAMS_ENV).unwrap_or_default();
         let skip: BTreeSet<&str> = skip.split(',').filter(|s| !s.is_empty()).collect();
         let mut degraded = BTreeSet::new();
         for p in PROGRAMS {
+            if ioctl_backend.replaces().contains(&p.name) {
+                continue;
+            }
             let attached = if skip.contains(p.name) {
                 Err(anyhow::anyhow!("skipped by {SKIP_PROGRAMS_ENV}"))
             } else {
@@ -243,6 +266,7 @@ impl Probes {
         Ok(Self {
             ebpf,
             degraded,
+            ioctl_backend,
             nvidia_files: opts.nvidia_files.clone(),
         })
     }
@@ -357,6 +381,169 @@ impl Probes {
 }
 
 /// Logs (debug) how long loading and attaching a program took.
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} missing"))
+}
+
+/// Puts a loaded program in slot `slot` of the program array `map`.
+fn set_slot(
+    ebpf: &mut Ebpf,
+    map: &str,
+    slot: u32,
+    fd: &aya::programs::ProgramFd,
+) -> anyhow::Result<()> {
+    let mut array = ProgramArray::try_from(
+        ebpf.map_mut(map)
+            .with_context(|| format!("{map} map missing"))?,
+    )?;
+    array.set(slot, fd, 0)?;
+    Ok(())
+}
+
+/// Chooses where NVIDIA ioctls are seen, and for the driver-entry backend loads
+/// its programs and attaches them. In `auto`, whatever stands in its way is said
+/// once and the tracepoints are used; when it was asked for by name, that is an
+/// error saying what is missing.
+fn ioctl_backend(
+    ebpf: &mut Ebpf,
+    opts: &LoadOptions,
+    config: &ProbeConfig,
+) -> anyhow::Result<IoctlBackend> {
+    if let Ok(target) = std::env::var(TEST_IOCTL_RETURN_ENV) {
+        let (path, symbol) = target
+            .rsplit_once(':')
+            .with_context(|| format!("{TEST_IOCTL_RETURN_ENV}={target}: not PATH:SYMBOL"))?;
+        load_driver_entry(ebpf)?;
+        let prog: &mut UProbe = program(ebpf, TEST_RETURN)?.try_into()?;
+        prog.load()
+            .with_context(|| format!("verifier rejected {TEST_RETURN}"))?;
+        prog.attach(
+            symbol,
+            path,
+            aya::programs::uprobe::UProbeScope::AllProcesses,
+        )
+        .with_context(|| format!("attaching {TEST_RETURN} to {target}"))?;
+        log::warn!("NVIDIA ioctls: exits through the driver-entry backend from {target} (a test)");
+        return Ok(IoctlBackend::TestReturnUprobe);
+    }
+    let forced = match opts.ioctl_backend {
+        IoctlBackendChoice::Tracepoints => {
+            log::info!("NVIDIA ioctls: seen at the ioctl syscall tracepoints (--ioctl-backend)");
+            return Ok(IoctlBackend::Tracepoints);
+        }
+        IoctlBackendChoice::Auto => false,
+        IoctlBackendChoice::DriverEntry => true,
+    };
+    // Asked for by name: the verifier's word first, whatever else is missing.
+    let loaded = if forced {
+        load_driver_entry(ebpf)?;
+        "its programs load on this kernel, but it cannot attach: "
+    } else {
+        ""
+    };
+    let fallback = |why: String| -> anyhow::Result<IoctlBackend> {
+        if forced {
+            bail!(
+                "--ioctl-backend driver-entry: {loaded}{why}; use --ioctl-backend tracepoints \
+                 (or auto, which falls back to them)"
+            );
+        }
+        log::info!("NVIDIA ioctls: seen at the ioctl syscall tracepoints: {why}");
+        Ok(IoctlBackend::Tracepoints)
+    };
+    if !opts.nvidia_files.sim.is_empty() {
+        return fallback(
+            "the simulated driver's files are served by FUSE, so its calls never reach an \
+             NVIDIA module"
+                .into(),
+        );
+    }
+    if config.regs_arg0_off == config.regs_syscall_nr_off {
+        return fallback(
+            "this kernel's BTF has no x86-64 `struct pt_regs` to find a call's fd in".into(),
+        );
+    }
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let symbols = match driver_entry_symbols(&kallsyms) {
+        Ok(s) => s,
+        Err(module) => {
+            let hint = if module == "nvidia_uvm" {
+                "; nvidia-uvm loads with the first CUDA program, or `nvidia-modprobe -u -c 0`"
+            } else {
+                ""
+            };
+            return fallback(format!(
+                "no {module} module is loaded (its ioctl entry is not in /proc/kallsyms){hint}"
+            ));
+        }
+    };
+    if !forced && let Err(e) = load_driver_entry(ebpf) {
+        return fallback(format!("{e:#}"));
+    }
+    let mut links = Vec::new();
+    let mut attach_all = || -> anyhow::Result<()> {
+        for name in [DRIVER_ENTRY, DRIVER_RETURN] {
+            let prog: &mut KProbe = program(ebpf, name)?.try_into()?;
+            for symbol in &symbols {
+                let link = prog
+                    .attach(*symbol, 0)
+                    .with_context(|| format!("attaching {name} to {symbol}"))?;
+                links.push((name, link));
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = attach_all() {
+        // None of it stays: half a backend beside the tracepoints would see some
+        // calls twice.
+        for (name, link) in links {
+            if let Ok(p) = program(ebpf, name)
+                && let Ok(p) = <&mut KProbe>::try_from(p)
+            {
+                let _ = p.detach(link);
+            }
+        }
+        return fallback(format!("{e:#}"));
+    }
+    log::info!(
+        "NVIDIA ioctls: seen at the driver's entry (kprobes on {}): no other ioctl is traced",
+        symbols.join(", ")
+    );
+    Ok(IoctlBackend::DriverEntry)
+}
+
+/// Loads the driver-entry backend's programs: the kprobe-type twins of the
+/// tail-called ones, into their arrays, and the entry and return programs.
+fn load_driver_entry(ebpf: &mut Ebpf) -> anyhow::Result<()> {
+    let twins = WORK_PROGRAMS
+        .iter()
+        .map(|&(slot, name)| (WORK_PROG_MAP_KPROBE, slot, name))
+        .chain(
+            IOCTL_PROGRAMS
+                .iter()
+                .map(|&(slot, name)| (IOCTL_PROG_MAP_KPROBE, slot, name)),
+        );
+    for (map, slot, name) in twins {
+        let name = kprobe_twin(name);
+        let fd = {
+            let _timing = Timing(&name, std::time::Instant::now());
+            let prog: &mut KProbe = program(ebpf, &name)?.try_into()?;
+            prog.load()
+                .with_context(|| format!("verifier rejected {name}"))?;
+            prog.fd()?.try_clone()?
+        };
+        set_slot(ebpf, map, slot, &fd)?;
+    }
+    for name in [DRIVER_ENTRY, DRIVER_RETURN] {
+        let _timing = Timing(name, std::time::Instant::now());
+        let prog: &mut KProbe = program(ebpf, name)?.try_into()?;
+        prog.load()
+            .with_context(|| format!("verifier rejected {name}"))?;
+    }
+    Ok(())
+}
+
 struct Timing<'a>(&'a str, std::time::Instant);
 
 impl Drop for Timing<'_> {

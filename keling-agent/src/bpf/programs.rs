@@ -104,8 +104,9 @@ pub const WORK_PROGRAMS: &[(u32, &str)] = &[
     (work::ORPHAN, "keling_orphan"),
     (work::SWEEP, "keling_sweep"),
 ];
-/// The program array.
+/// The program array, and its kprobe-type twin's.
 pub const WORK_PROG_MAP: &str = work::MAP;
+pub const WORK_PROG_MAP_KPROBE: &str = work::MAP_KPROBE;
 /// The handlers of the NVIDIA calls that change memory, reached by tail call from
 /// `sys_exit_ioctl` by their slot.
 pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
@@ -116,12 +117,139 @@ pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
     (ioctl::BATCH_EXPORT, "keling_ioctl_batch_export"),
     (ioctl::BATCH_IMPORT, "keling_ioctl_batch_import"),
 ];
-/// Their program array.
+/// Their program array, and its kprobe-type twin's.
 pub const IOCTL_PROG_MAP: &str = ioctl::MAP;
+pub const IOCTL_PROG_MAP_KPROBE: &str = ioctl::MAP_KPROBE;
+
+/// Where NVIDIA ioctls are seen (see the probes' nvidia.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoctlBackend {
+    /// `sys_enter_ioctl` and `sys_exit_ioctl` (in [`PROGRAMS`]).
+    Tracepoints,
+    /// A kprobe and a kretprobe on each NVIDIA module's ioctl entry, in their
+    /// place: other ioctls pay nothing.
+    DriverEntry,
+    /// Tests only (`KELING_TEST_IOCTL_RETURN`): entries at `sys_enter_ioctl`,
+    /// exits through the driver-entry backend's exit path (its kprobe-type
+    /// handler and work programs) from a uretprobe in the test workload, for a
+    /// machine where kprobes cannot attach.
+    TestReturnUprobe,
+}
+
+impl IoctlBackend {
+    /// Its name, as `--ioctl-backend` and the trace summary spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoctlBackend::Tracepoints => "tracepoints",
+            IoctlBackend::DriverEntry => "driver-entry",
+            IoctlBackend::TestReturnUprobe => "test-return-uprobe",
+        }
+    }
+
+    /// The ioctl tracepoint programs it stands in for (not attached).
+    pub fn replaces(self) -> &'static [&'static str] {
+        match self {
+            IoctlBackend::Tracepoints => &[],
+            IoctlBackend::DriverEntry => IOCTL_TRACEPOINTS,
+            IoctlBackend::TestReturnUprobe => &["sys_exit_ioctl"],
+        }
+    }
+}
+
+/// The tracepoint programs the driver-entry backend replaces.
+pub const IOCTL_TRACEPOINTS: &[&str] = &["sys_enter_ioctl", "sys_exit_ioctl"];
+/// The driver-entry backend's programs: at each module's ioctl entry, and at its
+/// return.
+pub const DRIVER_ENTRY: &str = "keling_driver_ioctl_entry";
+pub const DRIVER_RETURN: &str = "keling_driver_ioctl_return";
+/// [`IoctlBackend::TestReturnUprobe`]'s exit program.
+pub const TEST_RETURN: &str = "keling_test_ioctl_return";
+/// Each NVIDIA module (as /proc/kallsyms brackets it) and the names its
+/// `unlocked_ioctl` file operation has had, newest first: nvidia.ko's
+/// `nvidia_unlocked_ioctl` (nv.c; `nvidia_frontend_unlocked_ioctl` in drivers
+/// that had the nv-frontend layer), nvidia-uvm.ko's `uvm_unlocked_ioctl_entry`
+/// (uvm.c). Both modules are needed: UVM calls are part of the accounting.
+pub const DRIVER_ENTRY_SYMBOLS: &[(&str, &[&str])] = &[
+    (
+        "nvidia",
+        &["nvidia_unlocked_ioctl", "nvidia_frontend_unlocked_ioctl"],
+    ),
+    ("nvidia_uvm", &["uvm_unlocked_ioctl_entry"]),
+];
+
+/// Finds each module's ioctl entry in the text of /proc/kallsyms (`ADDR TYPE NAME
+/// [MODULE]` lines): the symbols to attach to, or the first module whose entry is
+/// missing.
+pub fn driver_entry_symbols(kallsyms: &str) -> Result<Vec<&'static str>, &'static str> {
+    let mut found: Vec<Option<&'static str>> = vec![None; DRIVER_ENTRY_SYMBOLS.len()];
+    for line in kallsyms.lines() {
+        let mut words = line.split_whitespace().skip(2);
+        let (Some(name), Some(module)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let module = module.trim_start_matches('[').trim_end_matches(']');
+        for (i, (m, names)) in DRIVER_ENTRY_SYMBOLS.iter().enumerate() {
+            if *m != module {
+                continue;
+            }
+            if let Some(rank) = names.iter().position(|n| *n == name)
+                && found[i].is_none_or(|f| names.iter().position(|n| *n == f) > Some(rank))
+            {
+                found[i] = Some(names[rank]);
+            }
+        }
+    }
+    found
+        .iter()
+        .zip(DRIVER_ENTRY_SYMBOLS)
+        .map(|(f, (module, _))| f.ok_or(*module))
+        .collect()
+}
+
+/// The kprobe-type twin of a tail-called program.
+pub fn kprobe_twin(name: &str) -> String {
+    format!("{name}{}", keling_common::maps::tail_call::KPROBE_SUFFIX)
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn driver_entry_symbols_come_from_the_modules_kallsyms() {
+        let both = "ffffffffc0a01230 t nvidia_frontend_unlocked_ioctl\t[nvidia]\n\
+                    ffffffffc0a01000 t nvidia_unlocked_ioctl\t[nvidia]\n\
+                    ffffffff816f6ee0 t do_vfs_ioctl\n\
+                    ffffffffc0b00000 t uvm_unlocked_ioctl_entry.part.0\t[nvidia_uvm]\n\
+                    ffffffffc0b00100 t uvm_unlocked_ioctl_entry\t[nvidia_uvm]\n";
+        // The newest name wins whatever the order; a .part clone is not the entry.
+        assert_eq!(
+            driver_entry_symbols(both),
+            Ok(vec!["nvidia_unlocked_ioctl", "uvm_unlocked_ioctl_entry"])
+        );
+        let old = "0 t nvidia_frontend_unlocked_ioctl [nvidia]\n\
+                   0 t uvm_unlocked_ioctl_entry [nvidia_uvm]\n";
+        assert_eq!(
+            driver_entry_symbols(old),
+            Ok(vec![
+                "nvidia_frontend_unlocked_ioctl",
+                "uvm_unlocked_ioctl_entry"
+            ])
+        );
+        // UVM not loaded (it loads on a first CUDA call), or no driver at all; a
+        // symbol of the right name in another module or in the kernel is not it.
+        assert_eq!(
+            driver_entry_symbols("0 t nvidia_unlocked_ioctl [nvidia]\n"),
+            Err("nvidia_uvm")
+        );
+        assert_eq!(
+            driver_entry_symbols(
+                "0 t nvidia_unlocked_ioctl\n0 t uvm_unlocked_ioctl_entry [other]\n"
+            ),
+            Err("nvidia")
+        );
+        assert_eq!(driver_entry_symbols(""), Err("nvidia"));
+    }
 
     /// Each program array's slots: distinct, in range, never 0 (0 means "no
     /// handler" to the probes), each holding a program of the object's.
@@ -149,10 +277,24 @@ mod tests {
         };
         let obj = aya_obj::Object::parse(obj).expect("the embedded eBPF object parses");
         for (_, name) in WORK_PROGRAMS.iter().chain(IOCTL_PROGRAMS) {
+            for name in [name.to_string(), kprobe_twin(name)] {
+                assert!(
+                    obj.programs.contains_key(&name),
+                    "{name} is not in the object"
+                );
+            }
+        }
+        for name in [DRIVER_ENTRY, DRIVER_RETURN, TEST_RETURN]
+            .into_iter()
+            .chain(IOCTL_TRACEPOINTS.iter().copied())
+        {
             assert!(
-                obj.programs.contains_key(*name),
+                obj.programs.contains_key(name),
                 "{name} is not in the object"
             );
+        }
+        for map in [WORK_PROG_MAP_KPROBE, IOCTL_PROG_MAP_KPROBE] {
+            assert!(obj.maps.contains_key(map), "{map} is not in the object");
         }
     }
 

@@ -448,6 +448,7 @@ async fn event_loop(
         gpus: &gpus,
         undecoded: &acc.undecoded_per_reason,
         calls: &calls,
+        ioctl_backend: probes.ioctl_backend.name(),
     })?;
     sink.flush()?;
     Ok(match (child, child_status) {

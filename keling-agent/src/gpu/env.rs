@@ -19,6 +19,24 @@ pub struct GpuArgs {
     /// simulated driver.
     #[arg(long, value_name = "VERSION")]
     pub driver_version: Option<String>,
+    /// Where NVIDIA ioctls are seen. `driver-entry`: at the NVIDIA modules' own
+    /// ioctl entry (a kprobe and a kretprobe on nvidia.ko's and nvidia-uvm.ko's
+    /// `unlocked_ioctl`), so no other ioctl on the host pays anything for
+    /// tracing; needs a kernel with kprobes and both modules loaded when Keling
+    /// starts. `tracepoints`: at the ioctl syscall tracepoints, which works on
+    /// every kernel and for the simulated driver, but every ioctl of every
+    /// process pays the tracepoints' cost (a few hundred ns). `auto` takes
+    /// driver-entry when it can attach and says why when it cannot.
+    #[arg(long, value_enum, default_value_t = IoctlBackendChoice::Auto, value_name = "BACKEND")]
+    pub ioctl_backend: IoctlBackendChoice,
+}
+
+/// `--ioctl-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoctlBackendChoice {
+    Auto,
+    DriverEntry,
+    Tracepoints,
 }
 
 /// A driver version as `major.minor[.patch]`.

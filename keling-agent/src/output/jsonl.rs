@@ -231,6 +231,7 @@ pub fn summary_json(s: &Summary) -> Value {
         "undecoded": undecoded_json(s.undecoded),
         "gpus": s.gpus,
         "processes": s.processes,
+        "ioctl_backend": s.ioctl_backend,
     });
     v.as_object_mut()
         .expect("object")
@@ -541,6 +542,7 @@ mod tests {
             gpus: &gpus,
             undecoded: &[0, 1, 2, 3, 4, 5],
             calls: &calls,
+            ioctl_backend: "tracepoints",
         })
         .unwrap();
         let v: Value = serde_json::from_slice(&out.lock().unwrap()).unwrap();

@@ -48,6 +48,8 @@ pub struct Summary<'a> {
     /// The calls the traced processes made, by escape, UVM command and control
     /// (exact: counted in the kernel).
     pub calls: &'a CallCounts,
+    /// Where NVIDIA ioctls were seen (`--ioctl-backend`'s names).
+    pub ioctl_backend: &'a str,
 }
 
 /// Where a trace goes.

@@ -612,6 +612,7 @@ mod tests {
             gpus: &[],
             undecoded: &[],
             calls: &Default::default(),
+            ioctl_backend: "tracepoints",
         })
         .unwrap();
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
@@ -734,6 +735,7 @@ mod tests {
             gpus: &[],
             undecoded: &[],
             calls: &Default::default(),
+            ioctl_backend: "tracepoints",
         })
         .unwrap();
         let v: Value = serde_json::from_slice(&out.lock().unwrap()).unwrap();

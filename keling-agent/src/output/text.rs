@@ -388,12 +388,14 @@ impl Sink for TextSink {
         }
         writeln!(
             out,
-            "{} processes, {} events in {:.3} s, {} lost in the kernel, {} undecodable",
+            "{} processes, {} events in {:.3} s, {} lost in the kernel, {} undecodable; \
+             NVIDIA ioctls seen at: {}",
             s.processes.len(),
             s.events,
             s.duration_ns as f64 / 1e9,
             s.drops,
-            s.decode_errors
+            s.decode_errors,
+            s.ioctl_backend
         )
     }
 
@@ -581,6 +583,7 @@ mod tests {
                 controls: [(0x2080_0110, 2), (0x2080_ffff, 1)].into(),
                 uncounted: 0,
             },
+            ioctl_backend: "tracepoints",
         })
         .unwrap();
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();

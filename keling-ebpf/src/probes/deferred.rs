@@ -7,6 +7,11 @@
 //! tail call through `WORK_PROG`, at the end of the program that queued them ([`run`]),
 //! or at the next context switch on that CPU if a chain of tail calls ran out.
 //!
+//! The kernel tail-calls only between programs of one type, so each program type
+//! that queues work has its own array of the same work programs ([`TailCalls`]):
+//! `WORK_PROG` for the tracepoints, `WORK_PROG_KPROBE` for the driver-entry
+//! backend's kprobes (nvidia.rs).
+//!
 //! This module owns the queue and the program array, and nothing that decides what
 //! the work does: it imports no other probe module, so every module that queues
 //! work (files, accounting, orphans, nvidia) can use it without importing the work
@@ -15,6 +20,7 @@ use aya_ebpf::{
     EbpfContext,
     macros::map,
     maps::{PerCpuArray, ProgramArray},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use keling_common::{tail_call, undecoded};
 
@@ -170,6 +176,37 @@ static WORK_QUEUE: PerCpuArray<WorkQueue> = PerCpuArray::with_max_entries(1, 0);
 /// The work programs by work kind, set by the agent at load time.
 #[map]
 static WORK_PROG: ProgramArray = ProgramArray::with_max_entries(tail_call::SLOTS, 0);
+/// The same, as kprobe programs (the driver-entry backend).
+#[map]
+static WORK_PROG_KPROBE: ProgramArray = ProgramArray::with_max_entries(tail_call::SLOTS, 0);
+
+/// A program type and the array of work programs of that type, which its programs
+/// tail-call (monomorphised: a program refers only to its own type's array, as the
+/// kernel requires).
+pub trait TailCalls: EbpfContext {
+    fn work_prog() -> &'static ProgramArray;
+}
+
+impl TailCalls for TracePointContext {
+    #[inline(always)]
+    fn work_prog() -> &'static ProgramArray {
+        &WORK_PROG
+    }
+}
+
+impl TailCalls for ProbeContext {
+    #[inline(always)]
+    fn work_prog() -> &'static ProgramArray {
+        &WORK_PROG_KPROBE
+    }
+}
+
+impl TailCalls for RetProbeContext {
+    #[inline(always)]
+    fn work_prog() -> &'static ProgramArray {
+        &WORK_PROG_KPROBE
+    }
+}
 
 /// Queues `w` at the back.
 #[inline(always)]
@@ -227,7 +264,7 @@ pub fn is_empty() -> bool {
 /// (together they are too much for the verifier). Call last: on success it does
 /// not return.
 #[inline(always)]
-pub fn run<C: EbpfContext>(ctx: &C) {
+pub fn run<C: TailCalls>(ctx: &C) {
     let Some(q) = WORK_QUEUE.get_ptr(0) else {
         return;
     };
@@ -239,7 +276,7 @@ pub fn run<C: EbpfContext>(ctx: &C) {
     // SAFETY: as above; the index is masked into bounds.
     let slot = unsafe { (*q).items[start as usize & (WORK_SLOTS - 1)].slot() };
     // SAFETY: a tail call to a program of the same type.
-    unsafe { WORK_PROG.tail_call(ctx, slot) };
+    unsafe { C::work_prog().tail_call(ctx, slot) };
     // Only reached if the tail call failed (the chain is at its limit): the work
     // stays queued for the next program on this CPU.
 }

@@ -1,18 +1,33 @@
-//! NVIDIA driver ioctls: decoded at sys_enter (inputs) and sys_exit (what the driver
+//! NVIDIA driver ioctls: decoded at entry (inputs) and exit (what the driver
 //! returned), following XFER_CMD, and turned into exact accounting.
 //!
-//! Only ioctls whose command has the shape of an RM escape or a UVM command are
-//! looked at further, and only on files that are NVIDIA devices by their inode
-//! (files.rs): any other ioctl on the host costs one comparison.
+//! Two backends see the calls, chosen by the agent at start; everything after
+//! "this is an NVIDIA call on this file" ([`enter`], [`exit`]) is the same code:
+//! - the syscall tracepoints (`sys_enter_ioctl`, `sys_exit_ioctl`), which work
+//!   everywhere, the simulated driver included. Only ioctls whose command has the
+//!   shape of an RM escape or a UVM command are looked at further, and only on
+//!   files that are NVIDIA devices by their inode (files.rs): any other ioctl on
+//!   the host costs one comparison at entry and one array load at exit, on top of
+//!   the syscall tracepoints' own cost, which every ioctl pays once they are
+//!   attached.
+//! - the driver entry (`keling_driver_ioctl_entry` and `_return`: a kprobe and a
+//!   kretprobe on the NVIDIA modules' `unlocked_ioctl` file operations), where the
+//!   kernel allows kprobes and the modules are loaded: only NVIDIA calls reach
+//!   them, so every other ioctl on the host pays nothing at all. The kernel hands
+//!   them the open file; the fd comes from the syscall's saved registers.
+//!
+//! The kernel tail-calls only between programs of one type, so the handler
+//! programs exist in both types (the `_kprobe` ones), each in its own program
+//! array ([`IoctlCalls`]).
 //!
 //! Every call of a followed process is also counted at sys_enter in `CALL_COUNTS`,
 //! by RM escape, UVM command and RM_CONTROL command (keling-common's `call_kind`):
 //! what the process sent, exact whatever the ring buffer drops.
 use aya_ebpf::{
     helpers::bpf_probe_read_user,
-    macros::{map, tracepoint},
-    maps::{Array, HashMap},
-    programs::TracePointContext,
+    macros::{kprobe, kretprobe, map, tracepoint, uretprobe},
+    maps::{Array, HashMap, ProgramArray},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use keling_common::{
     BATCH_OBJECTS, ClientInfo, EventKind, GpuAllocEvent, GpuExportEvent, GpuFreeEvent,
@@ -31,11 +46,12 @@ use super::{
         CLIENTS, NO_BYTES_EXPORT, OBJECTS, add_handle, charge_new, claim_charge, export_memory,
         exported, free_mem_handle, link_shared, new_client, queue_teardown, scratch_object, share,
     },
-    deferred::{self, Scope},
+    deferred::{self, Scope, TailCalls},
     files::{FILES, add_fd, device_of_file, file_of_fd, find_slot, follows, proc_fds},
 };
 use crate::{
-    atomic_add, count_undecoded, current_ids, emit, emit_quiet, header, syscall_arg, syscall_ret,
+    atomic_add, count_undecoded, current_ids, emit, emit_quiet, header, kread, syscall_arg,
+    syscall_ret,
 };
 
 /// What sys_enter learned, for sys_exit.
@@ -184,12 +200,61 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     if !nvidia_shaped(cmd) {
         return 0;
     }
-    let (pid, tid) = current_ids();
     let (fd, arg) = (syscall_arg(&ctx, 0) as i32, syscall_arg(&ctx, 2));
     let file = file_of_fd(fd);
-    if file == 0 {
-        return 0;
+    if file != 0 {
+        enter(fd, file, cmd, arg);
     }
+    0
+}
+
+/// The driver-entry backend's entry: `unlocked_ioctl(struct file *, unsigned int
+/// cmd, unsigned long arg)` of nvidia.ko or nvidia-uvm.ko. Every call here is an
+/// NVIDIA call.
+#[kprobe]
+pub fn keling_driver_ioctl_entry(ctx: ProbeContext) -> u32 {
+    let (Some(file), Some(cmd), Some(arg)) =
+        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u64>(2))
+    else {
+        return 0;
+    };
+    let cmd = cmd as u32;
+    // The same calls as the tracepoints look at.
+    if nvidia_shaped(cmd)
+        && let Some(fd) = ioctl_syscall_fd()
+    {
+        enter(fd, file, cmd, arg);
+    }
+    0
+}
+
+/// The fd of the ioctl(2) that led into the driver, from the user registers the
+/// kernel saved at syscall entry; `None` for any other way into the driver (a
+/// 32-bit process's compat ioctl, whose params have another layout, or none
+/// known: the tracepoint backend does not see those either).
+#[inline(always)]
+fn ioctl_syscall_fd() -> Option<i32> {
+    if config!(regs_arg0_off) == config!(regs_syscall_nr_off) {
+        return None; // no registers' layout for this kernel
+    }
+    // SAFETY: these helpers have no preconditions; the registers are read with
+    // checked kernel reads.
+    let regs = unsafe {
+        aya_ebpf::helpers::bpf_task_pt_regs(aya_ebpf::helpers::bpf_get_current_task_btf())
+    } as u64;
+    let nr = kread::<u64>(regs, config!(regs_syscall_nr_off))?;
+    if nr != u64::from(config!(ioctl_syscall_nr)) {
+        return None;
+    }
+    kread::<u64>(regs, config!(regs_arg0_off)).map(|fd| fd as i32)
+}
+
+/// An NVIDIA-shaped call of the current thread on `fd`, whose open file is
+/// `file`: looked at if the file is an NVIDIA device the agent follows, decoded,
+/// and left pending for [`exit`].
+#[inline(always)]
+fn enter(fd: i32, file: u64, cmd: u32, arg: u64) {
+    let (pid, tid) = current_ids();
     // The device from the process's table when it names this very file.
     let mut device = device_file::NONE;
     let mut known = false;
@@ -207,12 +272,12 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         device = device_of_file(file);
     }
     if device == device_file::NONE {
-        return 0;
+        return;
     }
     let followed = follows(pid);
     if !followed && FILES.get_ptr(file).is_none() {
         // `keling trace`: an untracked process, on a file no traced client lives on.
-        return 0;
+        return;
     }
     if !known {
         // Followed, or (`keling trace`) a process outside the trace using a traced
@@ -220,7 +285,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         add_fd(fd, device, file, open_how::FIRST_USE, -1);
     }
     let Some(p) = SCRATCH_IOCTL.get_ptr_mut(0) else {
-        return 0;
+        return;
     };
     // SAFETY: this CPU's scratch slot; the program runs to completion on this CPU.
     let p = unsafe { &mut *p };
@@ -269,7 +334,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
             && (p.device == device_file::UVM || p.escape != escape::REGISTER_FD)
         {
             super::active::report(pid, tid, active_cause::IOCTL);
-            return 0;
+            return;
         }
     } else if followed {
         // Exact call counts are `keling trace`'s summary; the long-running agent
@@ -278,7 +343,7 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
     }
     // Counted first: an exit never finds an entry the count does not include.
     let Some(n) = IN_FLIGHT.get_ptr_mut(0) else {
-        return 0;
+        return;
     };
     // SAFETY: a map value pointer; every CPU changes it only atomically.
     unsafe { atomic_add(n, 1) };
@@ -290,7 +355,6 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         // SAFETY: as above.
         unsafe { atomic_add(n, u64::MAX) };
     }
-    0
 }
 
 /// Reads the inputs of the call described by `p.cmd`/`p.params`.
@@ -540,8 +604,36 @@ pub const IOCTL_BATCH_IMPORT: u32 = tail_call::ioctl::BATCH_IMPORT;
 
 /// The handler programs, by the numbers above; set by the agent at load time.
 #[map]
-static IOCTL_PROG: aya_ebpf::maps::ProgramArray =
-    aya_ebpf::maps::ProgramArray::with_max_entries(tail_call::SLOTS, 0);
+static IOCTL_PROG: ProgramArray = ProgramArray::with_max_entries(tail_call::SLOTS, 0);
+/// The same, as kprobe programs (the driver-entry backend).
+#[map]
+static IOCTL_PROG_KPROBE: ProgramArray = ProgramArray::with_max_entries(tail_call::SLOTS, 0);
+
+/// A program type and its array of handler programs (see [`TailCalls`]).
+pub trait IoctlCalls: TailCalls {
+    fn ioctl_prog() -> &'static ProgramArray;
+}
+
+impl IoctlCalls for TracePointContext {
+    #[inline(always)]
+    fn ioctl_prog() -> &'static ProgramArray {
+        &IOCTL_PROG
+    }
+}
+
+impl IoctlCalls for ProbeContext {
+    #[inline(always)]
+    fn ioctl_prog() -> &'static ProgramArray {
+        &IOCTL_PROG_KPROBE
+    }
+}
+
+impl IoctlCalls for RetProbeContext {
+    #[inline(always)]
+    fn ioctl_prog() -> &'static ProgramArray {
+        &IOCTL_PROG_KPROBE
+    }
+}
 
 /// Which handler a successful call needs (0: none, it is a plain call).
 #[inline(always)]
@@ -574,23 +666,51 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
         Some(n) => (unsafe { core::ptr::read_volatile(n) }) == 0,
         None => true,
     };
-    if idle {
-        return 0;
+    if !idle {
+        exit(&ctx, syscall_ret(&ctx));
     }
+    0
+}
+
+/// The driver-entry backend's exit: the driver's `unlocked_ioctl` returned `ret`
+/// (what the ioctl(2) returns).
+#[kretprobe]
+pub fn keling_driver_ioctl_return(ctx: RetProbeContext) -> u32 {
+    let ret: i64 = ctx.ret();
+    exit(&ctx, ret);
+    0
+}
+
+/// The driver-entry backend's exit path where kprobes cannot attach (this
+/// project's CI machines): the same [`exit`] in a program of the same type, run
+/// by a uretprobe on a function the test workload calls right after each ioctl
+/// returns, with its return value (keling-agent's `KELING_TEST_IOCTL_RETURN`).
+/// Attached by nothing else.
+#[uretprobe]
+pub fn keling_test_ioctl_return(ctx: RetProbeContext) -> u32 {
+    let ret: i64 = ctx.ret();
+    exit(&ctx, ret);
+    0
+}
+
+/// The call the current thread left pending at [`enter`] returned `ret`: reported,
+/// or handed to its handler program.
+#[inline(always)]
+fn exit<C: IoctlCalls>(ctx: &C, ret: i64) {
     let (_, tid) = current_ids();
     // Worked on in place: a copy would take a third of the 512-byte stack.
     let Some(p) = PENDING_IOCTL.get_ptr_mut(tid) else {
-        return 0;
+        return;
     };
     // SAFETY: a map value pointer, valid for this program run; only this thread's
     // syscall uses this entry.
     let p = unsafe { &mut *p };
-    p.ret = syscall_ret(&ctx);
+    p.ret = ret;
     if p.undecoded == 0 && p.ret == 0 {
         let h = handler(p);
         if h != 0 {
             // SAFETY: a tail call to a program of the same type.
-            unsafe { IOCTL_PROG.tail_call(&ctx, h) };
+            unsafe { C::ioctl_prog().tail_call(ctx, h) };
             // Only reached if the tail call failed.
             p.undecoded = 1 + undecoded::TABLE_FULL;
         }
@@ -600,14 +720,13 @@ pub fn sys_exit_ioctl(ctx: TracePointContext) -> i32 {
     } else {
         plain_exit(p)
     };
-    finish(&ctx, p, result);
-    0
+    finish(ctx, p, result);
 }
 
 /// Reports the outcome of a call and lets go of its pending entry; runs any work
 /// it queued.
 #[inline(always)]
-fn finish(ctx: &TracePointContext, p: &mut PendingIoctl, result: Result<Option<Report>, u32>) {
+fn finish<C: IoctlCalls>(ctx: &C, p: &mut PendingIoctl, result: Result<Option<Report>, u32>) {
     let tid = p.tid;
     match result {
         // Fully reported; a teardown it queued is done now.
@@ -648,53 +767,95 @@ fn pending() -> Option<&'static mut PendingIoctl> {
     Some(unsafe { &mut *p })
 }
 
-#[tracepoint(category = "keling", name = "keling_ioctl_alloc")]
-pub fn keling_ioctl_alloc(ctx: TracePointContext) -> i32 {
+/// A handler program in both flavours around `$body` (see the module doc).
+macro_rules! handler_program {
+    ($(#[$doc:meta])* $tracepoint:ident, $kprobe:ident, $body:ident) => {
+        $(#[$doc])*
+        #[tracepoint]
+        pub fn $tracepoint(ctx: TracePointContext) -> i32 {
+            $body(&ctx);
+            0
+        }
+
+        $(#[$doc])*
+        #[kprobe]
+        pub fn $kprobe(ctx: ProbeContext) -> u32 {
+            $body(&ctx);
+            0
+        }
+    };
+}
+
+handler_program!(
+    /// RM_ALLOC, ALLOC_OBJECT, ALLOC_MEMORY and VID_HEAP_CONTROL allocations.
+    keling_ioctl_alloc,
+    keling_ioctl_alloc_kprobe,
+    ioctl_alloc
+);
+
+fn ioctl_alloc<C: IoctlCalls>(ctx: &C) {
     if let Some(p) = pending() {
         let r = match p.escape {
             escape::ALLOC | escape::ALLOC_OBJECT => exit_alloc(p),
             escape::ALLOC_MEMORY => exit_alloc_memory(p),
             _ => exit_vid_heap(p),
         };
-        finish(&ctx, p, r);
+        finish(ctx, p, r);
     }
-    0
 }
 
-#[tracepoint(category = "keling", name = "keling_ioctl_free")]
-pub fn keling_ioctl_free(ctx: TracePointContext) -> i32 {
+handler_program!(
+    /// RM_FREE and VID_HEAP_CONTROL FREE.
+    keling_ioctl_free,
+    keling_ioctl_free_kprobe,
+    ioctl_free
+);
+
+fn ioctl_free<C: IoctlCalls>(ctx: &C) {
     if let Some(p) = pending() {
         let r = exit_free(p);
-        finish(&ctx, p, r);
+        finish(ctx, p, r);
     }
-    0
 }
 
-#[tracepoint(category = "keling", name = "keling_ioctl_control")]
-pub fn keling_ioctl_control(ctx: TracePointContext) -> i32 {
+handler_program!(
+    /// RM_CONTROL commands that change memory.
+    keling_ioctl_control,
+    keling_ioctl_control_kprobe,
+    ioctl_control
+);
+
+fn ioctl_control<C: IoctlCalls>(ctx: &C) {
     if let Some(p) = pending() {
         let r = exit_control(p);
-        finish(&ctx, p, r);
+        finish(ctx, p, r);
     }
-    0
 }
 
-/// Batch exports: one object per run, then itself again.
-#[tracepoint(category = "keling", name = "keling_ioctl_batch_export")]
-pub fn keling_ioctl_batch_export(ctx: TracePointContext) -> i32 {
-    batch(&ctx, IOCTL_BATCH_EXPORT);
-    0
+handler_program!(
+    /// Batch exports: one object per run, then itself again.
+    keling_ioctl_batch_export,
+    keling_ioctl_batch_export_kprobe,
+    batch_export
+);
+
+fn batch_export<C: IoctlCalls>(ctx: &C) {
+    batch(ctx, IOCTL_BATCH_EXPORT);
 }
 
-/// Batch imports: one object per run, then itself again.
-#[tracepoint(category = "keling", name = "keling_ioctl_batch_import")]
-pub fn keling_ioctl_batch_import(ctx: TracePointContext) -> i32 {
-    batch(&ctx, IOCTL_BATCH_IMPORT);
-    0
+handler_program!(
+    /// Batch imports: one object per run, then itself again.
+    keling_ioctl_batch_import,
+    keling_ioctl_batch_import_kprobe,
+    batch_import
+);
+
+fn batch_import<C: IoctlCalls>(ctx: &C) {
+    batch(ctx, IOCTL_BATCH_IMPORT);
 }
 
 #[inline(always)]
-fn batch(ctx: &TracePointContext, me: u32) {
+fn batch<C: IoctlCalls>(ctx: &C, me: u32) {
     let Some(p) = pending() else {
         return;
     };
@@ -713,7 +874,7 @@ fn batch(ctx: &TracePointContext, me: u32) {
     match step {
         Ok(true) => {
             // SAFETY: a tail call to a program of the same type.
-            unsafe { IOCTL_PROG.tail_call(ctx, me) };
+            unsafe { C::ioctl_prog().tail_call(ctx, me) };
             finish(ctx, p, Err(undecoded::TABLE_FULL));
         }
         Ok(false) => finish(ctx, p, Ok(None)),
@@ -721,13 +882,18 @@ fn batch(ctx: &TracePointContext, me: u32) {
     }
 }
 
-#[tracepoint(category = "keling", name = "keling_ioctl_dup")]
-pub fn keling_ioctl_dup(ctx: TracePointContext) -> i32 {
+handler_program!(
+    /// RM_DUP_OBJECT.
+    keling_ioctl_dup,
+    keling_ioctl_dup_kprobe,
+    ioctl_dup
+);
+
+fn ioctl_dup<C: IoctlCalls>(ctx: &C) {
     if let Some(p) = pending() {
         let r = exit_dup(p);
-        finish(&ctx, p, r);
+        finish(ctx, p, r);
     }
-    0
 }
 
 /// RM_FREE, or VID_HEAP_CONTROL FREE, that returned.

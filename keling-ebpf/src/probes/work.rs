@@ -14,30 +14,66 @@
 //! | `keling_orphan` | [`Work::Orphan`] | orphans |
 //! | `keling_sweep` | [`Work::Sweep`] | orphans |
 //!
+//! Each exists twice, around one body: as a tracepoint-type program for
+//! `WORK_PROG` and, with the suffix `_kprobe`, as a kprobe-type one for
+//! `WORK_PROG_KPROBE` (the driver-entry backend's programs are kprobes, and the
+//! kernel tail-calls only between programs of one type).
+//!
 //! The agent's loader names these programs (keling-agent's `bpf::programs`), and
 //! a test there checks that each slot holds one of them.
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    macros::{kprobe, tracepoint},
+    programs::{ProbeContext, TracePointContext},
+};
 
 use super::{
     accounting,
-    deferred::{self, CloseRange, Work},
+    deferred::{self, CloseRange, TailCalls, Work},
     files, orphans,
 };
 
-/// [`Work::ReleaseFile`].
-#[tracepoint(category = "keling", name = "keling_release_file")]
-pub fn keling_release_file(ctx: TracePointContext) -> i32 {
+/// A work program in both flavours around `$body`.
+macro_rules! work_program {
+    ($(#[$doc:meta])* $tracepoint:ident, $kprobe:ident, $body:ident) => {
+        $(#[$doc])*
+        #[tracepoint]
+        pub fn $tracepoint(ctx: TracePointContext) -> i32 {
+            $body(&ctx);
+            0
+        }
+
+        $(#[$doc])*
+        #[kprobe]
+        pub fn $kprobe(ctx: ProbeContext) -> u32 {
+            $body(&ctx);
+            0
+        }
+    };
+}
+
+work_program!(
+    /// [`Work::ReleaseFile`].
+    keling_release_file,
+    keling_release_file_kprobe,
+    release_file
+);
+
+fn release_file<C: TailCalls>(ctx: &C) {
     if let Some((pid, tid, Work::ReleaseFile { file_id })) = deferred::pop() {
         accounting::release_file(pid, tid, file_id);
     }
-    deferred::run(&ctx);
-    0
+    deferred::run(ctx);
 }
 
-/// [`Work::TeardownShared`]: one handle of the client's shared list per run, the
-/// item updated in place; then the contributors' step.
-#[tracepoint(category = "keling", name = "keling_teardown_shared")]
-pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
+work_program!(
+    /// [`Work::TeardownShared`]: one handle of the client's shared list per run, the
+    /// item updated in place; then the contributors' step.
+    keling_teardown_shared,
+    keling_teardown_shared_kprobe,
+    teardown_shared
+);
+
+fn teardown_shared<C: TailCalls>(ctx: &C) {
     if let Some((pid, tid, w)) = deferred::front()
         && let Work::TeardownShared(t) = w
     {
@@ -46,13 +82,17 @@ pub fn keling_teardown_shared(ctx: TracePointContext) -> i32 {
             _ => w.start_contributors_step(),
         }
     }
-    deferred::run(&ctx);
-    0
+    deferred::run(ctx);
 }
 
-/// [`Work::TeardownContributors`]: a few contributor slots per run.
-#[tracepoint(category = "keling", name = "keling_teardown_contributors")]
-pub fn keling_teardown_contributors(ctx: TracePointContext) -> i32 {
+work_program!(
+    /// [`Work::TeardownContributors`]: a few contributor slots per run.
+    keling_teardown_contributors,
+    keling_teardown_contributors_kprobe,
+    teardown_contributors
+);
+
+fn teardown_contributors<C: TailCalls>(ctx: &C) {
     if let Some((pid, tid, w)) = deferred::front()
         && let Work::TeardownContributors(t) = w
     {
@@ -62,40 +102,51 @@ pub fn keling_teardown_contributors(ctx: TracePointContext) -> i32 {
             let _ = deferred::pop();
         }
     }
-    deferred::run(&ctx);
-    0
+    deferred::run(ctx);
 }
 
-/// [`Work::CloseRange`]: one slot per run.
-#[tracepoint(category = "keling", name = "keling_close_range")]
-pub fn keling_close_range(ctx: TracePointContext) -> i32 {
+work_program!(
+    /// [`Work::CloseRange`]: one slot per run.
+    keling_close_range,
+    keling_close_range_kprobe,
+    close_range
+);
+
+fn close_range<C: TailCalls>(ctx: &C) {
     if let Some((pid, tid, Work::CloseRange(c))) = deferred::pop() {
         let next_slot = files::close_range_step(c.pid, tid, c.first_fd, c.last_fd, c.next_slot);
         if next_slot != u32::MAX {
             deferred::push_front(pid, tid, Work::CloseRange(CloseRange { next_slot, ..c }));
         }
     }
-    deferred::run(&ctx);
-    0
+    deferred::run(ctx);
 }
 
-/// [`Work::Orphan`]: the file, whose fd the queue's process just dropped while
-/// other references remain, becomes an orphan unless that process still has
-/// another fd of it.
-#[tracepoint(category = "keling", name = "keling_orphan")]
-pub fn keling_orphan(ctx: TracePointContext) -> i32 {
+work_program!(
+    /// [`Work::Orphan`]: the file, whose fd the queue's process just dropped while
+    /// other references remain, becomes an orphan unless that process still has
+    /// another fd of it.
+    keling_orphan,
+    keling_orphan_kprobe,
+    orphan
+);
+
+fn orphan<C: TailCalls>(ctx: &C) {
     if let Some((pid, _, Work::Orphan { file_id })) = deferred::pop() {
         orphans::add_orphan(pid, file_id);
     }
-    deferred::run(&ctx);
-    0
+    deferred::run(ctx);
 }
 
-/// [`Work::Sweep`]: checks the next few orphan slots.
-#[tracepoint(category = "keling", name = "keling_sweep")]
-pub fn keling_sweep(ctx: TracePointContext) -> i32 {
+work_program!(
+    /// [`Work::Sweep`]: checks the next few orphan slots.
+    keling_sweep,
+    keling_sweep_kprobe,
+    sweep
+);
+
+fn sweep<C: TailCalls>(ctx: &C) {
     let _ = deferred::pop();
     orphans::sweep();
-    deferred::run(&ctx);
-    0
+    deferred::run(ctx);
 }

@@ -148,6 +148,10 @@ struct Cli {
     /// pass-client, pass-holder, many-fds.
     #[arg(long, default_value = "random")]
     scenario: String,
+    /// random: draw no "child killed by SIGKILL mid-work" step (a kill can land
+    /// between an ioctl's return and `keling_test_ioctl_returned`).
+    #[arg(long)]
+    no_kills: bool,
     // Internal: continuing as an exec'd child.
     #[arg(long, hide = true)]
     exec_child: Option<String>,
@@ -216,7 +220,20 @@ fn sys_ioctl(fd: RawFd, cmd: u32, arg: *mut u8) -> Result<(), Errno> {
     // that is large enough for `cmd`, or a deliberately bad address (hostile
     // scenario) that the driver must reject without our process touching it.
     let r = unsafe { libc::ioctl(fd, cmd as libc::c_ulong, arg) };
-    if r < 0 { Err(errno()) } else { Ok(()) }
+    let e = if r < 0 { errno() } else { 0 };
+    keling_test_ioctl_returned(if r < 0 { -i64::from(e) } else { i64::from(r) });
+    if r < 0 { Err(e) } else { Ok(()) }
+}
+
+/// Called right after each ioctl returns, in the same thread, with what the
+/// kernel returned (`-errno` on failure); returns it. Keling's tests attach a
+/// uretprobe here to stand in for the driver-entry backend's kretprobe on the
+/// driver's ioctl, which this machine cannot attach (keling-agent's
+/// `KELING_TEST_IOCTL_RETURN`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn keling_test_ioctl_returned(ret: i64) -> i64 {
+    std::hint::black_box(ret)
 }
 
 fn open_dev(path: &Path, cloexec: bool) -> RawFd {
@@ -2172,6 +2189,7 @@ impl<'e> Random<'e> {
                 7 => self.fork_leak(),
                 8 => self.fork_exec(false),
                 9 => self.fork_exec(true),
+                10 if self.cli.no_kills => self.main.alloc_random_video(),
                 10 => self.kill_child(),
                 11 => self.second_client(),
                 12 => self.restart_client(),
