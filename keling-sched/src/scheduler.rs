@@ -147,6 +147,14 @@ impl Scheduler {
         out
     }
 
+    /// Whether any task is not archived yet. Only then does the passing of time
+    /// change anything ([`Input::Tick`]'s quanta, idle timeouts, duration limits
+    /// and escalations all belong to tasks), so a driver may tick less often
+    /// while there are none.
+    pub fn has_live_tasks(&self) -> bool {
+        !self.tasks.is_empty()
+    }
+
     /// One task, archived ones included; `None` for an id never seen.
     pub fn task(&self, id: TaskId) -> Option<TaskView> {
         self.tasks

@@ -317,3 +317,25 @@ fn thaw_timeout_retries_once_then_assumes_the_task_runs() {
     );
     assert_eq!(h.view(1).in_flight, None);
 }
+
+/// The agent ticks its clock slowly while no task lives: a tick then must change
+/// nothing, however late it comes.
+#[test]
+fn the_clock_matters_only_while_a_task_lives() {
+    let mut h = Harness::new(config(1, 1));
+    assert!(!h.sched.has_live_tasks());
+    h.arrive(spec(1, 5));
+    assert!(h.sched.has_live_tasks());
+    h.at_ms(10);
+    h.exit(1, 0);
+    // Finished, and archived by the next tick.
+    assert!(h.sched.has_live_tasks());
+    h.at_ms(20);
+    h.tick();
+    assert!(!h.sched.has_live_tasks());
+    for ms in [30, 10_000, 100_000_000] {
+        h.at_ms(ms);
+        let out = h.tick();
+        assert!(out.actions.is_empty() && out.transitions.is_empty(), "{out:?}");
+    }
+}
