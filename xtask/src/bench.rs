@@ -726,18 +726,31 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         );
         rows.insert("slow_actuations".into(), json!(slow));
         // The kernel's own floor, side by side: the same task frozen and thawed by
-        // a SCHED_FIFO thread writing cgroup.freeze directly, no Keling.
-        let floor = freezer_floor(dir, busy)?;
+        // a SCHED_FIFO thread writing cgroup.freeze directly, no Keling; then the
+        // same with the freeze boost (`keling run`'s default) done by hand, so the
+        // boost's gain shows against the kernel alone in the same run.
+        let floor = freezer_floor(dir, busy, false)?;
+        let boosted = freezer_floor(dir, busy, true)?;
         for (action, write, confirmed) in [
             ("freeze", &floor.freeze_write, &floor.freeze_confirmed),
             ("thaw", &floor.thaw_write, &floor.thaw_confirmed),
+            (
+                "freeze_boost",
+                &boosted.freeze_write,
+                &boosted.freeze_confirmed,
+            ),
         ] {
             let mut w = write.clone();
             let mut c = confirmed.clone();
             let n = w.len();
+            let label = match action {
+                "freeze_boost" => "freeze, kernel alone with the boost: boost and write",
+                "freeze" => "freeze, kernel alone: write",
+                _ => "thaw, kernel alone: write",
+            };
             report.row(
                 "decisions",
-                &format!("{host}: {action}, kernel alone: write / to confirmed"),
+                &format!("{host}: {label} / to confirmed"),
                 format!(
                     "p50 {:.3} / {:.3} ms, p99 {:.3} / {:.3} ms, max {:.3} / {:.3} ms, n {n}",
                     quantile(&mut w, 0.5),
@@ -753,8 +766,12 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
                 json!({"p50": quantile(v, 0.5), "p99": quantile(v, 0.99),
                     "max": quantile(v, 1.0), "n": v.len()})
             };
+            let key = match action {
+                "freeze_boost" => "freeze.kernel_alone_boost_ms".to_string(),
+                _ => format!("{action}.kernel_alone_ms"),
+            };
             rows.insert(
-                format!("{action}.kernel_alone_ms"),
+                key,
                 json!({"write": summary(&mut w), "confirmed": summary(&mut c)}),
             );
         }
@@ -813,13 +830,98 @@ impl Drop for FloorCgroup {
     }
 }
 
+/// `struct sched_attr` (linux/sched/types.h, 56 bytes), for the boost by hand.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+    util_min: u32,
+    util_max: u32,
+}
+
+fn sched_getattr(tid: i32) -> Option<SchedAttr> {
+    let mut a = SchedAttr::default();
+    // SAFETY: a valid, writable sched_attr of the size passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            tid,
+            &raw mut a,
+            std::mem::size_of::<SchedAttr>() as u32,
+            0u32,
+        )
+    };
+    (r == 0).then_some(a)
+}
+
+fn sched_setattr(tid: i32, a: &SchedAttr) -> bool {
+    let mut a = *a;
+    a.size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: a valid sched_attr whose size field is set.
+    unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &raw const a, 0u32) == 0 }
+}
+
+/// The freeze boost done by hand, as `keling run` does it: each thread of the
+/// cgroup in a fair class (SCHED_OTHER, BATCH, IDLE) raised to SCHED_FIFO 1 with
+/// reset-on-fork before the freeze, and put back (class, nice, flags) after it,
+/// or when dropped.
+struct HandBoost(Vec<(i32, SchedAttr)>);
+
+impl HandBoost {
+    fn raise(threads: &std::fs::File, buf: &mut [u8]) -> anyhow::Result<Self> {
+        use std::os::unix::fs::FileExt;
+        let n = threads.read_at(buf, 0)?;
+        let mut raised = Vec::new();
+        for tid in std::str::from_utf8(&buf[..n])?
+            .lines()
+            .filter_map(|l| l.parse::<i32>().ok())
+        {
+            let Some(a) = sched_getattr(tid).filter(|a| matches!(a.policy, 0 | 3 | 5)) else {
+                continue;
+            };
+            let boost = SchedAttr {
+                policy: libc::SCHED_FIFO as u32,
+                priority: 1,
+                flags: 1, // SCHED_FLAG_RESET_ON_FORK
+                ..SchedAttr::default()
+            };
+            if sched_setattr(tid, &boost) {
+                raised.push((tid, a));
+            }
+        }
+        Ok(Self(raised))
+    }
+}
+
+impl Drop for HandBoost {
+    fn drop(&mut self) {
+        for (tid, a) in &self.0 {
+            let back = SchedAttr {
+                policy: a.policy,
+                nice: a.nice,
+                flags: a.flags & 1,
+                ..SchedAttr::default()
+            };
+            sched_setattr(*tid, &back);
+        }
+    }
+}
+
 /// What the kernel's freezer costs by itself: the decision bench's 16-thread busy
 /// task in a cgroup of its own, frozen and thawed 1000 times (frozen 20 ms, then
 /// running 30 ms, as in the decision runs) from a
 /// SCHED_FIFO 50 thread (the actuator's priority) writing `cgroup.freeze` and
 /// waiting for `cgroup.events` to say so; with a spinning process per CPU besides
-/// when `busy`.
-fn freezer_floor(dir: &Path, busy: bool) -> anyhow::Result<FreezerFloor> {
+/// when `busy`. With `boost`, each freeze is boosted by hand first ([`HandBoost`];
+/// its time counts in the write's and the confirmation's).
+fn freezer_floor(dir: &Path, busy: bool, boost: bool) -> anyhow::Result<FreezerFloor> {
     use std::os::unix::fs::FileExt;
     let root = crate::demo::cgroup2_mount().context("no cgroup v2 hierarchy mounted")?;
     let cg = root.join(format!("keling-bench-freezer-{}", std::process::id()));
@@ -848,11 +950,18 @@ fn freezer_floor(dir: &Path, busy: bool) -> anyhow::Result<FreezerFloor> {
             .write(true)
             .open(cg2.join("cgroup.freeze"))?;
         let events = std::fs::File::open(cg2.join("cgroup.events"))?;
+        let threads = std::fs::File::open(cg2.join("cgroup.threads"))?;
+        let mut threads_buf = vec![0u8; 4096];
         let mut out = FreezerFloor::default();
         let mut buf = [0u8; 256];
         for _ in 0..1000 {
             for (value, want) in [(b"1", "frozen 1"), (b"0", "frozen 0")] {
                 let t0 = Instant::now();
+                let raised = if boost && value == b"1" {
+                    Some(HandBoost::raise(&threads, &mut threads_buf)?)
+                } else {
+                    None
+                };
                 freeze.write_at(value, 0)?;
                 let write = t0.elapsed();
                 loop {
@@ -872,6 +981,7 @@ fn freezer_floor(dir: &Path, busy: bool) -> anyhow::Result<FreezerFloor> {
                     }
                 }
                 let confirmed = t0.elapsed();
+                drop(raised); // put back
                 let ms = |d: Duration| d.as_secs_f64() * 1e3;
                 let (w, c) = if value == b"1" {
                     (&mut out.freeze_write, &mut out.freeze_confirmed)

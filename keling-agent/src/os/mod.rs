@@ -16,6 +16,7 @@ pub mod lock;
 pub mod mounts;
 pub mod pidfd;
 pub mod proc;
+pub mod sched_attr;
 pub mod spawn;
 pub mod users;
 

@@ -12,6 +12,7 @@ use std::{
     collections::BTreeSet,
     fs,
     os::fd::{AsRawFd, RawFd},
+    path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -21,7 +22,10 @@ use std::{
 
 use keling_sched::ActionKind;
 
-use super::cgroup::{self, StoppedProcess, TaskCgroup};
+use super::{
+    boost::{self, Booster},
+    cgroup::{self, StoppedProcess, TaskCgroup},
+};
 use crate::os::{pidfd::Pidfd, proc};
 
 pub trait Actuator: Send + Sync {
@@ -39,6 +43,25 @@ pub trait Actuator: Send + Sync {
     fn signal(&self, signal: i32) -> usize;
     /// Starts watching for `kind` (freeze, thaw or stop) to take effect.
     fn watch(&self, kind: ActionKind) -> Box<dyn Watch>;
+    /// Starts freezing the task as `set_frozen(true)` does, first raising its
+    /// threads so that they enter the freezer at once ([`super::boost`]), when this
+    /// actuator does that. What it raised stays raised until [`Actuator::unboost`]
+    /// or a thaw; on an error, nothing stays raised.
+    fn freeze_boosted(&self) -> anyhow::Result<Boosted> {
+        self.set_frozen(true).map(|()| Boosted::default())
+    }
+    /// Puts back whatever [`Actuator::freeze_boosted`] raised (nothing if nothing
+    /// is raised).
+    fn unboost(&self) {}
+}
+
+/// What [`Actuator::freeze_boosted`] raised before its write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Boosted {
+    /// Threads raised to the real-time class.
+    pub threads: usize,
+    /// How long raising them took, ns.
+    pub took_ns: u64,
 }
 
 /// Whether an actuation has taken effect, asked without blocking.
@@ -84,24 +107,72 @@ pub struct CgroupActuator {
     /// does a thaw sweep the cgroup with SIGCONT (it costs a read of `cgroup.procs`
     /// and a pidfd per process, on the path every thaw takes).
     escalated: AtomicBool,
+    /// The freeze boost (`keling run --no-freeze-boost`: none). Held across a
+    /// boost and its write, and across a thaw's restore and its write, so a thaw
+    /// from another thread can never leave a raised thread running.
+    boost: Option<Mutex<Booster>>,
 }
 
 impl CgroupActuator {
-    pub fn new(cgroup: TaskCgroup) -> Self {
+    /// With `boost`, freezes raise the task's threads first ([`super::boost`]),
+    /// recorded under `boost::record_dir()`.
+    pub fn new(cgroup: TaskCgroup, boost: bool) -> Self {
+        Self::with_boost_records(cgroup, boost.then(boost::record_dir))
+    }
+
+    /// Freezes boosted, their records under `records`, when it is `Some`.
+    pub fn with_boost_records(cgroup: TaskCgroup, records: Option<PathBuf>) -> Self {
+        let boost = records.map(|dir| {
+            let record = boost::record_path(&dir, &cgroup.dir);
+            Mutex::new(Booster::new(&cgroup.dir, record))
+        });
         Self {
             cgroup,
             escalated: AtomicBool::new(false),
+            boost,
         }
+    }
+
+    fn booster(&self) -> Option<std::sync::MutexGuard<'_, Booster>> {
+        self.boost
+            .as_ref()
+            .map(|b| b.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
 impl Actuator for CgroupActuator {
     fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
+        // Put back before the thaw's write: no thread runs raised.
+        let mut booster = if frozen { None } else { self.booster() };
+        if let Some(b) = &mut booster {
+            b.restore();
+        }
         let r = self.cgroup.set_frozen(frozen);
+        drop(booster);
         if !frozen && self.escalated.swap(false, Ordering::Relaxed) {
             self.cgroup.signal(libc::SIGCONT);
         }
         r
+    }
+
+    fn freeze_boosted(&self) -> anyhow::Result<Boosted> {
+        let Some(mut booster) = self.booster() else {
+            return self.set_frozen(true).map(|()| Boosted::default());
+        };
+        let t0 = crate::os::monotonic_ns();
+        let threads = booster.boost();
+        let took_ns = crate::os::monotonic_ns().saturating_sub(t0);
+        let r = self.cgroup.set_frozen(true);
+        if r.is_err() {
+            booster.restore();
+        }
+        r.map(|()| Boosted { threads, took_ns })
+    }
+
+    fn unboost(&self) {
+        if let Some(mut b) = self.booster() {
+            b.restore();
+        }
     }
 
     fn stop(&self) -> anyhow::Result<()> {
@@ -300,5 +371,255 @@ impl Watch for ProcessWatch {
 
     fn fd(&self) -> Option<RawFd> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        path::Path,
+        process::{Child, Command},
+    };
+
+    use super::*;
+    use crate::{
+        os::sched_attr::{self, SCHED_BATCH, SCHED_FIFO, SCHED_IDLE, SCHED_OTHER, SchedAttr},
+        sched::cgroup::{CgroupRoot, cgroup2_mount},
+    };
+
+    /// Processes and cgroups made by the test, undone on drop, failure or not.
+    struct Setup {
+        children: Vec<Child>,
+        /// Cgroups, removed last in, first out.
+        dirs: Vec<PathBuf>,
+        /// A plain directory, removed with what is in it.
+        temp: Option<PathBuf>,
+    }
+
+    impl Drop for Setup {
+        fn drop(&mut self) {
+            if let Some(t) = &self.temp {
+                let _ = fs::remove_dir_all(t);
+            }
+            for d in &self.dirs {
+                let _ = fs::write(d.join("cgroup.freeze"), "0");
+            }
+            for c in &mut self.children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            for d in self.dirs.iter().rev() {
+                for _ in 0..100 {
+                    if fs::remove_dir(d).is_ok() || !d.exists() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// Every thread of the cgroup with its attributes, by thread id.
+    fn snapshot(cg: &TaskCgroup) -> Vec<(u32, SchedAttr)> {
+        let mut v: Vec<(u32, SchedAttr)> = fs::read_to_string(cg.dir.join("cgroup.threads"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .map(|tid| (tid, sched_attr::get(tid).unwrap()))
+            .collect();
+        v.sort_by_key(|(tid, _)| *tid);
+        v
+    }
+
+    fn spawn(setup: &mut Setup, args: &[&str], attr: SchedAttr) -> u32 {
+        let child = Command::new(args[0]).args(&args[1..]).spawn().unwrap();
+        let pid = child.id();
+        setup.children.push(child);
+        sched_attr::set(pid, &attr).unwrap();
+        pid
+    }
+
+    fn frozen(a: &CgroupActuator, kind: ActionKind) -> bool {
+        wait(a.watch(kind), Duration::from_secs(5))
+    }
+
+    /// As root, on a real cgroup: every freeze raises exactly the task's fair
+    /// threads, and after it (confirmed and put back, thawed before it showed, or
+    /// undone from the record as the fail-safe does) every thread is exactly as it
+    /// was: class, nice, reset-on-fork, slice; a real-time thread is never
+    /// touched. Where the kernel refuses the real-time class (a v1 cpu cgroup with
+    /// no real-time runtime), the freeze goes on unboosted.
+    #[test]
+    fn a_boosted_freeze_puts_every_thread_back_as_it_was() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: not root (needs a cgroup and the real-time class)");
+            return;
+        }
+        let Ok(mount) = cgroup2_mount() else {
+            eprintln!("skipping: no cgroup v2 hierarchy");
+            return;
+        };
+        let mut setup = Setup {
+            children: Vec::new(),
+            dirs: Vec::new(),
+            temp: None,
+        };
+        let base = mount.join(format!("keling-unit-boost-{}", std::process::id()));
+        fs::create_dir(&base).unwrap();
+        setup.dirs.push(base.clone());
+        let root = CgroupRoot {
+            mount,
+            dir: base.clone(),
+        };
+        let cg = root.create_task("t").unwrap();
+        setup.dirs.push(cg.dir.clone());
+        let busy = ["sh", "-c", "while :; do :; done"];
+        let sleep = ["sleep", "60"];
+        let pids = [
+            spawn(
+                &mut setup,
+                &busy,
+                SchedAttr {
+                    nice: 5,
+                    ..SchedAttr::new(SCHED_OTHER)
+                },
+            ),
+            spawn(
+                &mut setup,
+                &busy,
+                SchedAttr {
+                    runtime: 3_000_000, // a slice of its own
+                    ..SchedAttr::new(SCHED_BATCH)
+                },
+            ),
+            spawn(&mut setup, &sleep, SchedAttr::new(SCHED_IDLE)),
+            spawn(
+                &mut setup,
+                &sleep,
+                SchedAttr {
+                    flags: sched_attr::SCHED_FLAG_RESET_ON_FORK,
+                    nice: -2,
+                    ..SchedAttr::new(SCHED_OTHER)
+                },
+            ),
+            // Real-time already: left alone.
+            spawn(
+                &mut setup,
+                &sleep,
+                SchedAttr {
+                    priority: 3,
+                    ..SchedAttr::new(SCHED_FIFO)
+                },
+            ),
+        ];
+        for pid in pids {
+            fs::write(cg.procs_file(), pid.to_string()).unwrap();
+        }
+        // As the actuation thread: learns the base slice while fair, then goes
+        // above the threads it raises (the children are started, and would not
+        // inherit it anyway).
+        boost::learn_base_slice();
+        crate::os::set_thread_realtime(50).unwrap();
+        let before = snapshot(&cg);
+        assert_eq!(before.len(), 5);
+        let records =
+            std::env::temp_dir().join(format!("keling-unit-boost-records-{}", std::process::id()));
+        setup.temp = Some(records.clone());
+        let record = boost::record_path(&records, &cg.dir);
+        let act = CgroupActuator::with_boost_records(cg.clone(), Some(records.clone()));
+        for _ in 0..10 {
+            let b = act.freeze_boosted().unwrap();
+            assert_eq!(b.threads, 4, "the fair threads, not the FIFO one");
+            assert_eq!(boost::recorded(&record), 4);
+            assert!(frozen(&act, ActionKind::Freeze));
+            let during = snapshot(&cg);
+            let raised = during
+                .iter()
+                .filter(|(_, a)| a.policy == SCHED_FIFO && a.priority == boost::PRIORITY)
+                .count();
+            assert_eq!(raised, 4, "{during:?}");
+            act.unboost();
+            assert_eq!(snapshot(&cg), before);
+            assert_eq!(boost::recorded(&record), 0);
+            act.set_frozen(false).unwrap();
+            assert!(frozen(&act, ActionKind::Thaw));
+        }
+        // A thaw before the freeze showed: put back first.
+        assert_eq!(act.freeze_boosted().unwrap().threads, 4);
+        act.set_frozen(false).unwrap();
+        assert_eq!(snapshot(&cg), before);
+        assert!(frozen(&act, ActionKind::Thaw));
+        // The agent gone mid-freeze: the record alone puts them back.
+        assert_eq!(act.freeze_boosted().unwrap().threads, 4);
+        assert!(frozen(&act, ActionKind::Freeze));
+        assert_eq!(boost::undo_recorded(&record, |_| true), 4);
+        assert_eq!(snapshot(&cg), before);
+        act.unboost(); // finds nothing raised
+        assert_eq!(snapshot(&cg), before);
+        act.set_frozen(false).unwrap();
+        assert!(frozen(&act, ActionKind::Thaw));
+        // Through the actuation thread: when the core hears the freeze, every
+        // thread is back already.
+        let act: Arc<dyn Actuator> = Arc::new(act);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let worker = super::super::worker::Worker::start(50, tx).unwrap();
+        for (kind, timeout_ms) in [(ActionKind::Freeze, 2000), (ActionKind::Thaw, 2000)] {
+            let now = crate::os::monotonic_ns();
+            worker.submit(super::super::worker::Job::Actuate {
+                id: 1,
+                kind,
+                actuator: act.clone(),
+                times: crate::latency::DecisionTimes {
+                    action: format!("{kind:?}"),
+                    event_ns: now,
+                    received_ns: now,
+                    decided_ns: now,
+                    actuated_ns: now,
+                    confirmed_ns: None,
+                },
+                timeout: Duration::from_millis(timeout_ms),
+            });
+            let c = rx.blocking_recv().unwrap();
+            assert!(c.confirmed, "{kind:?}");
+            assert_eq!(snapshot(&cg), before, "{kind:?}");
+        }
+        drop(worker);
+        drop(act);
+        refused_where_the_kernel_says_no(&mut setup, &cg, &pids, &records, &before);
+    }
+
+    /// A v1 cpu cgroup with no real-time runtime (RT_GROUP_SCHED) makes the raise
+    /// fail with EPERM: no boost, the freeze as usual.
+    fn refused_where_the_kernel_says_no(
+        setup: &mut Setup,
+        cg: &TaskCgroup,
+        pids: &[u32],
+        records: &Path,
+        before: &[(u32, SchedAttr)],
+    ) {
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        if !v1.join("cpu.rt_runtime_us").exists() {
+            eprintln!("no v1 cpu hierarchy with RT_GROUP_SCHED here: the refusal is not tested");
+            return;
+        }
+        let group = v1.join(format!("keling-unit-boost-{}", std::process::id()));
+        fs::create_dir(&group).unwrap();
+        setup.dirs.push(group.clone());
+        // Its real-time runtime is 0; the FIFO sleeper cannot go there (it stays).
+        for &pid in &pids[..4] {
+            fs::write(group.join("cgroup.procs"), pid.to_string()).unwrap();
+        }
+        let act = CgroupActuator::with_boost_records(cg.clone(), Some(records.to_path_buf()));
+        assert_eq!(act.freeze_boosted().unwrap().threads, 0);
+        assert!(frozen(&act, ActionKind::Freeze));
+        assert_eq!(snapshot(cg), before);
+        act.set_frozen(false).unwrap();
+        assert!(frozen(&act, ActionKind::Thaw));
+        assert_eq!(act.freeze_boosted().unwrap().threads, 0, "not tried again");
+        act.set_frozen(false).unwrap();
+        for &pid in &pids[..4] {
+            let _ = fs::write(v1.join("cgroup.procs"), pid.to_string());
+        }
     }
 }

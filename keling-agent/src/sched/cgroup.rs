@@ -365,13 +365,34 @@ fn continue_stopped_at(path: &Path) -> usize {
     n
 }
 
+impl TaskCgroup {
+    /// Puts back the threads an agent raised for a freeze of this cgroup and
+    /// recorded before it died or stalled ([`super::boost`]), before anything
+    /// thaws them. Returns how many.
+    fn undo_boost(&self) -> usize {
+        super::boost::undo_recorded(
+            &super::boost::record_path(&super::boost::record_dir(), &self.dir),
+            |tid| self.contains(tid),
+        )
+    }
+}
+
 /// Thaws every cgroup under Keling's root, continues every process in them (a
-/// freeze escalated to SIGSTOP) and every process on the stopped list. Returns how
-/// many it thawed or continued. Never creates anything; safe to run at any time.
+/// freeze escalated to SIGSTOP) and every process on the stopped list, having put
+/// back first whatever threads a freeze boost left raised. Returns how many it
+/// thawed or continued. Never creates anything; safe to run at any time.
 pub fn thaw_all() -> usize {
     let mut n = 0;
     if let Some(root) = CgroupRoot::existing() {
         for cg in root.tasks() {
+            let unboosted = cg.undo_boost();
+            if unboosted > 0 {
+                eprintln!(
+                    "keling: put back {unboosted} thread(s) of {} that a freeze boost had \
+                     raised to the real-time class",
+                    cg.dir.display()
+                );
+            }
             if cg.set_frozen(false).is_ok() && !cg.pids().is_empty() {
                 n += 1;
             }
@@ -392,15 +413,19 @@ pub struct Leftovers {
     pub still_running: usize,
     /// Processes on the stopped list that were continued.
     pub continued: usize,
+    /// Threads a freeze boost had left in the real-time class, put back.
+    pub unboosted: usize,
 }
 
-/// What earlier runs left: thaws everything, removes the empty task cgroups and the
-/// stopped list. For the agent's start (it holds the instance lock, so no other
-/// agent's tasks are in flight).
+/// What earlier runs left: puts back threads a freeze boost left raised, thaws
+/// everything, removes the empty task cgroups, the boost records and the stopped
+/// list. For the agent's start (it holds the instance lock, so no other agent's
+/// tasks are in flight).
 pub fn clean_leftovers() -> Leftovers {
     let mut out = Leftovers::default();
     if let Some(root) = CgroupRoot::existing() {
         for cg in root.tasks() {
+            out.unboosted += cg.undo_boost();
             let _ = cg.set_frozen(false);
             if cg.pids().is_empty() {
                 if fs::remove_dir(&cg.dir).is_ok() {
@@ -412,6 +437,7 @@ pub fn clean_leftovers() -> Leftovers {
             }
         }
     }
+    super::boost::remove_records(&super::boost::record_dir());
     out.continued = continue_stopped_at(&stopped_list_path());
     out
 }

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use super::{
     actuator::{Actuator, CgroupActuator, SignalActuator, StoppedList},
+    boost,
     cgroup::{CgroupRoot, TaskCgroup},
     worker::{Confirmation, Job, Worker},
 };
@@ -172,6 +173,8 @@ struct Process {
 pub struct RealHost {
     cgroups: CgroupRoot,
     worker: Worker,
+    /// Freezes of launched tasks raise their threads first ([`super::boost`]).
+    freeze_boost: bool,
     wakes: mpsc::UnboundedSender<Wake>,
     stopped: StoppedList,
     tasks: HashMap<TaskId, Process>,
@@ -180,9 +183,11 @@ pub struct RealHost {
 impl RealHost {
     /// Opens Keling's cgroup subtree and starts the actuation thread (SCHED_FIFO
     /// at `actuator_rt_priority`; 0: the ordinary class). Confirmations come back
-    /// on `confirmations`, other wake-ups on `wakes`. Needs a tokio runtime.
+    /// on `confirmations`, other wake-ups on `wakes`. With `freeze_boost`, a
+    /// launched task's freezes raise its threads first. Needs a tokio runtime.
     pub fn new(
         actuator_rt_priority: u8,
+        freeze_boost: bool,
         confirmations: mpsc::UnboundedSender<Confirmation>,
         wakes: mpsc::UnboundedSender<Wake>,
     ) -> anyhow::Result<Self> {
@@ -192,9 +197,20 @@ impl RealHost {
                 "actuation thread in the real-time class (SCHED_FIFO {actuator_rt_priority})"
             );
         }
+        let freeze_boost =
+            freeze_boost && worker.realtime && u32::from(actuator_rt_priority) > boost::PRIORITY;
+        if !freeze_boost {
+            log::info!(
+                "freezes are not boosted (--no-freeze-boost, or the actuation thread is not \
+                 real-time above SCHED_FIFO {}): a busy task's threads enter the freezer in \
+                 their turn",
+                boost::PRIORITY
+            );
+        }
         Ok(Self {
             cgroups: CgroupRoot::open()?,
             worker,
+            freeze_boost,
             wakes,
             stopped: StoppedList::default(),
             tasks: HashMap::new(),
@@ -255,7 +271,7 @@ impl Host for RealHost {
         self.watch_exit(id, &pidfd);
         let started = Started {
             pid,
-            actuator: Arc::new(CgroupActuator::new(cgroup.clone())),
+            actuator: Arc::new(CgroupActuator::new(cgroup.clone(), self.freeze_boost)),
             cgroup: cgroup.dir.clone(),
         };
         self.tasks.insert(

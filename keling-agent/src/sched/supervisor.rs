@@ -233,6 +233,8 @@ impl Drop for FailSafe {
 pub fn supervise(settings: Settings) -> ! {
     // SAFETY: naming our own process.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"keling-guard".as_ptr()) };
+    // Before going real-time: the slice threads a freeze boost raised get back.
+    super::boost::learn_base_slice();
     if settings.rt_priority > 0
         && let Err(e) = crate::os::set_thread_realtime(settings.rt_priority)
     {

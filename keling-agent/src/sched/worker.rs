@@ -23,7 +23,7 @@ use anyhow::Context;
 use keling_sched::{ActionKind, TaskId};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::actuator::{Actuator, Watch};
+use super::actuator::{Actuator, Boosted, Watch};
 use crate::{latency::DecisionTimes, os::monotonic_ns};
 
 /// How often watches without an fd (process states) are asked again.
@@ -92,6 +92,9 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("keling-actuate".into())
             .spawn(move || {
+                // While this thread is still in the fair class: what a thread
+                // the freeze boost raised gets back as its slice.
+                super::boost::learn_base_slice();
                 let realtime = rt_priority > 0
                     && match crate::os::set_thread_realtime(rt_priority) {
                         Ok(()) => true,
@@ -151,6 +154,23 @@ struct InFlight {
     deadline: Instant,
     /// Its timeout passed and was reported; now watched until [`LATE_WATCH`].
     timed_out: bool,
+    /// A freeze that raised the task's threads: put back when it shows, at its
+    /// timeout, or when this is dropped (the thread ends).
+    boosted: Option<Arc<dyn Actuator>>,
+}
+
+impl InFlight {
+    fn unboost(&mut self) {
+        if let Some(a) = self.boosted.take() {
+            a.unboost();
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.unboost();
+    }
 }
 
 fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmation>) {
@@ -180,6 +200,9 @@ fn run(jobs: &mpsc::Receiver<Job>, wake: RawFd, out: &UnboundedSender<Confirmati
             if confirmed {
                 times.confirmed_ns = Some(monotonic_ns());
             }
+            // Frozen, or late: either way its threads go back as they were now,
+            // before the core hears of it (its times are taken already).
+            f.unboost();
             let _ = out.send(Confirmation {
                 id: f.id,
                 action: f.kind,
@@ -256,8 +279,9 @@ fn carry_out(job: Job) -> Option<InFlight> {
             timeout,
         } => {
             let (picked_ns, before) = (monotonic_ns(), switches());
+            let mut boost = Boosted::default();
             let started = match kind {
-                ActionKind::Freeze => actuator.set_frozen(true),
+                ActionKind::Freeze => actuator.freeze_boosted().map(|b| boost = b),
                 ActionKind::Thaw => actuator.set_frozen(false),
                 _ => actuator.stop(),
             };
@@ -268,16 +292,23 @@ fn carry_out(job: Job) -> Option<InFlight> {
             let took_ns = times.actuated_ns.saturating_sub(times.decided_ns);
             if took_ns > SLOW_ACTUATION_NS {
                 // Where the time went, for `cargo xtask bench` and for whoever
-                // reads the log: the hand-over to this thread, or the write
-                // (blocked in the kernel: voluntary switches; preempted:
-                // involuntary ones).
+                // reads the log: the hand-over to this thread, the freeze boost,
+                // or the write (blocked in the kernel: voluntary switches;
+                // preempted: involuntary ones).
                 let after = switches();
                 log::info!(
                     "slow actuation: {kind:?} of task {id} took {:.3} ms: handoff {:.3} ms, \
-                     write {:.3} ms ({} voluntary, {} involuntary context switches in it)",
+                     boost {:.3} ms ({} threads), write {:.3} ms ({} voluntary, {} involuntary \
+                     context switches in boost and write)",
                     took_ns as f64 / 1e6,
                     picked_ns.saturating_sub(times.decided_ns) as f64 / 1e6,
-                    times.actuated_ns.saturating_sub(picked_ns) as f64 / 1e6,
+                    boost.took_ns as f64 / 1e6,
+                    boost.threads,
+                    times
+                        .actuated_ns
+                        .saturating_sub(picked_ns)
+                        .saturating_sub(boost.took_ns) as f64
+                        / 1e6,
                     after.0.saturating_sub(before.0),
                     after.1.saturating_sub(before.1),
                 );
@@ -289,6 +320,7 @@ fn carry_out(job: Job) -> Option<InFlight> {
                 times,
                 deadline: Instant::now() + timeout,
                 timed_out: false,
+                boosted: (boost.threads > 0).then(|| actuator.clone()),
             })
         }
         Job::Refreeze { actuator } => {
