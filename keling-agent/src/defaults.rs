@@ -8,6 +8,10 @@ pub const RINGBUF_KIB: u32 = 4096;
 pub const STATUS_INTERVAL_S: u64 = 10;
 /// `keling run`: the scheduler's clock and the drain of detail events, ms.
 pub const RUN_TICK_MS: u64 = 10;
+/// `keling run`: the same while no task lives (nothing depends on the time then:
+/// the agent sleeps instead of waking 100 times a second), ms. Well under
+/// [`WATCHDOG_MS`]: the fail-safe's heartbeat rides on it.
+pub const IDLE_TICK_MS: u64 = 100;
 /// `keling trace`: how often detail events (which do not wake the agent) are drained, ms.
 pub const TRACE_TICK_MS: u64 = 20;
 /// `keling trace`: NVML cross-check every this many seconds (when NVML is there).
@@ -18,9 +22,29 @@ pub const PRIORITY: u8 = 8;
 pub const MAX_DURATION_MS: u64 = keling_sched::DEFAULT_MAX_DURATION_MS;
 /// Warning window before the duration limit, ms.
 pub const GRACE_PERIOD_MS: u64 = keling_sched::DEFAULT_GRACE_MS;
-/// `keling run`: at most one "active" signal per task per this many ns, limited in
-/// the kernel (per tracked root process) and again in the agent (per task).
+/// `keling run`: at most one "active" signal per task per this many ns reaches the
+/// scheduler core (limited in the agent, per task); the kernel limits them per
+/// tracked root process to [`active_interval_ns`], never less than this.
 pub const ACTIVE_INTERVAL_NS: u32 = 5_000_000;
+/// The most the kernel's interval between two activity signals of one process
+/// tree grows to (see [`active_interval_ns`]), ns.
+pub const ACTIVE_INTERVAL_MAX_NS: u32 = 100_000_000;
+
+/// The kernel's interval between two activity signals of one tracked process
+/// tree under an idle timeout of `idle_timeout_ms`: a quarter of it, so that a
+/// task working without a break is never taken for idle, and at least
+/// [`ACTIVE_INTERVAL_NS`]. Each signal wakes the agent, so a busy GPU process
+/// costs it 13 wake-ups a second at the default idle timeout instead of 200. The
+/// first signal after a quiet spell is never held back (the spell is longer than
+/// the interval by the time anything depends on it).
+pub fn active_interval_ns(idle_timeout_ms: u64) -> u32 {
+    let quarter_ns = idle_timeout_ms.saturating_mul(1_000_000) / 4;
+    quarter_ns.clamp(
+        u64::from(ACTIVE_INTERVAL_NS),
+        u64::from(ACTIVE_INTERVAL_MAX_NS),
+    ) as u32
+}
+
 /// A task is idle after this long without GPU calls or CPU time, ms.
 pub const IDLE_TIMEOUT_MS: u64 = keling_sched::DEFAULT_IDLE_TIMEOUT_MS;
 /// Tasks that may run at once on one GPU.
@@ -50,3 +74,16 @@ pub const HISTO_INTERVAL_S: u64 = 10;
 pub const METRICS_ADDR: &str = "127.0.0.1:9475";
 /// `keling run`: an exited process leaves `/metrics` this long after its exit, s.
 pub const METRICS_GRACE_S: u64 = 60;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_activity_interval_is_a_quarter_of_the_idle_timeout_within_bounds() {
+        use super::active_interval_ns as f;
+        assert_eq!(f(20), 5_000_000);
+        assert_eq!(f(super::IDLE_TIMEOUT_MS), 75_000_000);
+        assert_eq!(f(1), 5_000_000);
+        assert_eq!(f(3_600_000), 100_000_000);
+        assert_eq!(f(u64::MAX), 100_000_000);
+    }
+}

@@ -451,7 +451,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     let mut load = LoadOptions::new(&args.gpu, true, args.ringbuf_kib, REQUIRED)?;
     // The scheduler needs to know a task works, not each of its switches and calls.
-    load.active_interval_ns = defaults::ACTIVE_INTERVAL_NS;
+    load.active_interval_ns = defaults::active_interval_ns(args.idle_timeout_ms);
     let mut probes = Probes::load(&load)?;
     probes.adopt_existing_fds(None, true)?;
     let gpus = gpu_infos(&args, &file_config);
@@ -574,9 +574,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         let period = Duration::from_secs(args.status_interval.max(1));
         let mut status = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         // Scheduler clock, heartbeats, and the drain of detail events (they do not
-        // wake us).
-        let mut tick = tokio::time::interval(Duration::from_millis(defaults::RUN_TICK_MS));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // wake us): every RUN_TICK_MS while a task lives, else every IDLE_TICK_MS
+        // (nothing then depends on the time; an arrival wakes the loop anyway).
+        let mut next_tick = tokio::time::Instant::now();
+        // A quarter of the fail-safe's watchdog at most: the heartbeat rides on it.
+        let idle_tick_ms = defaults::IDLE_TICK_MS.min((args.watchdog_ms / 4).max(defaults::RUN_TICK_MS));
         let started = Instant::now();
         let mut c = Counters::default();
         let mut drops_seen = 0u64;
@@ -597,6 +599,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         // cannot be restarted: every other error is reported and survived.
         let result = loop {
             failsafe.heartbeat();
+            if daemon.needs_clock() {
+                // A task arrived while the clock ran slow: back to full rate now.
+                let full = tokio::time::Instant::now() + Duration::from_millis(defaults::RUN_TICK_MS);
+                next_tick = next_tick.min(full);
+            }
             tokio::select! {
                 ready = events.ready() => {
                     if let Err(e) = ready {
@@ -604,9 +611,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                     }
                     events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
                 }
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until(next_tick) => {
                     events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
                     daemon.tick();
+                    let period = if daemon.needs_clock() {
+                        defaults::RUN_TICK_MS
+                    } else {
+                        idle_tick_ms
+                    };
+                    // From now: a late tick is not made up for.
+                    next_tick = tokio::time::Instant::now() + Duration::from_millis(period);
                     if last_check.elapsed() >= Duration::from_millis(100) {
                         last_check = Instant::now();
                         // Lost events may have been exits or forks: check who is whose.

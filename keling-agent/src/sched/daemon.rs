@@ -667,6 +667,12 @@ impl Daemon {
         }
     }
 
+    /// Whether the scheduler's clock must run at its full rate: some task lives
+    /// (see `Scheduler::has_live_tasks`).
+    pub fn needs_clock(&self) -> bool {
+        self.sched.has_live_tasks()
+    }
+
     pub fn tick(&mut self) {
         let now = self.host.now_ns();
         self.latency.tick(now);

@@ -336,6 +336,9 @@ fn the_clock_matters_only_while_a_task_lives() {
     for ms in [30, 10_000, 100_000_000] {
         h.at_ms(ms);
         let out = h.tick();
-        assert!(out.actions.is_empty() && out.transitions.is_empty(), "{out:?}");
+        assert!(
+            out.actions.is_empty() && out.transitions.is_empty(),
+            "{out:?}"
+        );
     }
 }
