@@ -333,6 +333,29 @@ pub fn proc_state(pid: u32) -> char {
         .unwrap_or('?')
 }
 
+/// Threads of `pid` in a real-time class (SCHED_FIFO or SCHED_RR: `stat`'s
+/// field 41, `policy`).
+pub fn realtime_threads(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid: u32 = t.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            let policy: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(38)?
+                .parse()
+                .ok()?;
+            matches!(policy, 1 | 2).then_some(tid)
+        })
+        .collect()
+}
+
 /// Whether a cgroup says `frozen 1`.
 pub fn frozen(cg: &Path) -> bool {
     std::fs::read_to_string(cg.join("cgroup.events"))

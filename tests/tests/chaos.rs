@@ -24,7 +24,7 @@ use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{
         Agent, AgentOptions, cgroup_of, cgroup2, children_of, frozen, proc_state, progress,
-        task_cgroups, task_pid, wait_for,
+        realtime_threads, task_cgroups, task_pid, wait_for,
     },
     gpu_workload_bin, keling_bin, skip,
 };
@@ -353,6 +353,13 @@ fn a_stopped_agent_leaves_nothing_frozen_past_1_5_s() {
     });
     let after = stopped.elapsed();
     eprintln!("every frozen task ran again {after:?} after the agent was stopped");
+    // Frozen with the freeze boost (its threads raised to SCHED_FIFO for the
+    // freeze): running again, not one thread is left in the real-time class.
+    assert_eq!(
+        realtime_threads(pid_a),
+        Vec::<u32>::new(),
+        "task a's threads"
+    );
     let (a0, c0) = (progress(&pa), progress(&pc));
     wait_for("both to progress", Duration::from_secs(5), || {
         progress(&pa) > a0 && progress(&pc) > c0
