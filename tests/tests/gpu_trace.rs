@@ -156,6 +156,12 @@ impl Snapshots {
 /// every checkpoint of every workload and at the end, Keling's per-process,
 /// per-GPU figures (bytes, peak, host bytes, allocs, frees) must equal the
 /// simulator's ground truth exactly, with nothing undecoded.
+/// The two long random-workload tests run one at a time: each alone keeps the
+/// machine as busy as the other tests beside it expect (the uretprobe of
+/// `driver_entry_exit_path_matches_ground_truth` also slows every process of the
+/// workload binary, its own or not).
+static RANDOM_WORKLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// How [`random_workloads`] runs: the workloads' extra arguments, and the
 /// environment of `keling trace`.
 #[derive(Default)]
@@ -169,6 +175,7 @@ fn random_workloads(sim: &Nvsim, base: u64, count: u64, steps: u32) -> Value {
 }
 
 fn random_workloads_with(sim: &Nvsim, base: u64, count: u64, steps: u32, run: RandomRun) -> Value {
+    let _one_at_a_time = RANDOM_WORKLOADS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempdir();
     let out_path = dir.join("trace.jsonl");
     let script = format!(

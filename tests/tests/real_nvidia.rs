@@ -480,3 +480,74 @@ fn a_device_node_with_no_driver_behind_it_is_named_as_such() {
         "{said}"
     );
 }
+
+/// Where NVIDIA's kernel modules are loaded and kprobes attach: the driver-entry
+/// backend (`--ioctl-backend driver-entry`) sees what the ioctl tracepoints see
+/// for a real CUDA program (the driver-API probe on the host's own libcuda and
+/// GPUs), every call decoded by both. Elsewhere (this project's CI machines have
+/// neither) it says why it skips; the GPU check (`cargo xtask gpu-check`) runs
+/// its PyTorch job under both backends too.
+#[test]
+fn the_driver_entry_backend_sees_what_the_tracepoints_see() {
+    let test = "the_driver_entry_backend_sees_what_the_tracepoints_see";
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    if !kallsyms
+        .lines()
+        .any(|l| l.contains(" nvidia_unlocked_ioctl") && l.ends_with("[nvidia]"))
+    {
+        keling_tests::skip(test, "no nvidia module");
+        return;
+    }
+    let Some(fx) = Fixture::needs(test).ready() else {
+        return;
+    };
+    let probe = s(&cuda_probe_bin());
+    // cuInit loads nvidia-uvm, which the driver entry needs when Keling starts.
+    let warm = Command::new(&probe).output().expect("run the CUDA probe");
+    assert!(
+        warm.status.success(),
+        "the CUDA probe failed untraced: {warm:?}"
+    );
+    let mut seen = Vec::new();
+    for backend in ["driver-entry", "tracepoints"] {
+        let out = fx.dir.join(format!("{backend}.jsonl"));
+        let run = Command::new(keling_bin())
+            .args([
+                "trace",
+                "--ioctl-backend",
+                backend,
+                "--format",
+                "jsonl",
+                "--output",
+            ])
+            .arg(&out)
+            .args(["--", &probe])
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "keling trace --ioctl-backend {backend}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let lines = trace_lines(&out);
+        let summary = lines.last().expect("trace output").clone();
+        assert_eq!(summary["ioctl_backend"], backend, "{summary}");
+        assert!(
+            summary["undecoded"]
+                .as_object()
+                .expect("undecoded")
+                .values()
+                .all(|v| v == 0),
+            "{backend}: {}",
+            summary["undecoded"]
+        );
+        let (escapes, uvm, controls) = keling_counts(&summary);
+        assert!(!escapes.is_empty(), "{backend} saw no NVIDIA call");
+        let kinds = |m: &BTreeMap<u64, u64>| m.keys().copied().collect::<Vec<u64>>();
+        seen.push((kinds(&escapes), kinds(&uvm), kinds(&controls)));
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "the escapes, UVM commands and controls the driver entry saw, then the tracepoints"
+    );
+}
