@@ -380,7 +380,7 @@ impl Probes {
     }
 }
 
-/// Logs (debug) how long loading and attaching a program took.
+/// The program `name` of the object.
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)
         .with_context(|| format!("program {name} missing"))
@@ -544,6 +544,7 @@ fn load_driver_entry(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Logs (debug) how long loading and attaching a program took.
 struct Timing<'a>(&'a str, std::time::Instant);
 
 impl Drop for Timing<'_> {
@@ -554,9 +555,7 @@ impl Drop for Timing<'_> {
 
 fn attach(ebpf: &mut Ebpf, name: &str, attach: Attach) -> anyhow::Result<()> {
     let _timing = Timing(name, std::time::Instant::now());
-    let prog = ebpf
-        .program_mut(name)
-        .with_context(|| format!("program {name} missing"))?;
+    let prog = program(ebpf, name)?;
     match attach {
         Attach::Raw(tp) => {
             let p: &mut RawTracePoint = prog.try_into()?;

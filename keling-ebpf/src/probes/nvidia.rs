@@ -20,7 +20,7 @@
 //! programs exist in both types (the `_kprobe` ones), each in its own program
 //! array ([`IoctlCalls`]).
 //!
-//! Every call of a followed process is also counted at sys_enter in `CALL_COUNTS`,
+//! Every call of a followed process is also counted at entry in `CALL_COUNTS`,
 //! by RM escape, UVM command and RM_CONTROL command (keling-common's `call_kind`):
 //! what the process sent, exact whatever the ring buffer drops.
 use aya_ebpf::{
@@ -54,7 +54,7 @@ use crate::{
     syscall_ret,
 };
 
-/// What sys_enter learned, for sys_exit.
+/// What the entry learned, for the exit.
 #[derive(Clone, Copy)]
 struct PendingIoctl {
     /// User address of the escape's params (after following XFER).
@@ -130,7 +130,7 @@ static REGISTERED: aya_ebpf::maps::LruHashMap<u64, u64> =
     aya_ebpf::maps::LruHashMap::with_max_entries(keling_common::MAX_FILES, 0);
 
 /// Calls of followed processes by `call_key(kind, number)`: what they sent, counted
-/// at sys_enter. Updated with atomic adds (one process's threads call on several
+/// at entry. Updated with atomic adds (one process's threads call on several
 /// CPUs at once). `keling trace` only: the agent (`active::limited`) counts none.
 #[map]
 static CALL_COUNTS: HashMap<u64, u64> = HashMap::with_max_entries(MAX_CALL_KEYS, 0);
@@ -141,7 +141,7 @@ static CALLS_UNCOUNTED: Array<u64> = Array::with_max_entries(1, 0);
 
 const BPF_NOEXIST: u64 = 1;
 
-/// Where sys_enter builds a [`PendingIoctl`] (it does not fit the stack with the
+/// Where the entry builds a [`PendingIoctl`] (it does not fit the stack with the
 /// rest), per CPU.
 #[map]
 static SCRATCH_IOCTL: aya_ebpf::maps::PerCpuArray<PendingIoctl> =
