@@ -60,6 +60,28 @@ macro_rules! config {
     }};
 }
 
+/// A tail-called program in both program types around one body `$body(&ctx)`
+/// (the kernel tail-calls only within one type): a tracepoint-type one for the
+/// tracepoints' program arrays and, named `$kprobe`, a kprobe-type one for the
+/// driver-entry backend's (probes/nvidia.rs).
+macro_rules! tail_called {
+    ($(#[$doc:meta])* $tracepoint:ident, $kprobe:ident, $body:ident) => {
+        $(#[$doc])*
+        #[aya_ebpf::macros::tracepoint]
+        pub fn $tracepoint(ctx: aya_ebpf::programs::TracePointContext) -> i32 {
+            $body(&ctx);
+            0
+        }
+
+        $(#[$doc])*
+        #[aya_ebpf::macros::kprobe]
+        pub fn $kprobe(ctx: aya_ebpf::programs::ProbeContext) -> u32 {
+            $body(&ctx);
+            0
+        }
+    };
+}
+
 mod probes;
 
 /// Argument `i` (0-5) of a `syscalls:sys_enter_*` record, by a direct load

@@ -767,26 +767,7 @@ fn pending() -> Option<&'static mut PendingIoctl> {
     Some(unsafe { &mut *p })
 }
 
-/// A handler program in both flavours around `$body` (see the module doc).
-macro_rules! handler_program {
-    ($(#[$doc:meta])* $tracepoint:ident, $kprobe:ident, $body:ident) => {
-        $(#[$doc])*
-        #[tracepoint]
-        pub fn $tracepoint(ctx: TracePointContext) -> i32 {
-            $body(&ctx);
-            0
-        }
-
-        $(#[$doc])*
-        #[kprobe]
-        pub fn $kprobe(ctx: ProbeContext) -> u32 {
-            $body(&ctx);
-            0
-        }
-    };
-}
-
-handler_program!(
+tail_called!(
     /// RM_ALLOC, ALLOC_OBJECT, ALLOC_MEMORY and VID_HEAP_CONTROL allocations.
     keling_ioctl_alloc,
     keling_ioctl_alloc_kprobe,
@@ -804,7 +785,7 @@ fn ioctl_alloc<C: IoctlCalls>(ctx: &C) {
     }
 }
 
-handler_program!(
+tail_called!(
     /// RM_FREE and VID_HEAP_CONTROL FREE.
     keling_ioctl_free,
     keling_ioctl_free_kprobe,
@@ -818,7 +799,7 @@ fn ioctl_free<C: IoctlCalls>(ctx: &C) {
     }
 }
 
-handler_program!(
+tail_called!(
     /// RM_CONTROL commands that change memory.
     keling_ioctl_control,
     keling_ioctl_control_kprobe,
@@ -832,7 +813,7 @@ fn ioctl_control<C: IoctlCalls>(ctx: &C) {
     }
 }
 
-handler_program!(
+tail_called!(
     /// Batch exports: one object per run, then itself again.
     keling_ioctl_batch_export,
     keling_ioctl_batch_export_kprobe,
@@ -843,7 +824,7 @@ fn batch_export<C: IoctlCalls>(ctx: &C) {
     batch(ctx, IOCTL_BATCH_EXPORT);
 }
 
-handler_program!(
+tail_called!(
     /// Batch imports: one object per run, then itself again.
     keling_ioctl_batch_import,
     keling_ioctl_batch_import_kprobe,
@@ -882,7 +863,7 @@ fn batch<C: IoctlCalls>(ctx: &C, me: u32) {
     }
 }
 
-handler_program!(
+tail_called!(
     /// RM_DUP_OBJECT.
     keling_ioctl_dup,
     keling_ioctl_dup_kprobe,

@@ -21,37 +21,13 @@
 //!
 //! The agent's loader names these programs (keling-agent's `bpf::programs`), and
 //! a test there checks that each slot holds one of them.
-use aya_ebpf::{
-    macros::{kprobe, tracepoint},
-    programs::{ProbeContext, TracePointContext},
-};
-
 use super::{
     accounting,
     deferred::{self, CloseRange, TailCalls, Work},
     files, orphans,
 };
 
-/// A work program in both flavours around `$body`.
-macro_rules! work_program {
-    ($(#[$doc:meta])* $tracepoint:ident, $kprobe:ident, $body:ident) => {
-        $(#[$doc])*
-        #[tracepoint]
-        pub fn $tracepoint(ctx: TracePointContext) -> i32 {
-            $body(&ctx);
-            0
-        }
-
-        $(#[$doc])*
-        #[kprobe]
-        pub fn $kprobe(ctx: ProbeContext) -> u32 {
-            $body(&ctx);
-            0
-        }
-    };
-}
-
-work_program!(
+tail_called!(
     /// [`Work::ReleaseFile`].
     keling_release_file,
     keling_release_file_kprobe,
@@ -65,7 +41,7 @@ fn release_file<C: TailCalls>(ctx: &C) {
     deferred::run(ctx);
 }
 
-work_program!(
+tail_called!(
     /// [`Work::TeardownShared`]: one handle of the client's shared list per run, the
     /// item updated in place; then the contributors' step.
     keling_teardown_shared,
@@ -85,7 +61,7 @@ fn teardown_shared<C: TailCalls>(ctx: &C) {
     deferred::run(ctx);
 }
 
-work_program!(
+tail_called!(
     /// [`Work::TeardownContributors`]: a few contributor slots per run.
     keling_teardown_contributors,
     keling_teardown_contributors_kprobe,
@@ -105,7 +81,7 @@ fn teardown_contributors<C: TailCalls>(ctx: &C) {
     deferred::run(ctx);
 }
 
-work_program!(
+tail_called!(
     /// [`Work::CloseRange`]: one slot per run.
     keling_close_range,
     keling_close_range_kprobe,
@@ -122,7 +98,7 @@ fn close_range<C: TailCalls>(ctx: &C) {
     deferred::run(ctx);
 }
 
-work_program!(
+tail_called!(
     /// [`Work::Orphan`]: the file, whose fd the queue's process just dropped while
     /// other references remain, becomes an orphan unless that process still has
     /// another fd of it.
@@ -138,7 +114,7 @@ fn orphan<C: TailCalls>(ctx: &C) {
     deferred::run(ctx);
 }
 
-work_program!(
+tail_called!(
     /// [`Work::Sweep`]: checks the next few orphan slots.
     keling_sweep,
     keling_sweep_kprobe,
