@@ -341,18 +341,9 @@ pub fn realtime_threads(pid: u32) -> Vec<u32> {
     };
     tasks
         .flatten()
-        .filter_map(|t| {
-            let tid: u32 = t.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
-            let policy: u32 = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(38)?
-                .parse()
-                .ok()?;
-            matches!(policy, 1 | 2).then_some(tid)
-        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        // /proc/TID/stat is the thread's own.
+        .filter(|&tid| matches!(stat_field(tid, 38).as_deref(), Some("1" | "2")))
         .collect()
 }
 

@@ -242,11 +242,17 @@ fn ioctl_syscall_fd() -> Option<i32> {
     let regs = unsafe {
         aya_ebpf::helpers::bpf_task_pt_regs(aya_ebpf::helpers::bpf_get_current_task_btf())
     } as u64;
-    let nr = kread::<u64>(regs, config!(regs_syscall_nr_off))?;
-    if nr != u64::from(config!(ioctl_syscall_nr)) {
-        return None;
-    }
-    kread::<u64>(regs, config!(regs_arg0_off)).map(|fd| fd as i32)
+    // x86-64's pt_regs has `di` just before `orig_ax`: then one read.
+    let (fd, nr) = if config!(regs_syscall_nr_off) == config!(regs_arg0_off) + 8 {
+        let pair = kread::<[u64; 2]>(regs, config!(regs_arg0_off))?;
+        (pair[0], pair[1])
+    } else {
+        (
+            kread::<u64>(regs, config!(regs_arg0_off))?,
+            kread::<u64>(regs, config!(regs_syscall_nr_off))?,
+        )
+    };
+    (nr == u64::from(config!(ioctl_syscall_nr))).then_some(fd as i32)
 }
 
 /// An NVIDIA-shaped call of the current thread on `fd`, whose open file is
@@ -775,12 +781,22 @@ tail_called!(
 );
 
 fn ioctl_alloc<C: IoctlCalls>(ctx: &C) {
+    handle(ctx, |p| match p.escape {
+        escape::ALLOC | escape::ALLOC_OBJECT => exit_alloc(p),
+        escape::ALLOC_MEMORY => exit_alloc_memory(p),
+        _ => exit_vid_heap(p),
+    });
+}
+
+/// A handler program's work: `exit` on the current thread's pending call, then
+/// its report.
+#[inline(always)]
+fn handle<C: IoctlCalls>(
+    ctx: &C,
+    exit: impl FnOnce(&mut PendingIoctl) -> Result<Option<Report>, u32>,
+) {
     if let Some(p) = pending() {
-        let r = match p.escape {
-            escape::ALLOC | escape::ALLOC_OBJECT => exit_alloc(p),
-            escape::ALLOC_MEMORY => exit_alloc_memory(p),
-            _ => exit_vid_heap(p),
-        };
+        let r = exit(p);
         finish(ctx, p, r);
     }
 }
@@ -793,10 +809,7 @@ tail_called!(
 );
 
 fn ioctl_free<C: IoctlCalls>(ctx: &C) {
-    if let Some(p) = pending() {
-        let r = exit_free(p);
-        finish(ctx, p, r);
-    }
+    handle(ctx, exit_free);
 }
 
 tail_called!(
@@ -807,10 +820,7 @@ tail_called!(
 );
 
 fn ioctl_control<C: IoctlCalls>(ctx: &C) {
-    if let Some(p) = pending() {
-        let r = exit_control(p);
-        finish(ctx, p, r);
-    }
+    handle(ctx, exit_control);
 }
 
 tail_called!(
@@ -871,10 +881,7 @@ tail_called!(
 );
 
 fn ioctl_dup<C: IoctlCalls>(ctx: &C) {
-    if let Some(p) = pending() {
-        let r = exit_dup(p);
-        finish(ctx, p, r);
-    }
+    handle(ctx, exit_dup);
 }
 
 /// RM_FREE, or VID_HEAP_CONTROL FREE, that returned.
