@@ -144,11 +144,15 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
         opts.required = REQUIRED_WITH_GPU;
     }
     let mut probes = Probes::load(&opts)?;
-    let out: Box<dyn Write + Send> = match &args.output {
-        Some(path) => Box::new(BufWriter::new(
-            File::create(path).with_context(|| format!("create {}", path.display()))?,
-        )),
-        None => Box::new(BufWriter::new(std::io::stdout())),
+    // The output file appears only once every process to trace is tracked (before a
+    // held command is released): its existence says the trace has attached.
+    let open_output = || -> anyhow::Result<Box<dyn Write + Send>> {
+        Ok(match &args.output {
+            Some(path) => Box::new(BufWriter::new(
+                File::create(path).with_context(|| format!("create {}", path.display()))?,
+            )),
+            None => Box::new(BufWriter::new(std::io::stdout())),
+        })
     };
     let start_ns = monotonic_ns();
     let mut model = Model::default();
@@ -156,19 +160,21 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
-    let child = match held {
+    let (child, out) = match held {
         Some(held) => {
             let pid = held.pid();
             probes.track(pid, pid)?;
+            let out = open_output()?;
             let comm = args.command[0].to_string_lossy();
             let comm = comm.rsplit('/').next().unwrap_or_default().to_owned();
             model.add_process(pid, std::process::id(), comm, &[pid]);
             let pid = held.release(&args.command[0])?;
             let pidfd = os::pidfd_open(pid).context("pidfd_open")?;
-            Some(Child {
+            let child = Child {
                 pid,
                 pidfd: os::async_fd(pidfd)?,
-            })
+            };
+            (Some(child), out)
         }
         None => {
             // The kernel follows future execs into these names from here on, so a
@@ -219,7 +225,7 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             if !pids.is_empty() {
                 probes.adopt_existing_fds(Some(&pids), false)?;
             }
-            None
+            (None, open_output()?)
         }
     };
     let sink = output::open(args.format, out, start_ns, args.switches);
