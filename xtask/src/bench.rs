@@ -82,8 +82,25 @@ impl Tracer {
 
 impl Drop for Tracer {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by pid.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        // bpftrace sometimes loses a SIGINT that comes just after it attached
+        // (seen here: it then waited forever, and so did the bench): asked again
+        // each second, and killed after five.
+        for _ in 0..5 {
+            // SAFETY: signalling our own unreaped child by pid.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+            let asked = Instant::now();
+            while asked.elapsed() < Duration::from_secs(1) {
+                if !matches!(self.0.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        eprintln!(
+            "xtask: the tracer (pid {}) did not stop on SIGINT in 5 s: killed",
+            self.0.id()
+        );
+        let _ = self.0.kill();
         let _ = self.0.wait();
     }
 }
