@@ -227,7 +227,10 @@ fn random_workloads_with(sim: &Nvsim, base: u64, count: u64, steps: u32, run: Ra
             match converge(sim, &keling_figures(&snapshot), Duration::from_millis(200)) {
                 Ok(()) => break,
                 Err(_) if Instant::now() < deadline => continue,
-                Err(diff) => panic!("seed {workload}, checkpoint {n}: {diff}"),
+                Err(diff) => panic!(
+                    "seed {workload}, checkpoint {n}: {diff}\n(the trace is kept: {})",
+                    out_path.display()
+                ),
             }
         }
         checkpoints += 1;
@@ -259,9 +262,11 @@ fn random_workloads_with(sim: &Nvsim, base: u64, count: u64, steps: u32, run: Ra
         .map(|v| v.as_u64().unwrap())
         .sum();
     assert_eq!(
-        undecoded, 0,
-        "supported calls were not decoded: {}",
-        summary["undecoded"]
+        undecoded,
+        0,
+        "supported calls were not decoded: {} (the trace is kept: {})",
+        summary["undecoded"],
+        out_path.display()
     );
     assert_eq!(summary["drops"], 0);
     assert_eq!(

@@ -17,7 +17,10 @@
 //! stdin before going on; it prints nothing else on stdout. Every process it
 //! involves is quiescent at a checkpoint: children are waited for, and the
 //! peer process (below) only acts on a request and answers when done.
-//! Unexpected driver answers are reported on stderr with exit code 2.
+//! Unexpected driver answers are reported on stderr with exit code 2. With
+//! `KELING_WORKLOAD_SHOW_OPS` set, `random` says each step's op on stderr
+//! (`pid P step N op K`, K as in its table of ops), to find what a failing
+//! checkpoint's steps did.
 //!
 //! ## `random`
 //! CUDA-like start (CHECK_VERSION_STR, CARD_INFO, UVM INITIALIZE /
@@ -2177,6 +2180,9 @@ impl<'e> Random<'e> {
                     break;
                 }
                 r -= w;
+            }
+            if std::env::var_os("KELING_WORKLOAD_SHOW_OPS").is_some() {
+                eprintln!("pid {} step {} op {op}", std::process::id(), cp.steps + 1);
             }
             match op {
                 0 => self.main.alloc_random_video(),
