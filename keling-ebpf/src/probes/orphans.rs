@@ -7,8 +7,9 @@
 //! got the fd over a socket and never used it, a child forked before `--pid`
 //! attached, a call in flight in another thread of the same process (it holds a
 //! reference until it returns). So such a file, if clients live on it, becomes an
-//! orphan: it goes into `ORPHANS`, and while any slot is in use every CPU checks a
-//! quarter of the slots at most once a millisecond, from `sched_switch`: a file whose count
+//! orphan: it goes into `ORPHANS`; the newest is checked at every context switch
+//! for its first 5 ms, and while any slot is in use every CPU checks a quarter of
+//! the slots at most once a millisecond, from `sched_switch`: a file whose count
 //! reads 0, or whose `struct file` now belongs to another inode (freed and reused:
 //! files are `SLAB_TYPESAFE_BY_RCU`, so the memory stays a `struct file`), is
 //! released. Its release is reported with pid 0: no process Keling watches did it.
@@ -52,8 +53,8 @@ const SWEEP_EVERY_NS: u64 = 1_000_000;
 /// 4 slots, 16 sweeps). An empty slot costs one load.
 const SWEEP_SLOTS: u32 = 16;
 
-/// From `sched_switch`: whether a sweep is due on this CPU (some slot is in use and
-/// this CPU has not swept for a while). Cheap when there are no orphans: one load.
+/// From `sched_switch`: whether a sweep is due on this CPU (some slot is in use, and
+/// a new orphan is watched or this CPU has not swept for a while). Cheap when there are no orphans: one load.
 #[inline(always)]
 pub fn sweep_due() -> bool {
     let Some(s) = ORPHAN_SWEEP.get_ptr(0) else {
