@@ -53,8 +53,9 @@ const SWEEP_EVERY_NS: u64 = 1_000_000;
 /// 4 slots, 16 sweeps). An empty slot costs one load.
 const SWEEP_SLOTS: u32 = 16;
 
-/// From `sched_switch`: whether a sweep is due on this CPU (some slot is in use, and
-/// a new orphan is watched or this CPU has not swept for a while). Cheap when there are no orphans: one load.
+/// From `sched_switch`: whether a sweep is due on this CPU (some slot is in use,
+/// and a new orphan is watched or this CPU has not swept for a while). Cheap when
+/// there are no orphans: one load.
 #[inline(always)]
 pub fn sweep_due() -> bool {
     let Some(s) = ORPHAN_SWEEP.get_ptr(0) else {
