@@ -69,9 +69,9 @@
 //!   a symlink in a temporary directory, a dup / dup2 / dup3(O_CLOEXEC) /
 //!   fcntl(F_DUPFD) / fcntl(F_DUPFD_CLOEXEC) of such a descriptor (the
 //!   original closed first, or kept and closed before or after), or a
-//!   descriptor the peer opened and sent with SCM_RIGHTS and then closed (or
-//!   kept); a client, a device, memory, and then the client freed or only the
-//!   file released.
+//!   descriptor the peer opened and sent with SCM_RIGHTS and then closed
+//!   (waited for: our close is then the last one) or kept; a client, a device,
+//!   memory, and then the client freed or only the file released.
 //!
 //! At the end, 70% of runs free everything and close every fd, 30% exit
 //! holding it all (the release at exit tears it down); in both cases the
@@ -1788,6 +1788,17 @@ impl Peer {
             die(&format!("peer {} ended during request {op}", self.pid));
         };
         expect_ok(&format!("peer request {op}"), u32_at(&r, 0));
+        if op == P_SEND_FD && b == 0 {
+            // The peer's word that its close of its copy has returned: until
+            // then its reference still counts (a close drops it only after the
+            // file's flush), and our own close would not be the last one. The
+            // release would then happen in the peer, at a moment no order
+            // relates to our next calls, and the driver's peak with it.
+            let mut closed = [0u8; 12];
+            if recv_msg(self.sock, &mut closed).is_none() {
+                die(&format!("peer {} ended before closing its copy", self.pid));
+            }
+        }
         (u32_at(&r, 4), u32_at(&r, 8), got)
     }
 
@@ -2028,6 +2039,7 @@ fn peer_main(env: &Env, rng: Rng, sock: RawFd, way: OpenWay) -> i32 {
             for fd in out {
                 close(fd); // the sender closes its copy
             }
+            send_msg(sock, &[0u8; 12], &[]); // and says so (see `call`)
         }
     }
 }
