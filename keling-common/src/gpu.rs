@@ -91,6 +91,7 @@ pub const MAP_OBJECTS: &str = "OBJECTS";
 pub const MAP_MEMS: &str = "MEMS";
 pub const MAP_TOTALS: &str = "TOTALS";
 pub const MAP_UNDECODED: &str = "UNDECODED";
+pub const MAP_TABLE_FULL_AT: &str = "TABLE_FULL_AT";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
 pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
@@ -149,6 +150,45 @@ pub mod undecoded {
         "unknown_escape",
         "table_full",
         "unknown_object",
+    ];
+}
+
+/// Which table was full when `undecoded::TABLE_FULL` was counted. Index into the
+/// per-CPU `TABLE_FULL_AT` array (all processes together): the per-process count
+/// says who, this says where.
+pub mod table_full {
+    /// A process's NVIDIA fd table (`FD_SLOTS`).
+    pub const FD_TABLE: u32 = 0;
+    /// The orphaned-file table (`ORPHAN_SLOTS`).
+    pub const ORPHANS: u32 = 1;
+    /// A CPU's queue of deferred work.
+    pub const WORK_QUEUE: u32 = 2;
+    /// An open file's clients.
+    pub const FILE_CLIENTS: u32 = 3;
+    /// A client's (process, device, GPU) contributors.
+    pub const CONTRIBUTORS: u32 = 4;
+    /// The map of shared memories.
+    pub const MEMS: u32 = 5;
+    /// A shared memory's handles.
+    pub const MEM_HANDLES: u32 = 6;
+    /// An export file's objects.
+    pub const EXPORTS: u32 = 7;
+    /// A batch import/export beyond the objects decoded.
+    pub const BATCH: u32 = 8;
+    /// A call's own decoding (object, client or scratch tables, a failed tail call).
+    pub const CALL: u32 = 9;
+    pub const COUNT: u32 = 10;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "fd_table",
+        "orphans",
+        "work_queue",
+        "file_clients",
+        "contributors",
+        "mems",
+        "mem_handles",
+        "exports",
+        "batch",
+        "call",
     ];
 }
 

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use keling_common::{
     DROP_COUNTERS, DROP_RINGBUF_FULL, EventHeader, EventKind, MAX_TRACKED_PIDS, MAX_TRACKED_TIDS,
-    ProbeConfig, TrackedProcess, undecoded,
+    ProbeConfig, TrackedProcess, table_full, undecoded,
 };
 
 /// Events to the agent. 256 KiB unless the agent sets another size at load time.
@@ -34,6 +34,9 @@ static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DROP_COUNTERS, 0)
 static UNDECODED: PerCpuArray<u64> = PerCpuArray::with_max_entries(undecoded::COUNT, 0);
 #[map]
 static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
+/// Of `undecoded::TABLE_FULL`: which table, per CPU and `table_full` site.
+#[map]
+static TABLE_FULL_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(table_full::COUNT, 0);
 
 /// Tracked processes: pid -> who asked.
 #[map]
@@ -170,9 +173,18 @@ fn count_drop(reason: u32) {
 }
 
 /// Counts one thing `pid` did that Keling could not account for (`reason`: an
-/// `undecoded` code): per CPU by reason, and per process.
+/// `undecoded` code, with a `table_full` site + 1 in bits 8.. for TABLE_FULL,
+/// see [`count_table_full`]): per CPU by reason (and site), and per process.
+#[inline(never)]
 fn count_undecoded(pid: u32, reason: u32) {
-    if let Some(c) = UNDECODED.get_ptr_mut(reason) {
+    let site = reason >> 8;
+    if let Some(c) = UNDECODED.get_ptr_mut(reason & 0xff) {
+        // SAFETY: per-CPU slot.
+        unsafe { *c += 1 };
+    }
+    if site != 0
+        && let Some(c) = TABLE_FULL_AT.get_ptr_mut(site - 1)
+    {
         // SAFETY: per-CPU slot.
         unsafe { *c += 1 };
     }
@@ -184,6 +196,20 @@ fn count_undecoded(pid: u32, reason: u32) {
             0
         }
     };
+}
+
+/// `undecoded::TABLE_FULL` with the table that was full (`site`: a `table_full`
+/// code), for [`count_undecoded`]. Where a call's decoding stops at a full table
+/// (`Err(TABLE_FULL)`), the site is `table_full::CALL`.
+#[inline(always)]
+const fn table_full_at(site: u32) -> u32 {
+    undecoded::TABLE_FULL | (site + 1) << 8
+}
+
+/// Counts `undecoded::TABLE_FULL` for `pid`, and which table was full (`site`).
+#[inline(always)]
+fn count_table_full(pid: u32, site: u32) {
+    count_undecoded(pid, table_full_at(site));
 }
 
 /// Writes `event` to the ring buffer and wakes the agent, or counts it as dropped.

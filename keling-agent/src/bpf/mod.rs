@@ -15,8 +15,9 @@ use aya::{
 use keling_common::{
     DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_CALL_COUNTS,
     MAP_CALLS_UNCOUNTED, MAP_DROPS, MAP_EVENTS, MAP_ORPHAN_SWEEP, MAP_PROC_FDS, MAP_SIM_FILES,
-    MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED, MAP_UNDECODED_PID, OrphanSweep,
-    ProbeConfig, ProcFds, SimFileKey, TotalKey, Totals, TrackedProcess, nvidia, undecoded,
+    MAP_TABLE_FULL_AT, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED,
+    MAP_UNDECODED_PID, OrphanSweep, ProbeConfig, ProcFds, SimFileKey, TotalKey, Totals,
+    TrackedProcess, nvidia, undecoded,
 };
 
 use self::{
@@ -584,6 +585,8 @@ impl Probes {
             HashMap::try_from(self.ebpf.map(MAP_UNDECODED_PID).context("UNDECODED_PID")?)?;
         let per_reason: PerCpuArray<_, u64> =
             PerCpuArray::try_from(self.ebpf.map(MAP_UNDECODED).context("UNDECODED")?)?;
+        let per_site: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(self.ebpf.map(MAP_TABLE_FULL_AT).context("TABLE_FULL_AT")?)?;
         let mut acc = GpuAccounting::default();
         for entry in totals.iter() {
             let (k, v) = entry?;
@@ -596,6 +599,9 @@ impl Probes {
         for reason in 0..undecoded::COUNT {
             acc.undecoded_per_reason
                 .push(per_reason.get(&reason, 0)?.iter().sum());
+        }
+        for site in 0..keling_common::table_full::COUNT {
+            acc.table_full_at.push(per_site.get(&site, 0)?.iter().sum());
         }
         Ok(acc)
     }

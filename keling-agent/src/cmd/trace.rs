@@ -453,6 +453,7 @@ async fn event_loop(
         processes: &processes,
         gpus: &gpus,
         undecoded: &acc.undecoded_per_reason,
+        table_full_at: &acc.table_full_at,
         calls: &calls,
         ioctl_backend: probes.ioctl_backend.name(),
     })?;

@@ -18,6 +18,8 @@ pub struct GpuAccounting {
     pub undecoded_per_pid: BTreeMap<u32, u64>,
     /// Undecoded calls per reason (see `keling_common::undecoded`).
     pub undecoded_per_reason: Vec<u64>,
+    /// Of the `table_full` ones: which table (see `keling_common::table_full`).
+    pub table_full_at: Vec<u64>,
 }
 
 /// One process's GPU memory, from the kernel's accounting maps.

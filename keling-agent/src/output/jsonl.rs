@@ -184,6 +184,15 @@ fn undecoded_json(per_reason: &[u64]) -> Value {
     v
 }
 
+/// Which tables were full, by name (every site, 0 where none was).
+fn table_full_json(per_site: &[u64]) -> Value {
+    let mut v = json!({});
+    for (i, name) in keling_common::table_full::NAMES.iter().enumerate() {
+        v[*name] = json!(per_site.get(i).copied().unwrap_or(0));
+    }
+    v
+}
+
 /// The summary's call counts: `escapes`, `uvm_commands` and `other_ioctls` by name,
 /// `controls` by command (`0x..` keys), `calls_uncounted`.
 fn calls_json(c: &CallCounts) -> serde_json::Map<String, Value> {
@@ -229,6 +238,7 @@ pub fn summary_json(s: &Summary) -> Value {
         "drops": s.drops,
         "decode_errors": s.decode_errors,
         "undecoded": undecoded_json(s.undecoded),
+        "table_full_at": table_full_json(s.table_full_at),
         "gpus": s.gpus,
         "processes": s.processes,
         "ioctl_backend": s.ioctl_backend,
@@ -681,6 +691,7 @@ mod tests {
             processes: &procs,
             gpus: &gpus,
             undecoded: &[0, 1, 2, 3, 4, 5],
+            table_full_at: &[0, 3, 0, 0, 0, 0, 0, 0, 0, 1],
             calls: &calls,
             ioctl_backend: "tracepoints",
         })
@@ -696,6 +707,14 @@ mod tests {
         assert_eq!(p["gpus"][0]["driver_bytes"], 22);
         assert_eq!(v["gpus"][0]["driver_bytes"], 22);
         assert_eq!(v["undecoded"]["unknown_object"], 5);
+        assert_eq!(
+            (
+                &v["table_full_at"]["orphans"],
+                &v["table_full_at"]["call"],
+                &v["table_full_at"]["fd_table"]
+            ),
+            (&json!(3), &json!(1), &json!(0))
+        );
         assert_eq!(v["undecoded"]["finn_serialized"], 0);
         assert_eq!(
             v["escapes"],

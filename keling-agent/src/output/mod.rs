@@ -45,6 +45,9 @@ pub struct Summary<'a> {
     pub gpus: &'a [GpuDeviceStats],
     /// Undecoded calls per reason.
     pub undecoded: &'a [u64],
+    /// Of those counted `table_full`: which table, per `keling_common::table_full`
+    /// site.
+    pub table_full_at: &'a [u64],
     /// The calls the traced processes made, by escape, UVM command and control
     /// (exact: counted in the kernel).
     pub calls: &'a CallCounts,

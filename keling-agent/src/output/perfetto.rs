@@ -611,6 +611,7 @@ mod tests {
             processes: procs,
             gpus: &[],
             undecoded: &[],
+            table_full_at: &[],
             calls: &Default::default(),
             ioctl_backend: "tracepoints",
         })
@@ -734,6 +735,7 @@ mod tests {
             processes: &[],
             gpus: &[],
             undecoded: &[],
+            table_full_at: &[],
             calls: &Default::default(),
             ioctl_backend: "tracepoints",
         })

@@ -578,6 +578,7 @@ mod tests {
             processes: &procs,
             gpus: &[],
             undecoded: &[],
+            table_full_at: &[],
             calls: &CallCounts {
                 calls: [(Call::Rm(0x2A), 3), (Call::Uvm(0x3000_0001), 1)].into(),
                 controls: [(0x2080_0110, 2), (0x2080_ffff, 1)].into(),

@@ -25,12 +25,12 @@ use keling_common::{
     ALL_GPUS, CLIENT_CONTRIBUTORS, ClientInfo, Contributor, EventKind, FILE_CLIENTS, FILE_EXPORTS,
     GpuChargeEvent, GpuFreeEvent, GpuTeardownEvent, MAX_CLIENTS, MAX_MEMS, MAX_OBJECTS, MAX_TOTALS,
     MEM_HANDLES, MemHandle, MemInfo, NO_HANDLE, ObjectInfo, ObjectKey, TotalKey, Totals, mem_kind,
-    teardown, undecoded,
+    table_full, teardown,
 };
 
 use super::deferred::{self, Scope, Teardown, Work};
 use super::files::{FILES, file_info};
-use crate::{atomic_add, atomic_cas, count_undecoded, emit, header};
+use crate::{atomic_add, atomic_cas, count_table_full, emit, header};
 
 #[map]
 pub static CLIENTS: HashMap<u32, ClientInfo> = HashMap::with_max_entries(MAX_CLIENTS, 0);
@@ -228,7 +228,7 @@ pub fn attach_client(handle: u32, file_id: u64, device: u32, pid: u32) {
             return;
         }
     }
-    count_undecoded(pid, undecoded::TABLE_FULL);
+    count_table_full(pid, table_full::FILE_CLIENTS);
 }
 
 /// Puts object `key` (whose memory is now shared) on its client's list of
@@ -354,7 +354,7 @@ fn contribute(client: *mut ClientInfo, h: &MemHandle, a: &Amount, sign: i32) -> 
 pub fn charge_new(client: *mut ClientInfo, h: &MemHandle, gpu: u32, kind: u32, bytes: u64) {
     if !contribute(client, h, &Amount { gpu, kind, bytes }, 1) {
         // The totals still count it; a client teardown cannot subtract it.
-        count_undecoded(h.pid, undecoded::TABLE_FULL);
+        count_table_full(h.pid, table_full::CONTRIBUTORS);
     }
     let mut d = Delta::of(kind, bytes as i64);
     d.allocs = 1;
@@ -385,7 +385,7 @@ pub fn share(key: &ObjectKey) -> u64 {
     )]
     // SAFETY: a map value pointer, valid for this program run.
     if MEMS.insert(mem_id, unsafe { &*zero }, 0).is_err() {
-        count_undecoded(obj.owner_pid, undecoded::TABLE_FULL);
+        count_table_full(obj.owner_pid, table_full::MEMS);
         return 0;
     }
     let Some(m) = MEMS.get_ptr_mut(mem_id) else {
@@ -448,7 +448,7 @@ pub fn add_handle(mem_id: u64, h: &MemHandle) -> bool {
             return true;
         }
     }
-    count_undecoded(h.pid, undecoded::TABLE_FULL);
+    count_table_full(h.pid, table_full::MEM_HANDLES);
     false
 }
 
@@ -705,7 +705,7 @@ pub fn export_memory(pid: u32, file_id: u64, position: u32, mem_id: u64) -> bool
         return false;
     };
     if position as usize >= FILE_EXPORTS {
-        count_undecoded(pid, undecoded::TABLE_FULL);
+        count_table_full(pid, table_full::EXPORTS);
         return false;
     }
     // SAFETY: a map value pointer; position is in bounds.

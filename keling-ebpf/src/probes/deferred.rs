@@ -22,9 +22,9 @@ use aya_ebpf::{
     maps::{PerCpuArray, ProgramArray},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
-use keling_common::{tail_call, undecoded};
+use keling_common::{table_full, tail_call};
 
-use crate::count_undecoded;
+use crate::count_table_full;
 
 /// What a teardown covers: all of a client (both 0), a device or a subdevice.
 #[derive(Clone, Copy, Default)]
@@ -218,7 +218,7 @@ pub fn push(pid: u32, tid: u32, w: Work) {
     unsafe {
         let len = (*q).len as usize;
         if len >= WORK_SLOTS {
-            count_undecoded(pid, undecoded::TABLE_FULL);
+            count_table_full(pid, table_full::WORK_QUEUE);
             return;
         }
         let at = ((*q).start as usize + len) & (WORK_SLOTS - 1);
@@ -239,7 +239,7 @@ pub fn push_front(pid: u32, tid: u32, w: Work) {
     // SAFETY: this CPU's slot; programs run to completion on one CPU.
     unsafe {
         if (*q).len as usize >= WORK_SLOTS {
-            count_undecoded(pid, undecoded::TABLE_FULL);
+            count_table_full(pid, table_full::WORK_QUEUE);
             return;
         }
         let at = ((*q).start.wrapping_sub(1)) & (WORK_SLOTS as u32 - 1);

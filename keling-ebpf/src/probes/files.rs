@@ -32,12 +32,12 @@ use aya_ebpf::{
 use keling_common::{
     FD_SLOTS, FILE_CLIENTS, FILE_EXPORTS, FILE_UNRESOLVED, FdSlot, FileInfo, GpuCloseEvent,
     GpuOpenEvent, MAX_FILES, MAX_TRACKED_PIDS, ProcFds, SimFileKey, device_file, nvidia, open_how,
-    undecoded,
+    table_full,
 };
 
 use super::deferred::{self, Work};
 use crate::{
-    count_undecoded, current_ids, emit, header, is_tracked_pid, kread, syscall_arg as arg,
+    count_table_full, current_ids, emit, header, is_tracked_pid, kread, syscall_arg as arg,
     syscall_ret as ret, track,
 };
 
@@ -300,7 +300,7 @@ pub fn add_fd(fd: i32, device: u32, file: u64, how: u32, src_fd: i32) {
         // (the agent reads it per process), and the file, once clients live on it,
         // is watched by the orphan sweep, which sees its release wherever it
         // happens. Its calls are still decoded: accounting is by file.
-        count_undecoded(pid, undecoded::TABLE_FULL);
+        count_table_full(pid, table_full::FD_TABLE);
         queue_orphan(pid, tid, file);
         if how == open_how::FIRST_USE {
             // Every call on such an fd comes here: report it once, at its open.

@@ -38,7 +38,7 @@ use keling_common::{
         nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm,
         xfer,
     },
-    open_how, outcome, ref_how, tail_call, teardown, undecoded,
+    open_how, outcome, ref_how, table_full, tail_call, teardown, undecoded,
 };
 
 use super::{
@@ -50,8 +50,8 @@ use super::{
     files::{FILES, add_fd, device_of_file, file_of_fd, find_slot, follows, proc_fds},
 };
 use crate::{
-    atomic_add, count_undecoded, current_ids, emit, emit_quiet, header, kread, syscall_arg,
-    syscall_ret,
+    atomic_add, count_table_full, count_undecoded, current_ids, emit, emit_quiet, header, kread,
+    syscall_arg, syscall_ret, table_full_at,
 };
 
 /// What the entry learned, for the exit.
@@ -744,14 +744,14 @@ fn finish<C: IoctlCalls>(ctx: &C, p: &mut PendingIoctl, result: Result<Option<Re
             let reason = p.undecoded;
             let mut report = report;
             if reason != 0 {
-                count_undecoded(p.pid, reason - 1);
+                count_undecoded(p.pid, call_reason(reason - 1));
                 report.outcome = outcome::UNDECODED;
             }
             report_ioctl(p, &report, reason);
             pending_removed(tid);
         }
         Err(r) => {
-            count_undecoded(p.pid, r);
+            count_undecoded(p.pid, call_reason(r));
             let report = Report {
                 status: 0,
                 outcome: outcome::UNDECODED,
@@ -761,6 +761,17 @@ fn finish<C: IoctlCalls>(ctx: &C, p: &mut PendingIoctl, result: Result<Option<Re
             pending_removed(tid);
             deferred::run(ctx);
         }
+    }
+}
+
+/// What [`count_undecoded`] counts for a call undecoded for `reason`: a full table
+/// met in the call's own decoding is counted as `table_full::CALL`.
+#[inline(always)]
+fn call_reason(reason: u32) -> u32 {
+    if reason == undecoded::TABLE_FULL {
+        table_full_at(table_full::CALL)
+    } else {
+        reason
     }
 }
 
@@ -1146,7 +1157,7 @@ fn batch_next(
     let index = user::<u16>(p.sub_params + index_off as u64)? as u32;
     let i = p.aux2;
     if i == 0 && n as usize > BATCH_OBJECTS {
-        count_undecoded(p.pid, undecoded::TABLE_FULL);
+        count_table_full(p.pid, table_full::BATCH);
     }
     if i >= n || i as usize >= BATCH_OBJECTS {
         return Ok(None);

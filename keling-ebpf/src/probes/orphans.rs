@@ -20,11 +20,11 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, PerCpuArray},
 };
-use keling_common::{FD_SLOTS, ORPHAN_SLOTS, OrphanSlot, OrphanSweep, undecoded};
+use keling_common::{FD_SLOTS, ORPHAN_SLOTS, OrphanSlot, OrphanSweep, table_full};
 
 use super::deferred::{self, Work};
 use super::files::{FILES, PROC_FDS, file_refs, queue_release};
-use crate::{atomic_add, atomic_cas, count_undecoded, kread};
+use crate::{atomic_add, atomic_cas, count_table_full, kread};
 
 #[map]
 static ORPHANS: Array<OrphanSlot> = Array::with_max_entries(ORPHAN_SLOTS, 0);
@@ -37,6 +37,9 @@ static ORPHAN_LAST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// at every context switch]. See [`NEWEST_WATCH_NS`].
 #[map]
 static ORPHAN_NEWEST: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+
+/// A slot's `file` while its claimer writes the rest (no file is at this address).
+const CLAIMING: u64 = u64::MAX;
 
 /// How long a new orphan is looked at at every context switch on every CPU (the
 /// round-robin sweep comes at most once a millisecond per CPU, and a full round
@@ -120,40 +123,54 @@ pub fn add_orphan(pid: u32, file: u64) {
             }
         }
     }
-    let mut free = ORPHAN_SLOTS;
     for i in 0..ORPHAN_SLOTS {
         let Some(slot) = ORPHANS.get_ptr(i) else {
             return;
         };
         // SAFETY: a map value pointer.
-        let f = unsafe { core::ptr::read_volatile(&(*slot).file) };
-        if f == file {
+        if unsafe { core::ptr::read_volatile(&(*slot).file) } == file {
             return;
         }
-        if f == 0 && free == ORPHAN_SLOTS {
-            free = i;
-        }
     }
-    let (Some(slot), Some(sweep)) = (ORPHANS.get_ptr_mut(free), ORPHAN_SWEEP.get_ptr_mut(0)) else {
-        count_undecoded(pid, undecoded::TABLE_FULL);
+    // Claim the first empty slot. Another CPU may claim it between the read and
+    // the compare-and-swap (another process closing an fd at the same moment):
+    // then the next empty one is tried. The slot is held as CLAIMING while its
+    // inode is written, so that a sweep never compares a file with the inode of
+    // the slot's previous orphan.
+    let mut claimed = ORPHAN_SLOTS;
+    for i in 0..ORPHAN_SLOTS {
+        let Some(slot) = ORPHANS.get_ptr_mut(i) else {
+            return;
+        };
+        // SAFETY: a map value pointer; the slot is claimed atomically, and only
+        // its claimer changes it while it is CLAIMING.
+        unsafe {
+            if core::ptr::read_volatile(&(*slot).file) != 0
+                || !atomic_cas(&mut (*slot).file, 0, CLAIMING).1
+            {
+                continue;
+            }
+            (*slot).inode = inode_of(file);
+            atomic_cas(&mut (*slot).file, CLAIMING, file);
+        }
+        claimed = i;
+        break;
+    }
+    let Some(sweep) = ORPHAN_SWEEP.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: map value pointers; the slot is claimed atomically.
-    unsafe {
-        if !atomic_cas(&mut (*slot).file, 0, file).1 {
-            // Another CPU took it just now: this file's release may be missed.
-            count_undecoded(pid, undecoded::TABLE_FULL);
-            return;
-        }
-        (*slot).inode = inode_of(file);
-        atomic_add(&mut (*sweep).occupied, 1);
+    if claimed == ORPHAN_SLOTS {
+        count_table_full(pid, table_full::ORPHANS);
+        return;
     }
+    // SAFETY: a map value pointer, changed only atomically.
+    unsafe { atomic_add(&mut (*sweep).occupied, 1) };
     if let Some(n) = ORPHAN_NEWEST.get_ptr_mut(0) {
         // SAFETY: no preconditions; a map value pointer (the last writer wins:
         // an older new orphan is left to the round-robin).
         unsafe {
             let now = aya_ebpf::helpers::bpf_ktime_get_ns();
-            *n = [u64::from(free) + 1, now + NEWEST_WATCH_NS];
+            *n = [u64::from(claimed) + 1, now + NEWEST_WATCH_NS];
         }
     }
 }
@@ -184,7 +201,7 @@ fn check(i: u32) {
     };
     // SAFETY: a map value pointer.
     let (file, inode) = unsafe { (core::ptr::read_volatile(&(*slot).file), (*slot).inode) };
-    if file == 0 {
+    if file == 0 || file == CLAIMING {
         return;
     }
     // Released through a known fd meanwhile, or still held.
