@@ -1154,4 +1154,73 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
         .filter(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
         .count();
     assert_eq!(releases, 20, "every file's release was seen");
+    assert!(
+        summary["table_full_at"]["fd_table"].as_u64().unwrap_or(0) >= 4,
+        "the summary says which table was full: {}",
+        summary["table_full_at"]
+    );
+}
+
+/// One open file that outlives many clients (20 made and freed, then 3 kept):
+/// more than an open file's table of clients holds at once (8) over its life, but
+/// never more alive. Nothing is counted as a full table, and the file's release
+/// tears down exactly the 3 it still has.
+#[test]
+fn a_file_that_outlives_many_clients_keeps_room_for_new_ones() {
+    let Some(fx) = Fixture::gpu(
+        "a_file_that_outlives_many_clients_keeps_room_for_new_ones",
+        &["--gpus", "1"],
+    ) else {
+        return;
+    };
+    let sim = fx.sim();
+    let out_path = fx.dir.join("trace.jsonl");
+    let mut keling = ChildGuard(
+        Command::new(keling_tests::keling_bin())
+            .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
+            .arg("--output")
+            .arg(&out_path)
+            .args(["--", &gwl(), "--dev-dir", sim.dev_dir()])
+            .args(["--scenario", "many-clients", "--checkpoints"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
+    let mut to_wl = keling.0.stdin.take().unwrap();
+    let from_wl = lines_of(keling.0.stdout.take().unwrap());
+    expect_checkpoint(&from_wl, 1);
+    let s = settled_snapshot(sim, &mut snapshots, "3 clients kept after 20 freed");
+    let p = &s["processes"][0];
+    let pid = p["pid"].as_u64().unwrap();
+    assert!(held(&s, pid) >= 3 << 20, "{s}");
+    assert_eq!(p["undecoded"].as_u64().unwrap_or(0), 0, "{p}");
+    to_wl.write_all(b"\n").unwrap();
+    expect_checkpoint(&from_wl, 2);
+    let s = settled_snapshot(sim, &mut snapshots, "the file closed");
+    assert_eq!(held(&s, pid), 0, "{s}");
+    to_wl.write_all(b"\n").unwrap();
+    assert!(keling.0.wait().unwrap().success());
+    let lines: Vec<Value> = std::fs::read_to_string(&out_path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let summary = lines.last().unwrap();
+    converge(sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
+    assert_eq!(
+        summary["undecoded"]["table_full"], 0,
+        "{}",
+        summary["table_full_at"]
+    );
+    let released: Vec<&Value> = lines
+        .iter()
+        .filter(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
+        .collect();
+    assert_eq!(
+        released.len(),
+        3,
+        "the 3 live clients, no freed one: {released:?}"
+    );
 }

@@ -214,21 +214,35 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
     }
 }
 
-/// Lists client `handle` on the open file `file_id`: its release frees it.
+/// Lists client `handle` on the open file `file_id`: its release frees it. A slot
+/// whose client was freed since (or whose handle now names a client of another
+/// file) is taken again: a file that lives long makes and frees many clients.
 #[inline(never)]
 pub fn attach_client(handle: u32, file_id: u64, device: u32, pid: u32) {
     let Some(f) = file_info(file_id, device, pid) else {
         return;
     };
+    let mut free = FILE_CLIENTS;
     for i in 0..FILE_CLIENTS {
         // SAFETY: a map value pointer; i is in bounds.
-        let slot = unsafe { &mut (*f).clients[i] };
-        if *slot == 0 || *slot == handle {
-            *slot = handle;
+        let c = unsafe { (*f).clients[i] };
+        if c == handle {
             return;
         }
+        if free == FILE_CLIENTS
+            && (c == 0
+                // SAFETY: copied out at once.
+                || !unsafe { CLIENTS.get(c) }.is_some_and(|x| x.file_id == file_id))
+        {
+            free = i;
+        }
     }
-    count_table_full(pid, table_full::FILE_CLIENTS);
+    if free == FILE_CLIENTS {
+        count_table_full(pid, table_full::FILE_CLIENTS);
+        return;
+    }
+    // SAFETY: as above; free is in bounds.
+    unsafe { (*f).clients[free] = handle };
 }
 
 /// Puts object `key` (whose memory is now shared) on its client's list of

@@ -4,7 +4,8 @@
 //! keling-gpu-workload --dev-dir DIR --seed S [--steps N] [--checkpoints]
 //!                     [--checkpoint-every K]
 //!                     [--scenario random|basic|hostile|oom|share|busy|
-//!                                 pass-server|pass-client|pass-holder|many-fds]
+//!                                 pass-server|pass-client|pass-holder|many-fds|
+//!                                 many-clients]
 //!                     [--socket PATH]
 //! ```
 //! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
@@ -80,7 +81,7 @@
 //! the last checkpoint.
 //!
 //! ## `basic`, `hostile`, `oom`, `busy`, `pass-server`, `pass-client`, `pass-holder`,
-//! `many-fds`
+//! `many-fds`, `many-clients`
 //! As documented on their functions; other tests depend on their exact
 //! behaviour.
 //!
@@ -148,7 +149,7 @@ struct Cli {
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
     /// random (default), basic, hostile, oom, share, busy, compute, pass-server,
-    /// pass-client, pass-holder, many-fds.
+    /// pass-client, pass-holder, many-fds, many-clients.
     #[arg(long, default_value = "random")]
     scenario: String,
     /// random: draw no "child killed by SIGKILL mid-work" step (a kill can land
@@ -3442,6 +3443,44 @@ fn many_fds(env: &Env, cp: &mut Checkpoints) {
     cp.emit();
 }
 
+/// One nvidiactl file that outlives many clients: 20 sessions made and freed on
+/// it one after another (more than an open file's table of clients holds at
+/// once), then 3 kept, with 1 MiB each (checkpoint 1); then the file is closed,
+/// which frees those 3 (checkpoint 2).
+fn many_clients(env: &Env, cp: &mut Checkpoints) {
+    let ctl = env.open("nvidiactl", false);
+    let alloc = |c: u32, d: u32| {
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, MIB);
+        let (st, _) = ok_or_die(
+            "alloc",
+            env.alloc(
+                ctl,
+                false,
+                false,
+                c,
+                d,
+                0,
+                class::NV01_MEMORY_LOCAL_USER,
+                Some(&mut p),
+            ),
+        );
+        expect_ok("alloc", st);
+    };
+    for _ in 0..20 {
+        let (c, d) = env.session(ctl, 0);
+        alloc(c, d);
+        expect_ok("free client", env.free(ctl, c, 0, c));
+    }
+    for _ in 0..3 {
+        let (c, d) = env.session(ctl, 0);
+        alloc(c, d);
+    }
+    cp.emit();
+    close(ctl);
+    cp.emit();
+}
+
 fn main() {
     let cli = Cli::parse();
     let env = Env::discover(&cli.dev_dir);
@@ -3477,6 +3516,7 @@ fn main() {
         "pass-client" => pass_client(&env, &cli, &mut cp),
         "pass-holder" => pass_holder(&cli, &mut cp),
         "many-fds" => many_fds(&env, &mut cp),
+        "many-clients" => many_clients(&env, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }
