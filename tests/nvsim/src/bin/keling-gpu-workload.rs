@@ -464,6 +464,28 @@ impl Env {
         Ok((u32_at(&b, status_off), u32_at(&b, 8)))
     }
 
+    /// `bytes` of video memory (NV01_MEMORY_LOCAL_USER) under device `d` of client
+    /// `c` on `fd`, by plain RM_ALLOC; dies unless the driver says OK. Its handle.
+    fn alloc_local(&self, fd: RawFd, c: u32, d: u32, bytes: u64) -> u32 {
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, bytes);
+        let (st, h) = ok_or_die(
+            "alloc",
+            self.alloc(
+                fd,
+                false,
+                false,
+                c,
+                d,
+                0,
+                class::NV01_MEMORY_LOCAL_USER,
+                Some(&mut p),
+            ),
+        );
+        expect_ok("alloc", st);
+        h
+    }
+
     fn free(&self, fd: RawFd, root: u32, parent: u32, obj: u32) -> u32 {
         let mut b = [0u8; 16];
         put_u32(&mut b, 0, root);
@@ -3302,23 +3324,7 @@ fn pass_server(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
     let (c, d) = env.session(ctl, 0);
     let mut handles = [c, d, 0, 0];
     for (i, size) in [4 * MIB, 6 * MIB].into_iter().enumerate() {
-        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
-        put_u64(&mut p, 64, size);
-        let (st, h) = ok_or_die(
-            "alloc",
-            env.alloc(
-                ctl,
-                false,
-                false,
-                c,
-                d,
-                0,
-                class::NV01_MEMORY_LOCAL_USER,
-                Some(&mut p),
-            ),
-        );
-        expect_ok("alloc", st);
-        handles[2 + i] = h;
+        handles[2 + i] = env.alloc_local(ctl, c, d, size);
     }
     let _ = std::fs::remove_file(path);
     let listener = std::os::unix::net::UnixListener::bind(path)
@@ -3359,22 +3365,7 @@ fn pass_client(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
     let [c, d, h1] = [0, 4, 8].map(|o| u32_at(&data, o));
     cp.emit();
     expect_ok("free", env.free(ctl, c, d, h1));
-    let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
-    put_u64(&mut p, 64, 2 * MIB);
-    let (st, _) = ok_or_die(
-        "alloc",
-        env.alloc(
-            ctl,
-            false,
-            false,
-            c,
-            d,
-            0,
-            class::NV01_MEMORY_LOCAL_USER,
-            Some(&mut p),
-        ),
-    );
-    expect_ok("alloc", st);
+    env.alloc_local(ctl, c, d, 2 * MIB);
     cp.emit();
     // SAFETY: dup of an fd we own.
     let copy = unsafe { libc::dup(ctl) };
@@ -3418,22 +3409,7 @@ fn many_fds(env: &Env, cp: &mut Checkpoints) {
     for _ in 0..20 {
         let ctl = env.open("nvidiactl", false);
         let (c, d) = env.session(ctl, 0);
-        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
-        put_u64(&mut p, 64, MIB);
-        let (st, _) = ok_or_die(
-            "alloc",
-            env.alloc(
-                ctl,
-                false,
-                false,
-                c,
-                d,
-                0,
-                class::NV01_MEMORY_LOCAL_USER,
-                Some(&mut p),
-            ),
-        );
-        expect_ok("alloc", st);
+        env.alloc_local(ctl, c, d, MIB);
         fds.push(ctl);
     }
     cp.emit();
@@ -3449,32 +3425,14 @@ fn many_fds(env: &Env, cp: &mut Checkpoints) {
 /// which frees those 3 (checkpoint 2).
 fn many_clients(env: &Env, cp: &mut Checkpoints) {
     let ctl = env.open("nvidiactl", false);
-    let alloc = |c: u32, d: u32| {
-        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
-        put_u64(&mut p, 64, MIB);
-        let (st, _) = ok_or_die(
-            "alloc",
-            env.alloc(
-                ctl,
-                false,
-                false,
-                c,
-                d,
-                0,
-                class::NV01_MEMORY_LOCAL_USER,
-                Some(&mut p),
-            ),
-        );
-        expect_ok("alloc", st);
-    };
     for _ in 0..20 {
         let (c, d) = env.session(ctl, 0);
-        alloc(c, d);
+        env.alloc_local(ctl, c, d, MIB);
         expect_ok("free client", env.free(ctl, c, 0, c));
     }
     for _ in 0..3 {
         let (c, d) = env.session(ctl, 0);
-        alloc(c, d);
+        env.alloc_local(ctl, c, d, MIB);
     }
     cp.emit();
     close(ctl);
