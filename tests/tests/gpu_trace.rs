@@ -758,11 +758,7 @@ fn totals_stay_exact_when_the_ring_buffer_drops_events() {
     // SAFETY: as above.
     unsafe { libc::kill(keling_pid, libc::SIGCONT) };
     assert!(keling.0.wait().unwrap().success());
-    let lines: Vec<Value> = std::fs::read_to_string(&out_path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = trace_lines(&out_path);
     let s = lines.last().unwrap();
     assert_eq!(s["type"], "summary");
     assert!(
@@ -868,6 +864,47 @@ fn a_device_forged_in_a_private_mount_namespace_is_not_counted() {
     converge(sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
 }
 
+/// `keling trace --format jsonl --output OUT` of keling-gpu-workload (`--dev-dir`
+/// the simulator's, then `args`), with the workload's stdin and stdout piped.
+struct TracedWorkload {
+    keling: ChildGuard,
+    snapshots: Snapshots,
+    to_wl: std::process::ChildStdin,
+    from_wl: std::sync::mpsc::Receiver<String>,
+}
+
+impl TracedWorkload {
+    fn start(sim: &Nvsim, out_path: &std::path::Path, args: &[&str]) -> TracedWorkload {
+        let mut keling = ChildGuard(
+            Command::new(keling_tests::keling_bin())
+                .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
+                .arg("--output")
+                .arg(out_path)
+                .args(["--", &gwl(), "--dev-dir", sim.dev_dir()])
+                .args(args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        TracedWorkload {
+            snapshots: Snapshots::new(keling.0.id() as i32, out_path),
+            to_wl: keling.0.stdin.take().unwrap(),
+            from_wl: lines_of(keling.0.stdout.take().unwrap()),
+            keling,
+        }
+    }
+}
+
+/// Every line of a JSON-lines trace.
+fn trace_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// The lines a child writes, read on a thread so that a test waits for them with a
 /// deadline instead of forever.
 fn lines_of(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
@@ -938,21 +975,23 @@ impl PassFd {
                 "--checkpoints".into(),
             ]
         };
-        let mut keling = ChildGuard(
-            Command::new(keling_tests::keling_bin())
-                .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
-                .arg("--output")
-                .arg(&out_path)
-                .arg("--")
-                .args(side("pass-server"))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap(),
+        let socket_arg = socket.to_string_lossy().into_owned();
+        let TracedWorkload {
+            keling,
+            mut snapshots,
+            to_wl: to_server,
+            from_wl: from_server,
+        } = TracedWorkload::start(
+            sim,
+            &out_path,
+            &[
+                "--scenario",
+                "pass-server",
+                "--socket",
+                &socket_arg,
+                "--checkpoints",
+            ],
         );
-        let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
-        let to_server = keling.0.stdin.take().unwrap();
-        let from_server = lines_of(keling.0.stdout.take().unwrap());
         expect_checkpoint(&from_server, 1);
         let s = settled_snapshot(sim, &mut snapshots, "allocated by the traced server");
         let server_pid = s["processes"][0]["pid"].as_u64().unwrap();
@@ -999,11 +1038,7 @@ impl PassFd {
         expect_checkpoint(&self.from_server, 3);
         self.to_server.write_all(b"\n").unwrap();
         assert!(self.keling.0.wait().unwrap().success());
-        let lines: Vec<Value> = std::fs::read_to_string(&self.out_path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let lines = trace_lines(&self.out_path);
         converge(
             sim,
             &keling_figures(lines.last().unwrap()),
@@ -1109,21 +1144,12 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
     let sim = fx.sim();
     let dir = &fx.dir;
     let out_path = dir.join("trace.jsonl");
-    let mut keling = ChildGuard(
-        Command::new(keling_tests::keling_bin())
-            .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
-            .arg("--output")
-            .arg(&out_path)
-            .args(["--", &gwl(), "--dev-dir", sim.dev_dir()])
-            .args(["--scenario", "many-fds", "--checkpoints"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
-    let mut to_wl = keling.0.stdin.take().unwrap();
-    let from_wl = lines_of(keling.0.stdout.take().unwrap());
+    let TracedWorkload {
+        mut keling,
+        mut snapshots,
+        mut to_wl,
+        from_wl,
+    } = TracedWorkload::start(sim, &out_path, &["--scenario", "many-fds", "--checkpoints"]);
     expect_checkpoint(&from_wl, 1);
     // (The driver rounds each 1 MiB up to its page size: the simulator says how much.)
     let s = settled_snapshot(sim, &mut snapshots, "20 files with 1 MiB each");
@@ -1141,11 +1167,7 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
     assert_eq!(held(&s, pid), 14 * each, "{s}");
     to_wl.write_all(b"\n").unwrap();
     assert!(keling.0.wait().unwrap().success());
-    let lines: Vec<Value> = std::fs::read_to_string(&out_path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = trace_lines(&out_path);
     let summary = lines.last().unwrap();
     converge(sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
     assert_eq!(held(summary, pid), 0, "{summary}");
@@ -1175,21 +1197,16 @@ fn a_file_that_outlives_many_clients_keeps_room_for_new_ones() {
     };
     let sim = fx.sim();
     let out_path = fx.dir.join("trace.jsonl");
-    let mut keling = ChildGuard(
-        Command::new(keling_tests::keling_bin())
-            .args(["trace", "--dev-dir", sim.dev_dir(), "--format", "jsonl"])
-            .arg("--output")
-            .arg(&out_path)
-            .args(["--", &gwl(), "--dev-dir", sim.dev_dir()])
-            .args(["--scenario", "many-clients", "--checkpoints"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
+    let TracedWorkload {
+        mut keling,
+        mut snapshots,
+        mut to_wl,
+        from_wl,
+    } = TracedWorkload::start(
+        sim,
+        &out_path,
+        &["--scenario", "many-clients", "--checkpoints"],
     );
-    let mut snapshots = Snapshots::new(keling.0.id() as i32, &out_path);
-    let mut to_wl = keling.0.stdin.take().unwrap();
-    let from_wl = lines_of(keling.0.stdout.take().unwrap());
     expect_checkpoint(&from_wl, 1);
     let s = settled_snapshot(sim, &mut snapshots, "3 clients kept after 20 freed");
     let p = &s["processes"][0];
@@ -1202,11 +1219,7 @@ fn a_file_that_outlives_many_clients_keeps_room_for_new_ones() {
     assert_eq!(held(&s, pid), 0, "{s}");
     to_wl.write_all(b"\n").unwrap();
     assert!(keling.0.wait().unwrap().success());
-    let lines: Vec<Value> = std::fs::read_to_string(&out_path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = trace_lines(&out_path);
     let summary = lines.last().unwrap();
     converge(sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
     assert_eq!(
