@@ -299,3 +299,51 @@ fn missing_programs_degrade_or_refuse_by_what_was_asked() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("sched_switch is required"), "{stderr}");
 }
+
+/// `keling floor` (the bench's floor): Keling's object with exactly two programs
+/// loaded, both of the tracepoint type, held until Ctrl-C, which detaches them
+/// and exits 0.
+#[test]
+fn the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted() {
+    use std::io::{BufRead, BufReader};
+    let Some(_fx) =
+        Fixture::new("the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted")
+    else {
+        return;
+    };
+    let mut floor = ChildGuard(
+        std::process::Command::new(keling_tests::keling_bin())
+            .arg("floor")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut said = String::new();
+    for line in BufReader::new(floor.0.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("keling floor: attached") {
+            break;
+        }
+    }
+    assert!(said.contains("keling floor: attached"), "{said}");
+    let pid = floor.0.id();
+    // The eBPF programs it holds: one fd each, whose fdinfo names the type
+    // (BPF_PROG_TYPE_TRACEPOINT is 5).
+    let prog_types: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("prog_type:"))
+                .map(|t| t.trim().to_owned())
+        })
+        .collect();
+    assert_eq!(prog_types, ["5", "5"], "{said}");
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let status = floor.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}

@@ -1,9 +1,9 @@
 //! `cargo xtask bench`: what Keling costs, measured side by side in one run, against
-//! the floor (empty eBPF programs on the same tracepoints) and bpftrace doing the
-//! least it can for the same work. Writes BENCHMARKS.md and BENCHMARKS.json.
+//! the floor (empty eBPF programs on the same tracepoints, loaded as Keling loads
+//! its own) and bpftrace doing the least it can for the same work. Writes BENCHMARKS.md and BENCHMARKS.json.
 //!
 //! These machines are noisy, so every cost is taken interleaved in the same run
-//! (bare, floor, bpftrace, Keling, bare, ...) and reported as medians and ratios;
+//! (bare, floor, bpftrace's floor, bpftrace, Keling, bare, ...) and reported as medians and ratios;
 //! absolute nanoseconds are there for context only. The goals (issues 11 and 17) are shown
 //! next to the figures; they are goals, not assertions.
 use std::{
@@ -122,14 +122,23 @@ fn agent(keling: &Path, dev_dir: &Path, extra: &[&std::ffi::OsStr]) -> anyhow::R
     Tracer::start(c, "ready", false)
 }
 
+/// `keling floor`: Keling's object with only two empty programs attached to the
+/// ioctl tracepoints (the floor, loaded and attached as Keling's own are).
+fn floor(keling: &Path) -> anyhow::Result<Tracer> {
+    let mut c = Command::new(keling);
+    c.arg("floor");
+    Tracer::start(c, "keling floor: attached", false)
+}
+
 fn bpftrace(script: &str) -> anyhow::Result<Tracer> {
     let mut c = Command::new("bpftrace");
     c.arg("-e").arg(script);
     Tracer::start(c, "Attaching", true)
 }
 
-/// Empty programs on the tracepoints an ioctl passes through in Keling.
-const FLOOR: &str = "tracepoint:syscalls:sys_enter_ioctl {} tracepoint:syscalls:sys_exit_ioctl {}";
+/// bpftrace's empty programs on the tracepoints an ioctl passes through in Keling.
+const FLOOR_BPFTRACE: &str =
+    "tracepoint:syscalls:sys_enter_ioctl {} tracepoint:syscalls:sys_exit_ioctl {}";
 
 /// The least bpftrace can do for Keling's work on an RM_CONTROL: remember the
 /// NVIDIA fds at open, read the params at entry and the driver's status at exit.
@@ -229,22 +238,32 @@ impl Report {
     }
 }
 
-/// The four ways a call runs.
+/// The ways a call runs: bare; under the floor (Keling's object with two empty
+/// programs, `keling floor`); under bpftrace's empty programs; under bpftrace
+/// doing the least it can for Keling's work; under Keling.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Under {
     Bare,
     Floor,
+    FloorBpftrace,
     Bpftrace,
     Keling,
 }
 
 impl Under {
-    const ALL: [Under; 4] = [Under::Bare, Under::Floor, Under::Bpftrace, Under::Keling];
+    const ALL: [Under; 5] = [
+        Under::Bare,
+        Under::Floor,
+        Under::FloorBpftrace,
+        Under::Bpftrace,
+        Under::Keling,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Under::Bare => "bare",
             Under::Floor => "floor",
+            Under::FloorBpftrace => "floor_bpftrace",
             Under::Bpftrace => "bpftrace",
             Under::Keling => "keling",
         }
@@ -346,7 +365,8 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
         for under in order {
             let _tracer = match under {
                 Under::Bare => None,
-                Under::Floor => Some(bpftrace(FLOOR)?),
+                Under::Floor => Some(floor(&keling)?),
+                Under::FloorBpftrace => Some(bpftrace(FLOOR_BPFTRACE)?),
                 Under::Bpftrace => Some(bpftrace(&script)?),
                 Under::Keling => Some(agent(&keling, &dev, &[])?),
             };
@@ -412,6 +432,7 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
     let over = |u: Under, name: &str, r: usize| got[&(u, name)][r] - got[&(Under::Bare, name)][r];
     let keling_over = paired(&|r| over(Under::Keling, "rm_control", r));
     let floor_over = paired(&|r| over(Under::Floor, "rm_control", r));
+    let floor_bpftrace_over = paired(&|r| over(Under::FloorBpftrace, "rm_control", r));
     let bpftrace_over = paired(&|r| over(Under::Bpftrace, "rm_control", r));
     let vs_floor =
         paired(&|r| over(Under::Keling, "rm_control", r) / over(Under::Floor, "rm_control", r));
@@ -421,9 +442,10 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
         "calls",
         "traced RM_CONTROL: overhead over the bare call, ns",
         format!(
-            "keling {}; floor {}; bpftrace {}",
+            "keling {}; floor {}; bpftrace's empty programs {}; bpftrace {}",
             keling_over.text(0),
             floor_over.text(0),
+            floor_bpftrace_over.text(0),
             bpftrace_over.text(0)
         ),
         "",
@@ -459,6 +481,7 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
             "traced_overhead_ns": {
                 "keling": keling_over.json(),
                 "floor": floor_over.json(),
+                "floor_bpftrace": floor_bpftrace_over.json(),
                 "bpftrace": bpftrace_over.json(),
             },
             "untraced_minus_floor_ns": untraced,
@@ -675,7 +698,9 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
     let mut json_rows = BTreeMap::new();
     for busy in [false, true] {
         let host = if busy { "busy host" } else { "idle host" };
+        let steal_before = HostTimes::now()?;
         let (status, slow) = decision_run(dir, busy)?;
+        let steal = HostTimes::now()?.steal_since(&steal_before);
         let l = &status["latency"];
         report.section(&format!(
             "Decision latency, {host}: 16-thread busy task frozen/thawed {DECISION_CYCLES} times (keling run, {} model, timeout {:.2} ms; {} of {} decisions late)",
@@ -722,25 +747,34 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
             }
         }
         // Where the slow ones' time went (the agent logs every actuation over 2 ms
-        // with its hand-over to the actuation thread and its write).
-        let handoff_bound = slow
-            .iter()
-            .filter(|l| slow_part(l, "handoff ") > slow_part(l, "write "))
-            .count();
+        // with its hand-over to the actuation thread, its boost and write, the
+        // context switches in them and the thread's CPU time).
+        let causes = slow_causes(&slow);
         report.row(
             "decisions",
             &format!("{host}: actuations over 2 ms from their decision"),
             format!(
-                "{} ({} mostly the hand-over to the actuation thread, {} mostly the cgroup write){}",
+                "{} ({} mostly the hand-over to the actuation thread, {} mostly the boost or \
+                 write on the CPU, {} mostly blocked or preempted in the guest, {} mostly \
+                 with the vCPU not running){}",
                 slow.len(),
-                handoff_bound,
-                slow.len() - handoff_bound,
+                causes.handoff,
+                causes.on_cpu,
+                causes.switched,
+                causes.vcpu_held,
                 slow.first()
                     .map(|l| format!("; e.g. {l}"))
                     .unwrap_or_default()
             ),
             "",
         );
+        report.row(
+            "decisions",
+            &format!("{host}: CPU time the hypervisor took (steal, /proc/stat) during the run"),
+            format!("{:.2}% of the vCPUs' time", steal * 100.0),
+            "",
+        );
+        rows.insert("steal_fraction".into(), json!(steal));
         rows.insert("slow_actuations".into(), json!(slow));
         // The kernel's own floor, side by side: the same task frozen and thawed by
         // a SCHED_FIFO thread writing cgroup.freeze directly, no Keling; then the
@@ -748,13 +782,24 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         // boost's gain shows against the kernel alone in the same run.
         let floor = freezer_floor(dir, busy, false)?;
         let boosted = freezer_floor(dir, busy, true)?;
-        for (action, write, confirmed) in [
-            ("freeze", &floor.freeze_write, &floor.freeze_confirmed),
-            ("thaw", &floor.thaw_write, &floor.thaw_confirmed),
+        for (action, write, confirmed, slow_writes) in [
+            (
+                "freeze",
+                &floor.freeze_write,
+                &floor.freeze_confirmed,
+                floor.freeze_slow,
+            ),
+            (
+                "thaw",
+                &floor.thaw_write,
+                &floor.thaw_confirmed,
+                floor.thaw_slow,
+            ),
             (
                 "freeze_boost",
                 &boosted.freeze_write,
                 &boosted.freeze_confirmed,
+                boosted.freeze_slow,
             ),
         ] {
             let mut w = write.clone();
@@ -769,13 +814,16 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
                 "decisions",
                 &format!("{host}: {label} / to confirmed"),
                 format!(
-                    "p50 {:.3} / {:.3} ms, p99 {:.3} / {:.3} ms, max {:.3} / {:.3} ms, n {n}",
+                    "p50 {:.3} / {:.3} ms, p99 {:.3} / {:.3} ms, max {:.3} / {:.3} ms, n {n}; \
+                     {} writes over 1 ms, {} of them mostly with the vCPU not running",
                     quantile(&mut w, 0.5),
                     quantile(&mut c, 0.5),
                     quantile(&mut w, 0.99),
                     quantile(&mut c, 0.99),
                     quantile(&mut w, 1.0),
                     quantile(&mut c, 1.0),
+                    slow_writes.over_1ms,
+                    slow_writes.vcpu_held,
                 ),
                 "",
             );
@@ -789,7 +837,9 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
             };
             rows.insert(
                 key,
-                json!({"write": summary(&mut w), "confirmed": summary(&mut c)}),
+                json!({"write": summary(&mut w), "confirmed": summary(&mut c),
+                    "writes_over_1ms": slow_writes.over_1ms,
+                    "writes_over_1ms_vcpu_held": slow_writes.vcpu_held}),
             );
         }
         json_rows.insert(if busy { "busy_host" } else { "idle_host" }, rows);
@@ -806,13 +856,115 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
 }
 
 /// [`freezer_floor`]'s samples, in ms: each write of `cgroup.freeze`, and from
-/// the write to `cgroup.events` saying so.
+/// the write to `cgroup.events` saying so; and how many writes were slow, and why.
 #[derive(Default)]
 struct FreezerFloor {
     freeze_write: Vec<f64>,
     freeze_confirmed: Vec<f64>,
+    freeze_slow: SlowWrites,
     thaw_write: Vec<f64>,
     thaw_confirmed: Vec<f64>,
+    thaw_slow: SlowWrites,
+}
+
+/// Writes (boost included) over 1 ms, and those of them with the vCPU not running
+/// for most of it: the writer was on the CPU for less than half of the write's
+/// wall time and never switched out (in the VM, steal is not the thread's CPU
+/// time; a thread off the CPU in the guest would have switched).
+#[derive(Default, Clone, Copy)]
+struct SlowWrites {
+    over_1ms: usize,
+    vcpu_held: usize,
+}
+
+/// The CPU time and context switches (voluntary + involuntary) of the calling
+/// thread so far: (ns, switches).
+fn thread_usage() -> (u64, u64) {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer; the clock exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    // SAFETY: a zeroed rusage is valid; getrusage fills it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid rusage pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    (
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
+        (u.ru_nvcsw + u.ru_nivcsw) as u64,
+    )
+}
+
+/// The host's CPU times from `/proc/stat`'s first line, in USER_HZ ticks: the
+/// total and the steal (time the hypervisor gave the vCPUs' physical CPUs to
+/// others while they had work).
+struct HostTimes {
+    total: u64,
+    steal: u64,
+}
+
+impl HostTimes {
+    fn now() -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string("/proc/stat")?;
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("cpu "))
+            .context("/proc/stat has no cpu line")?
+            .split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        // user nice system idle iowait irq softirq steal guest guest_nice; guest
+        // time is inside user already.
+        Ok(Self {
+            total: fields.iter().take(8).sum(),
+            steal: fields.get(7).copied().unwrap_or(0),
+        })
+    }
+
+    /// The share of the CPUs' time since `before` that was stolen.
+    fn steal_since(&self, before: &Self) -> f64 {
+        let total = self.total.saturating_sub(before.total);
+        if total == 0 {
+            return 0.0;
+        }
+        self.steal.saturating_sub(before.steal) as f64 / total as f64
+    }
+}
+
+/// The slow actuations the agent logged, by what took most of their time.
+#[derive(Default)]
+struct SlowCauses {
+    handoff: usize,
+    on_cpu: usize,
+    switched: usize,
+    vcpu_held: usize,
+}
+
+fn slow_causes(slow: &[String]) -> SlowCauses {
+    let mut c = SlowCauses::default();
+    for l in slow {
+        let work = slow_part(l, "boost ") + slow_part(l, "write ");
+        let switches = count_before(l, " voluntary") + count_before(l, " involuntary");
+        if slow_part(l, "handoff ") > work {
+            c.handoff += 1;
+        } else if switches > 0 {
+            c.switched += 1;
+        } else if slow_part(l, "on CPU ") < work / 2.0 {
+            c.vcpu_held += 1;
+        } else {
+            c.on_cpu += 1;
+        }
+    }
+    c
+}
+
+/// The count just before `key` in a slow-actuation line (`(0 voluntary`).
+fn count_before(line: &str, key: &str) -> u64 {
+    line.split_once(key)
+        .and_then(|(head, _)| head.rsplit([' ', '(']).next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A busy host: one spinning `keling-workload busy` per CPU, ended with `started`.
@@ -973,6 +1125,7 @@ fn freezer_floor(dir: &Path, busy: bool, boost: bool) -> anyhow::Result<FreezerF
         let mut buf = [0u8; 256];
         for _ in 0..1000 {
             for (value, want) in [(b"1", "frozen 1"), (b"0", "frozen 0")] {
+                let usage0 = thread_usage();
                 let t0 = Instant::now();
                 let raised = if boost && value == b"1" {
                     Some(HandBoost::raise(&threads, &mut threads_buf)?)
@@ -981,6 +1134,7 @@ fn freezer_floor(dir: &Path, busy: bool, boost: bool) -> anyhow::Result<FreezerF
                 };
                 freeze.write_at(value, 0)?;
                 let write = t0.elapsed();
+                let usage1 = thread_usage();
                 loop {
                     let n = events.read_at(&mut buf, 0)?;
                     if String::from_utf8_lossy(&buf[..n]).contains(want) {
@@ -1000,13 +1154,28 @@ fn freezer_floor(dir: &Path, busy: bool, boost: bool) -> anyhow::Result<FreezerF
                 let confirmed = t0.elapsed();
                 drop(raised); // put back
                 let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                let (w, c) = if value == b"1" {
-                    (&mut out.freeze_write, &mut out.freeze_confirmed)
+                let (w, c, slow) = if value == b"1" {
+                    (
+                        &mut out.freeze_write,
+                        &mut out.freeze_confirmed,
+                        &mut out.freeze_slow,
+                    )
                 } else {
-                    (&mut out.thaw_write, &mut out.thaw_confirmed)
+                    (
+                        &mut out.thaw_write,
+                        &mut out.thaw_confirmed,
+                        &mut out.thaw_slow,
+                    )
                 };
                 w.push(ms(write));
                 c.push(ms(confirmed));
+                if write > Duration::from_millis(1) {
+                    slow.over_1ms += 1;
+                    let on_cpu = usage1.0.saturating_sub(usage0.0);
+                    if usage1.1 == usage0.1 && (on_cpu as u128) < write.as_nanos() / 2 {
+                        slow.vcpu_held += 1;
+                    }
+                }
                 // The decision bench's rhythm: frozen ~20 ms, running ~30 ms.
                 // (A freeze within ~10 ms of a thaw is slow, kernel alone too:
                 // each thread the thaw woke must run once before it can freeze.)
@@ -1293,14 +1462,16 @@ fn write_report(report: &Report, rounds: usize, took: Duration) -> anyhow::Resul
         "# Keling benchmarks\n\n\
          Written by `sudo cargo xtask bench --rounds {rounds}` (root: it loads eBPF), which \
          took {:.0} s. Machine: {machine}.\n\n\
-         Every cost is measured interleaved in this one run (bare, floor, bpftrace, Keling, \
-         then again, the order rotating each round; each figure the median of three runs) \
+         Every cost is measured interleaved in this one run (bare, floor, bpftrace's floor, \
+         bpftrace, Keling, then again, the order rotating each round; each figure the median of three runs) \
          and given as the median of the rounds with its interquartile range (IQR: the middle \
          half of the rounds) and n; differences and ratios are taken within each round and \
          then summarised, so a drift between rounds cancels. A difference smaller than its \
          IQR is noise. Compare ratios, not absolute figures, across runs and machines. \
-         Percentiles of decisions are printed only with n >= 1000. *Floor*: empty eBPF programs (loaded by \
-         bpftrace) on the two tracepoints an ioctl passes through in Keling. *bpftrace*: \
+         Percentiles of decisions are printed only with n >= 1000. *Floor*: two empty eBPF programs on the two \
+         tracepoints an ioctl passes through in Keling, loaded and attached as Keling's own \
+         are (`keling floor`). *bpftrace's floor*: the same empty programs written in \
+         bpftrace. *bpftrace*: \
          bpftrace doing the least it can for Keling's work on an RM_CONTROL (remember \
          NVIDIA fds at open, read the params at entry and the status at exit). The \
          `nvidiactl` is a plain file the agent knows by its identity, so the RM_CONTROL \

@@ -23,9 +23,9 @@ use keling_common::{
 use self::{
     btf::Btf,
     programs::{
-        Attach, DRIVER_ENTRY, DRIVER_RETURN, Feature, IOCTL_PROG_MAP, IOCTL_PROG_MAP_KPROBE,
-        IOCTL_PROGRAMS, IoctlBackend, PROGRAMS, TEST_RETURN, WORK_PROG_MAP, WORK_PROG_MAP_KPROBE,
-        WORK_PROGRAMS, driver_entry_symbols, kprobe_twin,
+        Attach, DRIVER_ENTRY, DRIVER_RETURN, FLOOR_PROGRAMS, Feature, IOCTL_PROG_MAP,
+        IOCTL_PROG_MAP_KPROBE, IOCTL_PROGRAMS, IoctlBackend, PROGRAMS, TEST_RETURN, WORK_PROG_MAP,
+        WORK_PROG_MAP_KPROBE, WORK_PROGRAMS, driver_entry_symbols, kprobe_twin,
     },
     tracefs::TracepointFormat,
 };
@@ -552,6 +552,29 @@ impl Drop for Timing<'_> {
     fn drop(&mut self) {
         log::debug!("program {} loaded in {:?}", self.0, self.1.elapsed());
     }
+}
+
+/// The bench's floor: Keling's object loaded with only [`FLOOR_PROGRAMS`]
+/// attached, two empty programs on the ioctl tracepoints (the same loader,
+/// attachment and JIT as Keling's own programs). They stay attached while the
+/// returned object lives.
+pub fn attach_floor() -> anyhow::Result<Ebpf> {
+    let object = embedded_object().context(
+        "this keling binary was built without its eBPF programs; build it with `cargo xtask build`",
+    )?;
+    crate::os::check_privileges()?;
+    crate::os::raise_memlock();
+    // The event ring is not used: its smallest size, one page.
+    // SAFETY: sysconf has no preconditions.
+    let page = u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(MAP_EVENTS, page)
+        .load(object)
+        .context("loading Keling's eBPF object into the kernel")?;
+    for p in FLOOR_PROGRAMS {
+        attach(&mut ebpf, p.name, p.attach)?;
+    }
+    Ok(ebpf)
 }
 
 fn attach(ebpf: &mut Ebpf, name: &str, attach: Attach) -> anyhow::Result<()> {

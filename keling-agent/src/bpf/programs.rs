@@ -93,6 +93,21 @@ pub const PROGRAMS: &[Program] = &[
     tp("sys_exit_ioctl", "syscalls", Feature::NvidiaIoctls),
 ];
 
+/// The bench's floor (`keling floor`, for `cargo xtask bench`): two empty
+/// programs on the ioctl tracepoints, attached by nothing else.
+pub const FLOOR_PROGRAMS: &[Program] = &[
+    Program {
+        name: "floor_enter_ioctl",
+        attach: Attach::Tracepoint("syscalls", "sys_enter_ioctl"),
+        feature: Feature::NvidiaIoctls,
+    },
+    Program {
+        name: "floor_exit_ioctl",
+        attach: Attach::Tracepoint("syscalls", "sys_exit_ioctl"),
+        feature: Feature::NvidiaIoctls,
+    },
+];
+
 /// The programs that do deferred accounting work (file releases, client
 /// teardowns), reached by tail call from every program that can queue some, by
 /// their slot in the program array (the work kind).

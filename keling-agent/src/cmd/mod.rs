@@ -1,6 +1,7 @@
 //! The subcommands, one module each. Nothing outside `cmd` imports from it.
 use clap::{Parser, Subcommand};
 
+pub mod floor;
 pub mod histo;
 mod human;
 pub mod launch;
@@ -68,6 +69,10 @@ enum Command {
     /// interval log: export them, or replay them through the timeout models
     /// for a tuning recommendation.
     Histo(histo::HistoArgs),
+    /// The bench's floor: two empty eBPF programs on the ioctl tracepoints,
+    /// attached until Ctrl-C (for `cargo xtask bench`).
+    #[command(hide = true)]
+    Floor(floor::FloorArgs),
 }
 
 /// Parses the command line, runs the subcommand, and returns the exit code.
@@ -88,6 +93,7 @@ pub fn main() -> i32 {
         Command::Replay(args) => replay::replay(args),
         Command::Report(args) => report::report(args),
         Command::Histo(args) => histo::histo(args),
+        Command::Floor(args) => floor::floor(args),
     };
     match result {
         Ok(code) => code,

@@ -20,28 +20,35 @@ pub mod sched_attr;
 pub mod spawn;
 pub mod users;
 
-/// `CLOCK_MONOTONIC` in ns: the clock behind the kernel's `bpf_ktime_get_ns`, so
-/// agent times and event times can be subtracted.
-pub fn monotonic_ns() -> u64 {
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid timespec pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid timespec pointer; the clocks passed exist on every kernel we
+    // run on.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `CLOCK_MONOTONIC` in ns: the clock behind the kernel's `bpf_ktime_get_ns`, so
+/// agent times and event times can be subtracted.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// `CLOCK_BOOTTIME` in ns: the monotonic clock plus time spent suspended (what
 /// process start times in `/proc` count from).
 pub fn boottime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer; CLOCK_BOOTTIME exists on every kernel we run on.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_BOOTTIME)
+}
+
+/// The CPU time the calling thread has had so far, in ns. In a VM whose kernel
+/// accounts steal (paravirt time accounting), time the hypervisor took from the
+/// thread's vCPU is not in it: wall time the thread spent neither on the CPU nor
+/// switched out (no context switch) is time its vCPU did not run.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Fails with a message that says what to do when the agent cannot load eBPF.

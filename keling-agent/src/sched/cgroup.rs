@@ -47,11 +47,31 @@ impl CgroupRoot {
     /// `<cgroup2>/keling`, created if needed.
     pub fn open() -> anyhow::Result<Self> {
         let mount = cgroup2_mount()?;
-        let dir = mount.join("keling");
-        if !dir.exists() {
-            fs::create_dir(&dir).with_context(|| format!("create cgroup {}", dir.display()))?;
+        let root = Self {
+            dir: mount.join("keling"),
+            mount,
+        };
+        root.make()?;
+        Ok(root)
+    }
+
+    /// Creates the root's directory unless it is there (another agent may be
+    /// creating it at the same moment).
+    fn make(&self) -> anyhow::Result<()> {
+        match fs::create_dir(&self.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                Err(e).with_context(|| format!("create cgroup {}", self.dir.display()))
+            }
+            _ => Ok(()),
         }
-        Ok(Self { mount, dir })
+    }
+
+    /// Removes the root if no task cgroup is left in it (the agent is stopping:
+    /// it leaves nothing behind but the cgroups of tasks still running). Another
+    /// agent's task cgroups keep it; one that is just making its first finds the
+    /// root gone and makes it again ([`Self::create_task`]).
+    pub fn remove_if_empty(&self) {
+        let _ = fs::remove_dir(&self.dir);
     }
 
     /// Only if it exists (for `thaw --all` and the fail-safe: never create).
@@ -86,7 +106,16 @@ impl CgroupRoot {
             let _ = fs::write(dir.join("cgroup.freeze"), "0");
             let _ = fs::remove_dir(&dir);
         }
-        fs::create_dir(&dir).with_context(|| format!("create cgroup {}", dir.display()))?;
+        let mut made = fs::create_dir(&dir);
+        if made
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            // Another agent, stopping, removed the empty root.
+            self.make()?;
+            made = fs::create_dir(&dir);
+        }
+        made.with_context(|| format!("create cgroup {}", dir.display()))?;
         let task = self.task_at(dir);
         task.freeze_file()?;
         Ok(task)
@@ -453,6 +482,50 @@ mod tests {
         let e = parse_events("populated 0\nfrozen 0\n");
         assert!(!e.frozen && !e.populated);
         assert_eq!(parse_events(""), Events::default());
+    }
+
+    /// Removes a test's cgroup (and its task cgroup) however the test ends.
+    struct Remove(PathBuf);
+
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir(self.0.join("t"));
+            let _ = fs::remove_dir(&self.0);
+        }
+    }
+
+    /// As root, on a real cgroup: the agent's root goes at its stop only when no
+    /// task cgroup is left in it, and a task made after another agent removed it
+    /// makes it again.
+    #[test]
+    fn the_root_goes_when_empty_and_comes_back_for_a_new_task() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: not root (needs a cgroup)");
+            return;
+        }
+        let Ok(mount) = cgroup2_mount() else {
+            eprintln!("skipping: no cgroup v2 hierarchy");
+            return;
+        };
+        let root = CgroupRoot {
+            dir: mount.join(format!("keling-unit-root-{}", std::process::id())),
+            mount,
+        };
+        let _remove = Remove(root.dir.clone());
+        root.make().unwrap();
+        root.make().unwrap(); // there already: fine
+        let task = root.create_task("t").unwrap();
+        root.remove_if_empty();
+        assert!(task.dir.is_dir(), "a task cgroup keeps the root");
+        task.remove().unwrap();
+        root.remove_if_empty();
+        assert!(!root.dir.exists(), "the empty root is removed");
+        let again = root.create_task("t").unwrap();
+        assert!(again.dir.is_dir(), "the root is made again for a new task");
+        again.remove().unwrap();
+        root.remove_if_empty();
+        assert!(!root.dir.exists());
     }
 
     #[test]

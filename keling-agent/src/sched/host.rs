@@ -239,6 +239,12 @@ impl RealHost {
     }
 }
 
+impl Drop for RealHost {
+    fn drop(&mut self) {
+        self.cgroups.remove_if_empty();
+    }
+}
+
 impl Host for RealHost {
     fn now_ns(&self) -> u64 {
         monotonic_ns()

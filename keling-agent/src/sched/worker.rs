@@ -28,7 +28,10 @@ use keling_sched::{ActionKind, TaskId};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::actuator::{Actuator, Boosted, Watch};
-use crate::{latency::DecisionTimes, os::monotonic_ns};
+use crate::{
+    latency::DecisionTimes,
+    os::{monotonic_ns, thread_cpu_ns},
+};
 
 /// How often watches without an fd (process states) are asked again.
 const STATE_POLL: Duration = Duration::from_micros(500);
@@ -326,7 +329,7 @@ fn carry_out(job: Job) -> Option<InFlight> {
             mut times,
             timeout,
         } => {
-            let (picked_ns, before) = (monotonic_ns(), switches());
+            let (picked_ns, before, cpu_before) = (monotonic_ns(), switches(), thread_cpu_ns());
             let mut boost = Boosted::default();
             let started = match kind {
                 ActionKind::Freeze => actuator.freeze_boosted().map(|b| boost = b),
@@ -342,12 +345,13 @@ fn carry_out(job: Job) -> Option<InFlight> {
                 // Where the time went, for `cargo xtask bench` and for whoever
                 // reads the log: the hand-over to this thread, the freeze boost,
                 // or the write (blocked in the kernel: voluntary switches;
-                // preempted: involuntary ones).
+                // preempted: involuntary ones; neither, and little of it on the
+                // CPU: the vCPU was not running, see `thread_cpu_ns`).
                 let after = switches();
                 log::info!(
                     "slow actuation: {kind:?} of task {id} took {:.3} ms: handoff {:.3} ms, \
                      boost {:.3} ms ({} threads), write {:.3} ms ({} voluntary, {} involuntary \
-                     context switches in boost and write)",
+                     context switches in boost and write; on CPU {:.3} ms of them)",
                     took_ns as f64 / 1e6,
                     picked_ns.saturating_sub(times.decided_ns) as f64 / 1e6,
                     boost.took_ns as f64 / 1e6,
@@ -359,6 +363,7 @@ fn carry_out(job: Job) -> Option<InFlight> {
                         / 1e6,
                     after.0.saturating_sub(before.0),
                     after.1.saturating_sub(before.1),
+                    thread_cpu_ns().saturating_sub(cpu_before) as f64 / 1e6,
                 );
             }
             Some(InFlight {

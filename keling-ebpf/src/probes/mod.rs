@@ -13,6 +13,7 @@
 //! files ──────> deferred                               NVIDIA fds and open files
 //! deferred                                             the deferred-work queue
 //! active                                               "this process is working"
+//! floor                                                empty programs, the bench's floor
 //! ```
 //!
 //! The deferred-work queue and the programs that do the work are apart on purpose:
@@ -22,6 +23,7 @@ pub mod accounting;
 pub mod active;
 pub mod deferred;
 pub mod files;
+pub mod floor;
 pub mod nvidia;
 pub mod orphans;
 pub mod process;
