@@ -10,7 +10,7 @@
 //! a quiet event would wait for the agent's drain timer (the bench measured freeze
 //! delivery p50 4.8 ms, max 10 ms, that way).
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
     maps::{LruHashMap, PerCpuArray},
 };
@@ -23,15 +23,24 @@ use crate::{TRACKED_PIDS, atomic_cas, emit, header};
 #[map]
 static ACTIVE_LAST: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
 
-/// Per CPU: [a pid, until when (ns) its root needs no report]: the last answer
-/// this CPU got from `ACTIVE_LAST` for that pid. A busy process's switches and
+/// Per CPU: the last answer this CPU got from `ACTIVE_LAST`, as [a pid, until when
+/// (ns) its root needs no report, a jiffies value during which that held for at
+/// least [`JIFFY_BOUND_NS`] more (or [`NO_JIFFY`])]. A busy process's switches and
 /// calls come back to the same CPU again and again; while the answer holds they
-/// cost one array load and the clock instead of two hash lookups (measured with
-/// `kernel.bpf_stats_enabled`, 8 rounds of 900 000 RM_CONTROLs under `keling
-/// run`: `sys_enter_ioctl` 800 -> 733 ns a run, medians). Keyed by pid, not root:
-/// a process keeps its root for its life.
+/// cost one array load and a read of jiffies instead of two hash lookups and the
+/// clock (measured with `kernel.bpf_stats_enabled`, 8 rounds of 900 000
+/// RM_CONTROLs under `keling run`: the hash lookups, `sys_enter_ioctl` 800 -> 733
+/// ns a run, medians; the clock, see [`report`]). Keyed by pid, not root: a
+/// process keeps its root for its life.
 #[map]
-static ACTIVE_SEEN: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+static ACTIVE_SEEN: PerCpuArray<[u64; 3]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Longer than any jiffy (HZ is at least 100) with room for the tick to lag: a
+/// call that still sees the jiffies value of a clock reading came less than this
+/// after it. (A tick that lags more, e.g. its CPU held by a hypervisor, delays an
+/// activity signal by the lag; never more than that.)
+const JIFFY_BOUND_NS: u64 = 20_000_000;
+const NO_JIFFY: u64 = u64::MAX;
 
 const BPF_NOEXIST: u64 = 1;
 
@@ -45,14 +54,24 @@ pub fn limited() -> bool {
 /// unless its tracked root was reported within the interval.
 #[inline(never)]
 pub fn report(pid: u32, tid: u32, cause: u32) {
-    // SAFETY: no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
     let Some(cache) = ACTIVE_SEEN.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: this CPU's slot; programs that report do not nest on a CPU.
     let cache = unsafe { &mut *cache };
-    if cache[0] == u64::from(pid) && now < cache[1] {
+    // The clock is the dearest part of a call that reports nothing (a VM's
+    // `read_tsc`: ~6% of a traced RM_CONTROL's samples under `perf record`); a
+    // jiffies value is a load.
+    // SAFETY: no preconditions.
+    let jiffies = unsafe { bpf_jiffies64() };
+    let same_pid = cache[0] == u64::from(pid);
+    if same_pid && cache[2] == jiffies {
+        return;
+    }
+    // SAFETY: no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if same_pid && now < cache[1] {
+        cache[2] = jiffy_of(jiffies, now, cache[1]);
         return;
     }
     // SAFETY: copied out at once.
@@ -63,14 +82,16 @@ pub fn report(pid: u32, tid: u32, cause: u32) {
             // SAFETY: a map value pointer; other CPUs change it only atomically.
             let seen = unsafe { core::ptr::read_volatile(last) };
             if now.wrapping_sub(seen) < interval {
-                *cache = [u64::from(pid), seen.wrapping_add(interval)];
+                let until = seen.wrapping_add(interval);
+                *cache = [u64::from(pid), until, jiffy_of(jiffies, now, until)];
                 return;
             }
             // SAFETY: as above; an 8-byte aligned map value.
             let (was, won) = unsafe { atomic_cas(last, seen, now) };
             if !won {
                 // Another CPU reported this interval.
-                *cache = [u64::from(pid), was.wrapping_add(interval)];
+                let until = was.wrapping_add(interval);
+                *cache = [u64::from(pid), until, jiffy_of(jiffies, now, until)];
                 return;
             }
         }
@@ -80,7 +101,11 @@ pub fn report(pid: u32, tid: u32, cause: u32) {
             }
         }
     }
-    *cache = [u64::from(pid), now + interval];
+    *cache = [
+        u64::from(pid),
+        now + interval,
+        jiffy_of(jiffies, now, now + interval),
+    ];
     // With a wake-up: a decision may hang on it (a waiting or yielded task that
     // is active again), and there is at most one per root process per interval.
     emit(ActiveEvent {
@@ -88,4 +113,15 @@ pub fn report(pid: u32, tid: u32, cause: u32) {
         root_pid: root,
         cause,
     });
+}
+
+/// `jiffies` if, read at `now`, the answer holds until `until` for longer than any
+/// call can see that jiffies value; else [`NO_JIFFY`] (the clock decides).
+#[inline(always)]
+fn jiffy_of(jiffies: u64, now: u64, until: u64) -> u64 {
+    if until.saturating_sub(now) > JIFFY_BOUND_NS {
+        jiffies
+    } else {
+        NO_JIFFY
+    }
 }
