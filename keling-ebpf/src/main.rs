@@ -155,6 +155,21 @@ fn kread<T>(base: u64, off: u32) -> Option<T> {
     unsafe { aya_ebpf::helpers::bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
+/// A `T` at `base + off` of a kernel object the verifier knows by its BTF type
+/// (from `bpf_get_current_task_btf`, or a pointer field loaded from such an
+/// object): one load instruction, which the JIT guards against faults (a fault
+/// reads 0), where [`kread`] is a helper call.
+///
+/// # Safety
+/// `base` must be such a typed pointer and `off` a constant to the verifier (a
+/// loader-filled offset) at a field of type `T` of its type; the verifier
+/// rejects the program otherwise.
+#[inline(always)]
+unsafe fn btf_load<T>(base: u64, off: u32) -> T {
+    // SAFETY: the caller's contract; the kernel fault-guards the load.
+    unsafe { core::ptr::read_volatile((base + off as u64) as *const T) }
+}
+
 /// Pid of a tracked thread, or `None`.
 #[inline(always)]
 fn tracked_tid(tid: u32) -> Option<u32> {

@@ -24,7 +24,7 @@
 //! Syscall tracepoint records put argument i at byte 16 + 8 * i, and the return
 //! value of sys_exit_* at 16; that layout is fixed by the syscall tracing ABI.
 use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_probe_read_user},
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_user},
     macros::{map, tracepoint},
     maps::{Array, HashMap},
     programs::TracePointContext,
@@ -37,8 +37,8 @@ use keling_common::{
 
 use super::deferred::{self, Work};
 use crate::{
-    count_table_full, current_ids, emit, header, is_tracked_pid, kread, syscall_arg as arg,
-    syscall_ret as ret, track,
+    btf_load, count_table_full, current_ids, emit, header, is_tracked_pid, kread,
+    syscall_arg as arg, syscall_ret as ret, track,
 };
 
 /// The NVIDIA fds Keling knows, per process.
@@ -143,32 +143,29 @@ pub fn file_of_fd(fd: i32) -> u64 {
     if fd < 0 {
         return 0;
     }
-    // SAFETY: the current task pointer; every read through it is checked.
-    let task = unsafe { bpf_get_current_task() };
-    let Some(files) = kread::<u64>(task, config!(task_files_off)) else {
-        return 0;
-    };
-    let Some(fdt) = kread::<u64>(files, config!(files_fdt_off)) else {
-        return 0;
-    };
-    // `struct fdtable` starts `unsigned int max_fds; struct file **fd;` (BTF
-    // says so on this kernel when the offsets are 8 apart): then one read.
-    let (max, array) = if config!(fdt_fd_off) == config!(fdt_max_fds_off) + 8 {
-        let Some(pair) = kread::<[u64; 2]>(fdt, config!(fdt_max_fds_off)) else {
+    // The task, its files and their fd table are objects the verifier knows by
+    // their BTF types, and the offsets are constants to it (read-only data): plain
+    // loads, fault-guarded by the JIT, instead of a helper call each.
+    // SAFETY: the current task; each load is at a field of its type (the
+    // loader's offsets come from this kernel's BTF).
+    unsafe {
+        let task = bpf_get_current_task_btf() as u64;
+        let files = btf_load::<u64>(task, config!(task_files_off));
+        if files == 0 {
             return 0;
-        };
-        (pair[0] as u32, pair[1])
-    } else {
-        let max = kread::<u32>(fdt, config!(fdt_max_fds_off)).unwrap_or(0);
-        let Some(array) = kread::<u64>(fdt, config!(fdt_fd_off)) else {
+        }
+        let fdt = btf_load::<u64>(files, config!(files_fdt_off));
+        if fdt == 0 {
             return 0;
-        };
-        (max, array)
-    };
-    if fd as u32 >= max {
-        return 0;
+        }
+        let max = btf_load::<u32>(fdt, config!(fdt_max_fds_off));
+        let array = btf_load::<u64>(fdt, config!(fdt_fd_off));
+        if fd as u32 >= max {
+            return 0;
+        }
+        // `struct file **`: not a typed object to the verifier, so a checked read.
+        kread::<u64>(array, fd as u32 * 8).unwrap_or(0)
     }
-    kread::<u64>(array, fd as u32 * 8).unwrap_or(0)
 }
 
 /// Which NVIDIA device `file` is (a `device_file` code), or `NONE`.
