@@ -36,7 +36,9 @@ pub fn task_cgroups() -> Vec<PathBuf> {
         .collect()
 }
 
-/// Thaws, kills and removes every task cgroup under `<cgroup2>/keling`.
+/// Thaws, kills and removes every task cgroup under `<cgroup2>/keling`, then the
+/// root itself if that left it empty (an agent killed with SIGKILL cannot remove
+/// it; an agent still running makes it again for its next task).
 pub fn cleanup_cgroups() {
     for dir in task_cgroups() {
         let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
@@ -45,6 +47,9 @@ pub fn cleanup_cgroups() {
         while std::fs::remove_dir(&dir).is_err() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+    if let Some(root) = cgroup2() {
+        let _ = std::fs::remove_dir(root.join("keling"));
     }
 }
 

@@ -1052,9 +1052,9 @@ fn leftovers_go_at_start_and_failed_launches_leave_no_cgroup() {
     };
     let sim = fx.sim();
     let root = cgroup2().unwrap().join("keling");
-    let _ = std::fs::create_dir(&root);
     let leftover = root.join("task-4000000-1");
-    let _ = std::fs::create_dir(&leftover);
+    // The root too when it is not there (agents remove it, empty, at their stop).
+    std::fs::create_dir_all(&leftover).unwrap();
     let stopped = |_: ()| {
         let child = ChildGuard(Command::new("sleep").arg("60").spawn().unwrap());
         let pid = child.0.id();
