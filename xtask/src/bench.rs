@@ -1507,3 +1507,43 @@ fn write_report(report: &Report, rounds: usize, took: Duration) -> anyhow::Resul
     println!("\nxtask: wrote {} and BENCHMARKS.json", md_path.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines as `keling run` logs them (sched/worker.rs), after "slow actuation: ".
+    const VCPU_HELD: &str = "Freeze of task 1 took 2.492 ms: handoff 0.062 ms, boost 0.203 ms \
+        (17 threads), write 2.227 ms (0 voluntary, 0 involuntary context switches in boost and \
+        write; on CPU 0.613 ms of them)";
+    const HANDOFF: &str = "Thaw of task 1 took 5.720 ms: handoff 5.648 ms, boost 0.000 ms \
+        (0 threads), write 0.072 ms (0 voluntary, 0 involuntary context switches in boost and \
+        write; on CPU 0.068 ms of them)";
+    const SWITCHED: &str = "Thaw of task 1 took 3.100 ms: handoff 0.100 ms, boost 0.000 ms \
+        (0 threads), write 3.000 ms (1 voluntary, 2 involuntary context switches in boost and \
+        write; on CPU 0.500 ms of them)";
+    const ON_CPU: &str = "Freeze of task 1 took 3.000 ms: handoff 0.100 ms, boost 2.000 ms \
+        (17 threads), write 0.900 ms (0 voluntary, 0 involuntary context switches in boost and \
+        write; on CPU 2.800 ms of them)";
+
+    #[test]
+    fn slow_actuation_lines_are_read_by_their_parts() {
+        assert_eq!(slow_part(VCPU_HELD, "handoff "), 0.062);
+        assert_eq!(slow_part(VCPU_HELD, "boost "), 0.203);
+        assert_eq!(slow_part(VCPU_HELD, "write "), 2.227);
+        assert_eq!(slow_part(VCPU_HELD, "on CPU "), 0.613);
+        assert_eq!(count_before(SWITCHED, " voluntary"), 1);
+        assert_eq!(count_before(SWITCHED, " involuntary"), 2);
+        assert_eq!(count_before(VCPU_HELD, " voluntary"), 0);
+    }
+
+    #[test]
+    fn slow_actuations_are_sorted_by_what_took_their_time() {
+        let lines: Vec<String> = [VCPU_HELD, HANDOFF, SWITCHED, ON_CPU, VCPU_HELD]
+            .iter()
+            .map(|l| (*l).to_owned())
+            .collect();
+        let c = slow_causes(&lines);
+        assert_eq!((c.handoff, c.on_cpu, c.switched, c.vcpu_held), (1, 1, 1, 2));
+    }
+}
