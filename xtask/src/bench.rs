@@ -1,11 +1,12 @@
 //! `cargo xtask bench`: what Keling costs, measured side by side in one run, against
 //! the floor (empty eBPF programs on the same tracepoints, loaded as Keling loads
-//! its own) and bpftrace doing the least it can for the same work. Writes BENCHMARKS.md and BENCHMARKS.json.
+//! its own) and bpftrace doing the least it can for the same work. Writes
+//! BENCHMARKS.md and BENCHMARKS.json.
 //!
 //! These machines are noisy, so every cost is taken interleaved in the same run
-//! (bare, floor, bpftrace's floor, bpftrace, Keling, bare, ...) and reported as medians and ratios;
-//! absolute nanoseconds are there for context only. The goals (issues 11 and 17) are shown
-//! next to the figures; they are goals, not assertions.
+//! (bare, floor, bpftrace's floor, bpftrace, Keling, bare, ...) and reported as
+//! medians and ratios; absolute nanoseconds are there for context only. The goals
+//! (issues 11 and 17) are shown next to the figures; they are goals, not assertions.
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Read},
@@ -877,9 +878,7 @@ struct FreezerFloor {
 }
 
 /// Writes (boost included) over 1 ms, and those of them with the vCPU not running
-/// for most of it: the writer was on the CPU for less than half of the write's
-/// wall time and never switched out (in the VM, steal is not the thread's CPU
-/// time; a thread off the CPU in the guest would have switched).
+/// for most of it ([`vcpu_held`]).
 #[derive(Default, Clone, Copy)]
 struct SlowWrites {
     over_1ms: usize,
@@ -942,6 +941,13 @@ impl HostTimes {
     }
 }
 
+/// Whether a boost or write of `wall_ms` was mostly time its vCPU did not run:
+/// its thread never switched out, yet was on the CPU for less than half of it
+/// (in a VM that accounts steal, the hypervisor's time is not the thread's).
+fn vcpu_held(wall_ms: f64, on_cpu_ms: f64, switches: u64) -> bool {
+    switches == 0 && on_cpu_ms < wall_ms / 2.0
+}
+
 /// The slow actuations the agent logged, by what took most of their time.
 #[derive(Default)]
 struct SlowCauses {
@@ -960,7 +966,7 @@ fn slow_causes(slow: &[String]) -> SlowCauses {
             c.handoff += 1;
         } else if switches > 0 {
             c.switched += 1;
-        } else if slow_part(l, "on CPU ") < work / 2.0 {
+        } else if vcpu_held(work, slow_part(l, "on CPU "), switches) {
             c.vcpu_held += 1;
         } else {
             c.on_cpu += 1;
@@ -1180,8 +1186,8 @@ fn freezer_floor(dir: &Path, busy: bool, boost: bool) -> anyhow::Result<FreezerF
                 c.push(ms(confirmed));
                 if write > Duration::from_millis(1) {
                     slow.over_1ms += 1;
-                    let on_cpu = usage1.0.saturating_sub(usage0.0);
-                    if usage1.1 == usage0.1 && (on_cpu as u128) < write.as_nanos() / 2 {
+                    let on_cpu = usage1.0.saturating_sub(usage0.0) as f64 / 1e6;
+                    if vcpu_held(ms(write), on_cpu, usage1.1 - usage0.1) {
                         slow.vcpu_held += 1;
                     }
                 }

@@ -48,6 +48,21 @@ pub fn embedded_object() -> Option<&'static [u8]> {
     (!EBPF_OBJECT.is_empty()).then_some(EBPF_OBJECT)
 }
 
+/// The embedded object, once this process may load it (privileges checked, the
+/// memlock limit raised); an error that says what to do otherwise.
+fn loadable_object() -> anyhow::Result<&'static [u8]> {
+    let Some(object) = embedded_object() else {
+        bail!(
+            "this keling binary was built without its eBPF programs (its build found no \
+             nightly toolchain or bpf-linker, or AYA_BUILD_SKIP was set); build it with \
+             `cargo xtask build` or run it with `cargo xtask run`"
+        );
+    };
+    crate::os::check_privileges()?;
+    crate::os::raise_memlock();
+    Ok(object)
+}
+
 /// Test hook: programs named here (comma-separated) are treated as if this kernel
 /// could not attach them, so the degraded paths can be tested on a kernel that has
 /// every tracepoint.
@@ -187,21 +202,13 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
 
 impl Probes {
     pub fn load(opts: &LoadOptions) -> anyhow::Result<Self> {
-        if EBPF_OBJECT.is_empty() {
-            bail!(
-                "this keling binary was built without its eBPF programs (its build found no \
-                 nightly toolchain or bpf-linker, or AYA_BUILD_SKIP was set); build it with \
-                 `cargo xtask build` or run it with `cargo xtask run`"
-            );
-        }
-        crate::os::check_privileges()?;
-        crate::os::raise_memlock();
+        let object = loadable_object()?;
         let config = probe_config(opts)?;
         log::debug!("probe config: {config:?}");
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_CONFIG, &config, true)
             .map_max_entries(MAP_EVENTS, opts.ringbuf_bytes)
-            .load(EBPF_OBJECT)
+            .load(object)
             .context("loading Keling's eBPF object into the kernel")?;
         // The simulated driver's files, before anything that reads them runs.
         {
@@ -559,11 +566,7 @@ impl Drop for Timing<'_> {
 /// attachment and JIT as Keling's own programs). They stay attached while the
 /// returned object lives.
 pub fn attach_floor() -> anyhow::Result<Ebpf> {
-    let object = embedded_object().context(
-        "this keling binary was built without its eBPF programs; build it with `cargo xtask build`",
-    )?;
-    crate::os::check_privileges()?;
-    crate::os::raise_memlock();
+    let object = loadable_object()?;
     // The event ring is not used: its smallest size, one page.
     // SAFETY: sysconf has no preconditions.
     let page = u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
