@@ -113,6 +113,23 @@ fn current_ids() -> (u32, u32) {
     ((id >> 32) as u32, id as u32)
 }
 
+/// (pid, tid) of `task`, as [`current_ids`] gives them for the current task: two
+/// loads where that is a helper call.
+///
+/// # Safety
+/// `task` must be the current task from `bpf_get_current_task_btf` (see
+/// [`btf_load`]).
+#[inline(always)]
+unsafe fn task_ids(task: u64) -> (u32, u32) {
+    // SAFETY: the caller's contract; the offsets are the loader's, from BTF.
+    unsafe {
+        (
+            btf_load::<u32>(task, config!(task_tgid_off)),
+            btf_load::<u32>(task, config!(task_pid_off)),
+        )
+    }
+}
+
 #[inline(always)]
 fn header(kind: EventKind, pid: u32, tid: u32) -> EventHeader {
     EventHeader {

@@ -140,16 +140,23 @@ pub fn queue_orphan(pid: u32, tid: u32, file_id: u64) {
 /// The open file behind `fd` of the current task (its `struct file` address).
 #[inline(never)]
 pub fn file_of_fd(fd: i32) -> u64 {
+    // SAFETY: no preconditions.
+    file_in_table(unsafe { bpf_get_current_task_btf() } as u64, fd)
+}
+
+/// The open file behind `fd` of `task`, a pointer from `bpf_get_current_task_btf`
+/// (the verifier rejects any other).
+#[inline(always)]
+pub fn file_in_table(task: u64, fd: i32) -> u64 {
     if fd < 0 {
         return 0;
     }
     // The task, its files and their fd table are objects the verifier knows by
     // their BTF types, and the offsets are constants to it (read-only data): plain
     // loads, fault-guarded by the JIT, instead of a helper call each.
-    // SAFETY: the current task; each load is at a field of its type (the
-    // loader's offsets come from this kernel's BTF).
+    // SAFETY: a BTF-typed task (the verifier checks); each load is at a field of
+    // its type (the loader's offsets come from this kernel's BTF).
     unsafe {
-        let task = bpf_get_current_task_btf() as u64;
         let files = btf_load::<u64>(task, config!(task_files_off));
         if files == 0 {
             return 0;

@@ -24,7 +24,7 @@
 //! by RM escape, UVM command and RM_CONTROL command (keling-common's `call_kind`):
 //! what the process sent, exact whatever the ring buffer drops.
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
+    helpers::{bpf_get_current_task_btf, bpf_probe_read_user},
     macros::{kprobe, kretprobe, map, tracepoint, uretprobe},
     maps::{Array, HashMap, ProgramArray},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
@@ -47,11 +47,13 @@ use super::{
         exported, free_mem_handle, link_shared, new_client, queue_teardown, scratch_object, share,
     },
     deferred::{self, Scope, TailCalls},
-    files::{FILES, add_fd, device_of_file, file_of_fd, find_slot, follows, proc_fds},
+    files::{
+        FILES, add_fd, device_of_file, file_in_table, file_of_fd, find_slot, follows, proc_fds,
+    },
 };
 use crate::{
     atomic_add, count_table_full, count_undecoded, current_ids, emit, emit_quiet, header, kread,
-    syscall_arg, syscall_ret, table_full_at, zero,
+    syscall_arg, syscall_ret, table_full_at, task_ids, zero,
 };
 
 /// What the entry learned, for the exit.
@@ -201,9 +203,13 @@ pub fn sys_enter_ioctl(ctx: TracePointContext) -> i32 {
         return 0;
     }
     let (fd, arg) = (syscall_arg(&ctx, 0) as i32, syscall_arg(&ctx, 2));
-    let file = file_of_fd(fd);
+    // One helper call for the task, then loads for its fd table and its ids.
+    // SAFETY: no preconditions.
+    let task = unsafe { bpf_get_current_task_btf() } as u64;
+    let file = file_in_table(task, fd);
     if file != 0 {
-        enter(fd, file, cmd, arg);
+        // SAFETY: the current task, BTF-typed.
+        enter(unsafe { task_ids(task) }, fd, file, cmd, arg);
     }
     0
 }
@@ -223,7 +229,7 @@ pub fn keling_driver_ioctl_entry(ctx: ProbeContext) -> u32 {
     if nvidia_shaped(cmd)
         && let Some(fd) = ioctl_syscall_fd()
     {
-        enter(fd, file, cmd, arg);
+        enter(current_ids(), fd, file, cmd, arg);
     }
     0
 }
@@ -255,12 +261,11 @@ fn ioctl_syscall_fd() -> Option<i32> {
     (nr == u64::from(config!(ioctl_syscall_nr))).then_some(fd as i32)
 }
 
-/// An NVIDIA-shaped call of the current thread on `fd`, whose open file is
-/// `file`: looked at if the file is an NVIDIA device the agent follows, decoded,
-/// and left pending for [`exit`].
+/// An NVIDIA-shaped call of the current thread (`(pid, tid)`) on `fd`, whose
+/// open file is `file`: looked at if the file is an NVIDIA device the agent
+/// follows, decoded, and left pending for [`exit`].
 #[inline(always)]
-fn enter(fd: i32, file: u64, cmd: u32, arg: u64) {
-    let (pid, tid) = current_ids();
+fn enter((pid, tid): (u32, u32), fd: i32, file: u64, cmd: u32, arg: u64) {
     // The device from the process's table when it names this very file.
     let mut device = device_file::NONE;
     let mut known = false;
