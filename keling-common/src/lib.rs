@@ -16,6 +16,7 @@
 
 pub mod event;
 pub mod gpu;
+pub mod lines;
 pub mod maps;
 pub mod nvidia;
 

@@ -170,7 +170,7 @@ fn track(pid: u32, tid: u32) {
 /// it calls here (aya-ebpf's, a byte at a time) rather than expanding.
 #[inline(always)]
 fn zero<T: Copy>(p: &mut T) {
-    const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() >= 8) };
+    const { assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8) };
     let words = (p as *mut T).cast::<u64>();
     for i in 0..size_of::<T>() / 8 {
         // SAFETY: in bounds of `*p` (the assertion above); volatile, so the

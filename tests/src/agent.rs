@@ -150,7 +150,7 @@ impl Agent {
             said.push_str(&line);
             said.push('\n');
             stderr.lock().unwrap().push(line.clone());
-            if line.contains("ready") {
+            if line.contains(keling_common::lines::AGENT_READY) {
                 let keep = stderr.clone();
                 std::thread::spawn(move || {
                     for l in lines.map_while(Result::ok) {

@@ -324,11 +324,11 @@ fn the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted() {
         let line = line.unwrap();
         said.push_str(&line);
         said.push('\n');
-        if line.contains("keling floor: attached") {
+        if line.contains(keling_common::lines::FLOOR_READY) {
             break;
         }
     }
-    assert!(said.contains("keling floor: attached"), "{said}");
+    assert!(said.contains(keling_common::lines::FLOOR_READY), "{said}");
     let pid = floor.0.id();
     // The eBPF programs it holds: one fd each, whose fdinfo names the type
     // (BPF_PROG_TYPE_TRACEPOINT is 5).

@@ -17,14 +17,12 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use keling_common::lines::{self, SlowActuation};
 use serde_json::{Value, json};
 
 /// A tracer in the background (`keling run` or bpftrace); stopped (SIGINT, by
 /// pid) and reaped on drop. Keeps the lines it says about slow actuations.
 struct Tracer(Child, Arc<Mutex<Vec<String>>>);
-
-/// What the agent logs when an actuation took longer than 2 ms (sched/worker.rs).
-const SLOW_ACTUATION: &str = "slow actuation: ";
 
 impl Tracer {
     /// Starts `cmd` and waits for the line (on stderr or stdout) that says its
@@ -52,7 +50,7 @@ impl Tracer {
             if line.contains(ready) {
                 std::thread::spawn(move || {
                     for l in lines.map_while(Result::ok) {
-                        if let Some((_, slow)) = l.split_once(SLOW_ACTUATION) {
+                        if let Some((_, slow)) = l.split_once(SlowActuation::PREFIX) {
                             kept.lock().expect("not poisoned").push(slow.to_owned());
                         }
                     }
@@ -120,7 +118,7 @@ fn agent(keling: &Path, dev_dir: &Path, extra: &[&std::ffi::OsStr]) -> anyhow::R
     ])
     .arg(dev_dir)
     .args(extra);
-    Tracer::start(c, "ready", false)
+    Tracer::start(c, lines::AGENT_READY, false)
 }
 
 /// `keling floor`: Keling's object with only two empty programs attached to the
@@ -128,7 +126,7 @@ fn agent(keling: &Path, dev_dir: &Path, extra: &[&std::ffi::OsStr]) -> anyhow::R
 fn floor(keling: &Path) -> anyhow::Result<Tracer> {
     let mut c = Command::new(keling);
     c.arg("floor");
-    Tracer::start(c, "keling floor: attached", false)
+    Tracer::start(c, lines::FLOOR_READY, false)
 }
 
 fn bpftrace(script: &str) -> anyhow::Result<Tracer> {
@@ -757,12 +755,17 @@ fn decision_latency(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
             format!(
                 "{} ({} mostly the hand-over to the actuation thread, {} mostly the boost or \
                  write on the CPU, {} mostly blocked or preempted in the guest, {} mostly \
-                 with the vCPU not running){}",
+                 with the vCPU not running{}){}",
                 slow.len(),
                 causes.handoff,
                 causes.on_cpu,
                 causes.switched,
                 causes.vcpu_held,
+                if causes.unread > 0 {
+                    format!(", {} unreadable", causes.unread)
+                } else {
+                    String::new()
+                },
                 slow.first()
                     .map(|l| format!("; e.g. {l}"))
                     .unwrap_or_default()
@@ -955,31 +958,31 @@ struct SlowCauses {
     on_cpu: usize,
     switched: usize,
     vcpu_held: usize,
+    /// Lines that do not read as [`SlowActuation`]s.
+    unread: usize,
 }
 
 fn slow_causes(slow: &[String]) -> SlowCauses {
     let mut c = SlowCauses::default();
     for l in slow {
-        let work = slow_part(l, "boost ") + slow_part(l, "write ");
-        let switches = count_before(l, " voluntary") + count_before(l, " involuntary");
-        if slow_part(l, "handoff ") > work {
+        let Some(a) = SlowActuation::parse(l) else {
+            eprintln!("xtask: not a slow-actuation line: {l}");
+            c.unread += 1;
+            continue;
+        };
+        let work = a.boost_ms + a.write_ms;
+        let switches = a.voluntary + a.involuntary;
+        if a.handoff_ms > work {
             c.handoff += 1;
         } else if switches > 0 {
             c.switched += 1;
-        } else if vcpu_held(work, slow_part(l, "on CPU "), switches) {
+        } else if vcpu_held(work, a.on_cpu_ms, switches) {
             c.vcpu_held += 1;
         } else {
             c.on_cpu += 1;
         }
     }
     c
-}
-
-/// The count just before `key` in a slow-actuation line (`(0 voluntary`).
-fn count_before(line: &str, key: &str) -> u64 {
-    line.split_once(key)
-        .and_then(|(head, _)| head.rsplit([' ', '(']).next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A busy host: one spinning `keling-workload busy` per CPU, ended with `started`.
@@ -1204,13 +1207,6 @@ fn freezer_floor(dir: &Path, busy: bool, boost: bool) -> anyhow::Result<FreezerF
         .map_err(|_| anyhow::anyhow!("the freezer thread panicked"))??;
     drop(guard);
     Ok(out)
-}
-
-/// The milliseconds after `key` in a slow-actuation line (`handoff 0.012 ms`).
-fn slow_part(line: &str, key: &str) -> f64 {
-    line.split_once(key)
-        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// One agent's decision run: its final `keling status --json` and the slow
@@ -1518,38 +1514,44 @@ fn write_report(report: &Report, rounds: usize, took: Duration) -> anyhow::Resul
 mod tests {
     use super::*;
 
-    /// Lines as `keling run` logs them (sched/worker.rs), after "slow actuation: ".
-    const VCPU_HELD: &str = "Freeze of task 1 took 2.492 ms: handoff 0.062 ms, boost 0.203 ms \
-        (17 threads), write 2.227 ms (0 voluntary, 0 involuntary context switches in boost and \
-        write; on CPU 0.613 ms of them)";
-    const HANDOFF: &str = "Thaw of task 1 took 5.720 ms: handoff 5.648 ms, boost 0.000 ms \
-        (0 threads), write 0.072 ms (0 voluntary, 0 involuntary context switches in boost and \
-        write; on CPU 0.068 ms of them)";
-    const SWITCHED: &str = "Thaw of task 1 took 3.100 ms: handoff 0.100 ms, boost 0.000 ms \
-        (0 threads), write 3.000 ms (1 voluntary, 2 involuntary context switches in boost and \
-        write; on CPU 0.500 ms of them)";
-    const ON_CPU: &str = "Freeze of task 1 took 3.000 ms: handoff 0.100 ms, boost 2.000 ms \
-        (17 threads), write 0.900 ms (0 voluntary, 0 involuntary context switches in boost and \
-        write; on CPU 2.800 ms of them)";
-
-    #[test]
-    fn slow_actuation_lines_are_read_by_their_parts() {
-        assert_eq!(slow_part(VCPU_HELD, "handoff "), 0.062);
-        assert_eq!(slow_part(VCPU_HELD, "boost "), 0.203);
-        assert_eq!(slow_part(VCPU_HELD, "write "), 2.227);
-        assert_eq!(slow_part(VCPU_HELD, "on CPU "), 0.613);
-        assert_eq!(count_before(SWITCHED, " voluntary"), 1);
-        assert_eq!(count_before(SWITCHED, " involuntary"), 2);
-        assert_eq!(count_before(VCPU_HELD, " voluntary"), 0);
+    /// A slow-actuation line as `keling run` logs it (after its prefix).
+    fn line(
+        handoff_ms: f64,
+        boost_ms: f64,
+        write_ms: f64,
+        switches: u64,
+        on_cpu_ms: f64,
+    ) -> String {
+        SlowActuation {
+            kind: "Freeze",
+            task: 1,
+            took_ms: handoff_ms + boost_ms + write_ms,
+            handoff_ms,
+            boost_ms,
+            threads: 17,
+            write_ms,
+            voluntary: switches,
+            involuntary: 0,
+            on_cpu_ms,
+        }
+        .to_string()
     }
 
     #[test]
     fn slow_actuations_are_sorted_by_what_took_their_time() {
-        let lines: Vec<String> = [VCPU_HELD, HANDOFF, SWITCHED, ON_CPU, VCPU_HELD]
-            .iter()
-            .map(|l| (*l).to_owned())
-            .collect();
+        let vcpu_held = line(0.062, 0.203, 2.227, 0, 0.613);
+        let lines = [
+            vcpu_held.clone(),
+            line(5.648, 0.0, 0.072, 0, 0.068),
+            line(0.1, 0.0, 3.0, 3, 0.5),
+            line(0.1, 2.0, 0.9, 0, 2.8),
+            vcpu_held,
+            "something else".to_owned(),
+        ];
         let c = slow_causes(&lines);
-        assert_eq!((c.handoff, c.on_cpu, c.switched, c.vcpu_held), (1, 1, 1, 2));
+        assert_eq!(
+            (c.handoff, c.on_cpu, c.switched, c.vcpu_held, c.unread),
+            (1, 1, 1, 2, 1)
+        );
     }
 }

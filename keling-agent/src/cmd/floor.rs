@@ -3,9 +3,6 @@
 //! `cargo xtask bench`'s floor: what any tracer attached there costs at least,
 //! measured with Keling's own loader.
 
-/// What `keling floor` prints (on standard error) once its programs are attached.
-pub const READY: &str = "keling floor: attached";
-
 #[derive(Debug, clap::Args)]
 pub struct FloorArgs {}
 
@@ -19,7 +16,8 @@ pub fn floor(_args: FloorArgs) -> anyhow::Result<i32> {
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
         eprintln!(
-            "{READY} (empty programs on sys_enter_ioctl and sys_exit_ioctl; Ctrl-C detaches)"
+            "{} (empty programs on sys_enter_ioctl and sys_exit_ioctl; Ctrl-C detaches)",
+            keling_common::lines::FLOOR_READY
         );
         tokio::select! {
             _ = int.recv() => {}

@@ -592,7 +592,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             outputs += &format!("; latency histograms to {} every {}s", path.display(), args.histo_interval);
         }
         eprintln!(
-            "keling: ready: probes attached, watching every process; control socket {}{outputs} (Ctrl-C to stop)",
+            "{} probes attached, watching every process; control socket {}{outputs} (Ctrl-C to stop)",
+            keling_common::lines::AGENT_READY,
             args.socket.display()
         );
         // Nothing in here ends the agent but a signal to stop, or a fail-safe that

@@ -24,6 +24,7 @@ use std::{
 };
 
 use anyhow::Context;
+use keling_common::lines::SlowActuation;
 use keling_sched::{ActionKind, TaskId};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -348,23 +349,23 @@ fn carry_out(job: Job) -> Option<InFlight> {
                 // preempted: involuntary ones; neither, and little of it on the
                 // CPU: the vCPU was not running, see `thread_cpu_ns`).
                 let after = switches();
-                log::info!(
-                    "slow actuation: {kind:?} of task {id} took {:.3} ms: handoff {:.3} ms, \
-                     boost {:.3} ms ({} threads), write {:.3} ms ({} voluntary, {} involuntary \
-                     context switches in boost and write; on CPU {:.3} ms of them)",
-                    took_ns as f64 / 1e6,
-                    picked_ns.saturating_sub(times.decided_ns) as f64 / 1e6,
-                    boost.took_ns as f64 / 1e6,
-                    boost.threads,
-                    times
+                let slow = SlowActuation {
+                    kind: &format!("{kind:?}"),
+                    task: id,
+                    took_ms: took_ns as f64 / 1e6,
+                    handoff_ms: picked_ns.saturating_sub(times.decided_ns) as f64 / 1e6,
+                    boost_ms: boost.took_ns as f64 / 1e6,
+                    threads: boost.threads as u64,
+                    write_ms: times
                         .actuated_ns
                         .saturating_sub(picked_ns)
                         .saturating_sub(boost.took_ns) as f64
                         / 1e6,
-                    after.0.saturating_sub(before.0),
-                    after.1.saturating_sub(before.1),
-                    thread_cpu_ns().saturating_sub(cpu_before) as f64 / 1e6,
-                );
+                    voluntary: after.0.saturating_sub(before.0),
+                    involuntary: after.1.saturating_sub(before.1),
+                    on_cpu_ms: thread_cpu_ns().saturating_sub(cpu_before) as f64 / 1e6,
+                };
+                log::info!("{}{slow}", SlowActuation::PREFIX);
             }
             Some(InFlight {
                 id,
