@@ -4,7 +4,8 @@
 //! `keling-agent` (user) is defined here: the ring-buffer event layouts, the keys and
 //! values of the shared maps, and the load-time configuration the agent writes into
 //! the programs' globals. Both sides compile this crate, so a layout can only change
-//! in one place.
+//! in one place. Likewise [`lines`]: the lines the agent prints that the bench and
+//! the tests read.
 //!
 //! Rules every type here follows:
 //! - `#[repr(C)]`, fields ordered so that there is no implicit padding (a test checks
