@@ -134,7 +134,7 @@ pub struct ProbeConfig {
     pub nvos21_status_off: u32,
     /// The driver's major version (layouts that changed: the EGM bit from 550).
     pub driver_major: u32,
-    /// Detail events wake the agent only when this many bytes are waiting.
+    /// Detail events wake the agent once each time this many more bytes are waiting.
     pub wakeup_bytes: u32,
     /// 0: report every context switch and every plain NVIDIA call (`keling trace`).
     /// N: report instead at most one [`crate::ActiveEvent`] per tracked root per N
