@@ -31,6 +31,9 @@ use crate::{
 
 pub struct JsonlSink {
     out: Box<dyn Write + Send>,
+    /// The line being written: serde_json writes a token at a time, and each
+    /// write to `out` (a `dyn Write`) is a call and a copy of its own.
+    buf: Vec<u8>,
 }
 
 fn opt_pid(pid: u32) -> Value {
@@ -251,12 +254,14 @@ pub fn summary_json(s: &Summary) -> Value {
 
 impl JsonlSink {
     pub fn new(out: Box<dyn Write + Send>) -> Self {
-        Self { out }
+        Self {
+            out,
+            buf: Vec::with_capacity(512),
+        }
     }
 
     fn line(&mut self, v: &Value) -> io::Result<()> {
-        serde_json::to_writer(&mut self.out, v)?;
-        self.out.write_all(b"\n")
+        self.typed_line(v)
     }
 }
 
@@ -312,9 +317,12 @@ struct SwitchLine {
 }
 
 impl JsonlSink {
+    /// One JSON line, built in `self.buf` and written with one call.
     fn typed_line(&mut self, line: &impl serde::Serialize) -> io::Result<()> {
-        serde_json::to_writer(&mut self.out, line)?;
-        self.out.write_all(b"\n")
+        self.buf.clear();
+        serde_json::to_writer(&mut self.buf, line)?;
+        self.buf.push(b'\n');
+        self.out.write_all(&self.buf)
     }
 
     fn ioctl_line(&mut self, e: &GpuIoctlEvent) -> io::Result<()> {
