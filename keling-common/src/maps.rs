@@ -83,6 +83,43 @@ pub struct TrackedProcess {
     pub flags: u32,
 }
 
+/// Whether a detail event wakes the ring buffer's consumer: only the one whose
+/// record (`record` bytes, header included) takes the bytes waiting to or past a
+/// multiple of `every` ([`ProbeConfig::wakeup_bytes`]; 0: never), so a backlog
+/// wakes the consumer once per `every` bytes and not once per event.
+#[inline(always)]
+pub const fn wakes_consumer(waiting: u64, record: u64, every: u64) -> bool {
+    every != 0 && waiting / every != (waiting + record) / every
+}
+
+#[cfg(test)]
+mod wake_tests {
+    use super::wakes_consumer;
+
+    #[test]
+    fn only_the_event_that_reaches_a_mark_wakes() {
+        assert!(!wakes_consumer(0, 64, 1024));
+        assert!(!wakes_consumer(959, 64, 1024)); // short of the mark
+        assert!(wakes_consumer(960, 64, 1024)); // to it
+        assert!(wakes_consumer(1000, 64, 1024)); // past it
+        assert!(!wakes_consumer(1024, 64, 1024)); // over the mark already
+        assert!(wakes_consumer(2000, 64, 1024));
+        assert!(!wakes_consumer(1 << 40, 64, 0));
+    }
+
+    #[test]
+    fn a_growing_backlog_wakes_once_per_mark() {
+        let (record, every) = (72u64, 4096u64);
+        let mut waiting = 0;
+        let mut wakes = 0;
+        while waiting < 10 * every {
+            wakes += u64::from(wakes_consumer(waiting, record, every));
+            waiting += record;
+        }
+        assert_eq!(wakes, 10);
+    }
+}
+
 /// Load-time configuration, written into the programs' read-only global
 /// [`GLOBAL_CONFIG`] by the agent. The offsets differ between kernels, so the agent
 /// reads them from `/sys/kernel/btf/vmlinux` and the tracepoints' `format` files

@@ -279,13 +279,13 @@ fn emit_quiet<T: 'static>(event: T) {
     let record = (size_of::<T>() as u64 + 8 + 7) & !7;
     let every = config!(wakeup_bytes) as u64;
     let waiting = EVENTS.query(BPF_RB_AVAIL_DATA);
-    // Only the event that takes the backlog past a mark wakes the agent. Waking on
+    // Only the event that takes the backlog to a mark wakes the agent. Waking on
     // every event while the backlog is over the mark (as before) made each one a
     // self-IPI, in a VM an exit: `keling trace` of 2 producers at full rate spent
     // ~10% of all CPU samples in `native_apic_msr_write` under
     // `bpf_ringbuf_submit`. A mark another CPU's event passes between this query
     // and that commit wakes no one; the next mark, or the agent's tick, drains it.
-    let flags = if every != 0 && waiting / every != (waiting + record) / every {
+    let flags = if keling_common::wakes_consumer(waiting, record, every) {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

@@ -260,8 +260,12 @@ impl JsonlSink {
         }
     }
 
-    fn line(&mut self, v: &Value) -> io::Result<()> {
-        self.typed_line(v)
+    /// One JSON line, built in `self.buf` and written with one call.
+    fn line(&mut self, line: &impl serde::Serialize) -> io::Result<()> {
+        self.buf.clear();
+        serde_json::to_writer(&mut self.buf, line)?;
+        self.buf.push(b'\n');
+        self.out.write_all(&self.buf)
     }
 }
 
@@ -317,19 +321,11 @@ struct SwitchLine {
 }
 
 impl JsonlSink {
-    /// One JSON line, built in `self.buf` and written with one call.
-    fn typed_line(&mut self, line: &impl serde::Serialize) -> io::Result<()> {
-        self.buf.clear();
-        serde_json::to_writer(&mut self.buf, line)?;
-        self.buf.push(b'\n');
-        self.out.write_all(&self.buf)
-    }
-
     fn ioctl_line(&mut self, e: &GpuIoctlEvent) -> io::Result<()> {
         let h = &e.header;
         let (call, device) = (names::call(e.call), names::device(e.device));
         let control = e.control_cmd.map(names::control_label);
-        self.typed_line(&IoctlLine {
+        self.line(&IoctlLine {
             call: &call,
             class: (e.class != 0).then_some(e.class),
             cmd: e.cmd,
@@ -362,7 +358,7 @@ impl Sink for JsonlSink {
             Event::GpuIoctl(e) => self.ioctl_line(e),
             Event::Switch(e) => {
                 let h = &e.header;
-                self.typed_line(&SwitchLine {
+                self.line(&SwitchLine {
                     cpu: h.cpu,
                     next_pid: (e.next_pid != 0).then_some(e.next_pid),
                     next_tid: e.next_tid,
