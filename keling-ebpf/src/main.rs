@@ -165,20 +165,6 @@ fn track(pid: u32, tid: u32) {
     }
 }
 
-/// Sets `*p` to all zero bytes with 8-byte stores. What a struct literal's zero
-/// fields would otherwise become: LLVM merges runs of them into `memset`, which
-/// it calls here (aya-ebpf's, a byte at a time) rather than expanding.
-#[inline(always)]
-fn zero<T: Copy>(p: &mut T) {
-    const { assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8) };
-    let words = (p as *mut T).cast::<u64>();
-    for i in 0..size_of::<T>() / 8 {
-        // SAFETY: in bounds of `*p` (the assertion above); volatile, so the
-        // stores stay stores.
-        unsafe { core::ptr::write_volatile(words.add(i), 0) };
-    }
-}
-
 /// Reads a `T` from kernel memory at `base + off`.
 #[inline(always)]
 fn kread<T>(base: u64, off: u32) -> Option<T> {

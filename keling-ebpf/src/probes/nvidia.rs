@@ -53,7 +53,7 @@ use super::{
 };
 use crate::{
     atomic_add, count_table_full, count_undecoded, current_ids, emit, emit_quiet, header, kread,
-    syscall_arg, syscall_ret, table_full_at, task_ids, zero,
+    syscall_arg, syscall_ret, table_full_at, task_ids,
 };
 
 /// What the entry learned, for the exit.
@@ -300,24 +300,37 @@ fn enter((pid, tid): (u32, u32), fd: i32, file: u64, cmd: u32, arg: u64) {
     };
     // SAFETY: this CPU's scratch slot; the program runs to completion on this CPU.
     let p = unsafe { &mut *p };
-    // Zeroed with 8-byte stores, then the fields the call has: a struct literal's
-    // runs of zero fields become calls to aya-ebpf's `memset`, which stores a byte
-    // at a time (60 bytes: ~300 instructions on every NVIDIA call). Measured with
-    // `xtask/scripts/ab-ioctl.sh`, 6 interleaved rounds: `sys_enter_ioctl` 436 ->
-    // 380 ns a run (medians; lower in 5 of 6 rounds).
-    zero(p);
-    p.params = arg;
-    p.file_id = file;
-    p.cmd = cmd;
-    p.device = device;
-    p.fd = fd;
-    p.gpu = if device <= device_file::MAX_GPU {
-        device
-    } else {
-        NO_GPU
+    *p = PendingIoctl {
+        params: arg,
+        sub_params: 0,
+        file_id: file,
+        aux_file: 0,
+        cmd,
+        escape: 0,
+        size: 0,
+        device,
+        fd,
+        client: 0,
+        parent: 0,
+        handle: 0,
+        class: 0,
+        gpu: if device <= device_file::MAX_GPU {
+            device
+        } else {
+            NO_GPU
+        },
+        sub: 0,
+        aux: 0,
+        aux2: 0,
+        via_xfer: 0,
+        undecoded: 0,
+        pid,
+        tid,
+        ret: 0,
+        mem_kind: 0,
+        has_control: 0,
+        bytes: 0,
     };
-    p.pid = pid;
-    p.tid = tid;
     if let Err(reason) = decode_enter(p) {
         p.undecoded = 1 + reason;
     }
