@@ -589,7 +589,9 @@ fn ring_buffer(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         let mut best_clean = 0.0f64;
         // (asked, made, dropped) at the highest rate asked.
         let mut last = (0.0, 0.0, 0.0);
-        for rate in [50_000u64, 200_000, 1_000_000, 5_000_000] {
+        for rate in [
+            50_000u64, 200_000, 350_000, 500_000, 700_000, 1_000_000, 5_000_000,
+        ] {
             eprint!("\rring buffer {ring_kib} KiB at {rate} calls/s ...   ");
             let (calls, summary) = traced(
                 dir,
@@ -1383,6 +1385,17 @@ fn footprint(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
     let dev = std::env::temp_dir().join(format!("keling-bench-fp-{}", std::process::id()));
     std::fs::create_dir_all(&dev)?;
     std::fs::write(dev.join("nvidiactl"), b"")?;
+    // Start (to the ready line: every program verified and attached) and stop (from
+    // SIGINT to exit: the kernel detaches each tracepoint in turn), 3 times.
+    let (mut starts, mut stops) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        let a = agent(&dir.join("keling"), &dev, &[])?;
+        starts.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        drop(a);
+        stops.push(t.elapsed().as_secs_f64());
+    }
     let a = agent(&dir.join("keling"), &dev, &[])?;
     std::thread::sleep(Duration::from_secs(2)); // settle after start-up
     let window = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<(u64, f64)> {
@@ -1426,10 +1439,18 @@ fn footprint(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         ),
         "under 32 MiB and 2% of one CPU",
     );
+    let (start, stop) = (median(&mut starts), median(&mut stops));
+    report.row(
+        "agent",
+        "start and stop (median of 3)",
+        format!("ready {start:.2} s after it was started; gone {stop:.2} s after SIGINT"),
+        "",
+    );
     report.json.insert(
         "agent".into(),
         json!({"idle_rss_kib": idle_rss, "idle_cpu_percent": idle_cpu,
-            "busy_rss_kib": busy_rss, "busy_cpu_percent": busy_cpu, "busy_calls": calls}),
+            "busy_rss_kib": busy_rss, "busy_cpu_percent": busy_cpu, "busy_calls": calls,
+            "start_s": start, "stop_s": stop}),
     );
     Ok(())
 }
