@@ -1409,9 +1409,8 @@ fn footprint(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
     let (mut starts, mut stops) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         let t = Instant::now();
-        let a = agent(&dir.join("keling"), &dev, &[])?;
+        let mut a = agent(&dir.join("keling"), &dev, &[])?;
         starts.push(t.elapsed().as_secs_f64());
-        let mut a = a;
         let stopped = a.stop(Duration::from_secs(10));
         drop(a);
         let stopped = stopped.context("keling run did not stop within 10 s of SIGINT")?;
