@@ -100,14 +100,8 @@ impl Drop for Tracer {
         // (seen here: it then waited forever, and so did the bench): asked again
         // each second, and killed after five.
         for _ in 0..5 {
-            // SAFETY: signalling our own unreaped child by pid.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-            let asked = Instant::now();
-            while asked.elapsed() < Duration::from_secs(1) {
-                if !matches!(self.0.try_wait(), Ok(None)) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if self.stop(Duration::from_secs(1)).is_some() {
+                return;
             }
         }
         eprintln!(

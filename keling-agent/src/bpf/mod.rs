@@ -251,11 +251,7 @@ impl Probes {
             );
         for (map, slot, name) in tail_called {
             let fd = {
-                let prog: &mut TracePoint = program(&mut ebpf, name)?.try_into()?;
-                if prog.fd().is_err() {
-                    prog.load()
-                        .with_context(|| format!("verifier rejected {name}"))?;
-                }
+                let prog: &mut TracePoint = loaded(&mut ebpf, name)?.try_into()?;
                 prog.fd()?.try_clone()?
             };
             set_slot(&mut ebpf, map, slot, &fd)?;
@@ -409,6 +405,28 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut aya::pr
         .with_context(|| format!("program {name} missing"))
 }
 
+/// The program `name`, loaded: by [`preload`], or here.
+fn loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> anyhow::Result<&'a mut Program> {
+    let prog = program(ebpf, name)?;
+    load(prog, name)?;
+    Ok(prog)
+}
+
+/// Loads (the kernel verifies) `prog` unless it is loaded already.
+fn load(prog: &mut Program, name: &str) -> anyhow::Result<()> {
+    if prog.fd().is_ok() {
+        return Ok(());
+    }
+    match prog {
+        Program::TracePoint(p) => p.load(),
+        Program::RawTracePoint(p) => p.load(),
+        Program::KProbe(p) => p.load(),
+        Program::UProbe(p) => p.load(),
+        _ => bail!("program {name} is of a type Keling does not load"),
+    }
+    .with_context(|| format!("verifier rejected {name}"))
+}
+
 /// Puts a loaded program in slot `slot` of the program array `map`.
 fn set_slot(
     ebpf: &mut Ebpf,
@@ -438,9 +456,7 @@ fn ioctl_backend(
             .rsplit_once(':')
             .with_context(|| format!("{TEST_IOCTL_RETURN_ENV}={target}: not PATH:SYMBOL"))?;
         load_driver_entry(ebpf)?;
-        let prog: &mut UProbe = program(ebpf, TEST_RETURN)?.try_into()?;
-        prog.load()
-            .with_context(|| format!("verifier rejected {TEST_RETURN}"))?;
+        let prog: &mut UProbe = loaded(ebpf, TEST_RETURN)?.try_into()?;
         prog.attach(
             symbol,
             path,
@@ -559,21 +575,13 @@ fn load_driver_entry(ebpf: &mut Ebpf) -> anyhow::Result<()> {
     );
     for (map, slot, name) in twins {
         let fd = {
-            let prog: &mut KProbe = program(ebpf, &name)?.try_into()?;
-            if prog.fd().is_err() {
-                prog.load()
-                    .with_context(|| format!("verifier rejected {name}"))?;
-            }
+            let prog: &mut KProbe = loaded(ebpf, &name)?.try_into()?;
             prog.fd()?.try_clone()?
         };
         set_slot(ebpf, map, slot, &fd)?;
     }
     for name in [DRIVER_ENTRY, DRIVER_RETURN] {
-        let prog: &mut KProbe = program(ebpf, name)?.try_into()?;
-        if prog.fd().is_err() {
-            prog.load()
-                .with_context(|| format!("verifier rejected {name}"))?;
-        }
+        loaded(ebpf, name)?;
     }
     Ok(())
 }
@@ -605,17 +613,9 @@ fn preload<'n>(ebpf: &mut Ebpf, names: impl IntoIterator<Item = &'n str>) {
             scope.spawn(|| {
                 while let Some((name, prog)) = next() {
                     let started = std::time::Instant::now();
-                    let loaded = match prog {
-                        Program::TracePoint(p) => p.load(),
-                        Program::RawTracePoint(p) => p.load(),
-                        Program::KProbe(p) => p.load(),
-                        Program::UProbe(p) => p.load(),
-                        // Another type: its caller loads it.
-                        _ => continue,
-                    };
-                    match loaded {
+                    match load(prog, name) {
                         Ok(()) => log::debug!("program {name} loaded in {:?}", started.elapsed()),
-                        Err(e) => log::debug!("program {name} did not load ahead: {e}"),
+                        Err(e) => log::debug!("program {name} did not load ahead: {e:#}"),
                     }
                 }
             });
@@ -658,22 +658,14 @@ pub fn attach_floor() -> anyhow::Result<Ebpf> {
 /// Loads program `name` unless [`preload`] did, and attaches it.
 fn attach(ebpf: &mut Ebpf, name: &str, attach: Attach) -> anyhow::Result<()> {
     let _timing = Timing(name, std::time::Instant::now());
-    let prog = program(ebpf, name)?;
+    let prog = loaded(ebpf, name)?;
     match attach {
         Attach::Raw(tp) => {
             let p: &mut RawTracePoint = prog.try_into()?;
-            if p.fd().is_err() {
-                p.load()
-                    .with_context(|| format!("verifier rejected {name}"))?;
-            }
             p.attach(tp).with_context(|| format!("attaching {name}"))?;
         }
         Attach::Tracepoint(cat, tp) => {
             let p: &mut TracePoint = prog.try_into()?;
-            if p.fd().is_err() {
-                p.load()
-                    .with_context(|| format!("verifier rejected {name}"))?;
-            }
             p.attach(cat, tp)
                 .with_context(|| format!("attaching {name}"))?;
         }
