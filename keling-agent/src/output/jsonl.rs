@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 use super::{Sink, Summary, text::state_letter};
 use crate::{
     event::decode::{
-        Call, Event, ExitStatus, GpuIoctlEvent, IoctlOutcome, OpenHow, RefHow, comm, cstr,
+        Call, DeviceFile, Event, ExitStatus, GpuIoctlEvent, IoctlOutcome, OpenHow, RefHow, comm,
+        cstr,
     },
     gpu::{
         names,
@@ -34,6 +35,9 @@ pub struct JsonlSink {
     /// The line being written: serde_json writes a token at a time, and each
     /// write to `out` (a `dyn Write`) is a call and a copy of its own.
     buf: Vec<u8>,
+    call_names: Memo<Call, String>,
+    device_names: Memo<DeviceFile, String>,
+    control_labels: Memo<u32, String>,
 }
 
 fn opt_pid(pid: u32) -> Value {
@@ -257,6 +261,9 @@ impl JsonlSink {
         Self {
             out,
             buf: Vec::with_capacity(512),
+            call_names: Memo(None),
+            device_names: Memo(None),
+            control_labels: Memo(None),
         }
     }
 
@@ -271,84 +278,162 @@ impl JsonlSink {
 
 /// The hottest lines (a traced process's every NVIDIA call and context switch)
 /// written straight from typed fields, without building a [`Value`] (a map and a
-/// string per key): the same bytes as [`event_json`] (its keys in the same
-/// sorted order; a test holds the two together), several times cheaper, which is
-/// how many events a second `keling trace` carries before its ring buffer drops.
-#[derive(serde::Serialize)]
-struct IoctlLine<'a> {
-    call: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    class: Option<u32>,
-    cmd: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    control: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    control_cmd: Option<u32>,
-    cpu: u32,
-    device: &'a str,
-    fd: i32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    gpu: Option<u32>,
-    outcome: &'static str,
-    pid: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    requested_bytes: Option<u64>,
-    ret: i64,
-    status: u32,
-    tid: u32,
-    ts_ns: u64,
-    r#type: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    undecoded: Option<&'static str>,
-    via_xfer: bool,
+/// string per key) and without serde_json, which escapes every key anew (its
+/// `format_escaped_str` was a fifth of a full-rate `keling trace --format jsonl`
+/// under `perf record`): the same bytes as [`event_json`], its keys in the same
+/// sorted order (a test holds the two together byte for byte). How fast these are
+/// written is how many events a second `keling trace` carries before its ring
+/// buffer drops.
+struct Line<'a> {
+    buf: &'a mut Vec<u8>,
+    first: bool,
 }
 
-/// See [`IoctlLine`].
-#[derive(serde::Serialize)]
-struct SwitchLine {
-    cpu: u32,
-    next_pid: Option<u32>,
-    next_tid: u32,
-    pid: u32,
-    prev_pid: Option<u32>,
-    prev_runtime_ns: Option<u64>,
-    prev_state: &'static str,
-    prev_tid: u32,
-    tid: u32,
-    ts_ns: u64,
-    r#type: &'static str,
-    voluntary: bool,
+impl<'a> Line<'a> {
+    fn new(buf: &'a mut Vec<u8>) -> Self {
+        buf.clear();
+        Line { buf, first: true }
+    }
+
+    /// `"key":`, after a comma unless it is the first. Keys are this file's
+    /// constants: nothing in them needs escaping.
+    fn key(&mut self, key: &'static str) -> &mut Self {
+        debug_assert!(!key.bytes().any(needs_escape), "{key}");
+        self.buf.push(if self.first { b'{' } else { b',' });
+        self.first = false;
+        self.buf.push(b'"');
+        self.buf.extend_from_slice(key.as_bytes());
+        self.buf.extend_from_slice(b"\":");
+        self
+    }
+
+    fn uint(&mut self, key: &'static str, v: impl Into<u64>) -> &mut Self {
+        let v = v.into();
+        self.key(key)
+            .buf
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        self
+    }
+
+    fn int(&mut self, key: &'static str, v: impl Into<i64>) -> &mut Self {
+        let v = v.into();
+        self.key(key)
+            .buf
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        self
+    }
+
+    fn opt_uint(&mut self, key: &'static str, v: Option<impl Into<u64>>) -> &mut Self {
+        match v {
+            Some(v) => self.uint(key, v),
+            None => {
+                self.key(key).buf.extend_from_slice(b"null");
+                self
+            }
+        }
+    }
+
+    fn bool(&mut self, key: &'static str, v: bool) -> &mut Self {
+        let text: &[u8] = if v { b"true" } else { b"false" };
+        self.key(key).buf.extend_from_slice(text);
+        self
+    }
+
+    /// A string value: the names Keling gives need no escaping, and are copied
+    /// as they are; anything else goes through serde_json's escaping.
+    fn str(&mut self, key: &'static str, v: &str) -> &mut Self {
+        self.key(key);
+        if v.bytes().any(needs_escape) {
+            serde_json::to_writer(&mut *self.buf, v).expect("a string into a Vec");
+        } else {
+            self.buf.push(b'"');
+            self.buf.extend_from_slice(v.as_bytes());
+            self.buf.push(b'"');
+        }
+        self
+    }
+
+    /// The closing brace and the newline.
+    fn end(&mut self) {
+        self.buf.extend_from_slice(b"}\n");
+    }
+}
+
+/// A byte JSON strings must escape.
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// The last value computed for a key: a traced process's hot loop makes the same
+/// call again and again, and each name is a table search and a new `String`.
+struct Memo<K, V>(Option<(K, V)>);
+
+impl<K: Copy + PartialEq, V> Memo<K, V> {
+    fn get(&mut self, key: K, f: impl FnOnce(K) -> V) -> &V {
+        if self.0.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.0 = Some((key, f(key)));
+        }
+        &self.0.as_ref().expect("just set").1
+    }
 }
 
 impl JsonlSink {
     fn ioctl_line(&mut self, e: &GpuIoctlEvent) -> io::Result<()> {
         let h = &e.header;
-        let (call, device) = (names::call(e.call), names::device(e.device));
-        let control = e.control_cmd.map(names::control_label);
-        self.line(&IoctlLine {
-            call: &call,
-            class: (e.class != 0).then_some(e.class),
-            cmd: e.cmd,
-            control: control.as_deref(),
-            control_cmd: e.control_cmd,
-            cpu: h.cpu,
-            device: &device,
-            fd: e.fd,
-            gpu: e.gpu,
-            outcome: names::outcome(e.outcome),
-            pid: h.pid,
-            requested_bytes: (e.requested_bytes != 0).then_some(e.requested_bytes),
-            ret: e.ret,
-            status: e.status,
-            tid: h.tid,
-            ts_ns: h.ts_ns,
-            r#type: "gpu_ioctl",
-            undecoded: match e.outcome {
-                IoctlOutcome::Undecoded(reason) => Some(names::undecoded_reason(reason)),
-                _ => None,
-            },
-            via_xfer: e.via_xfer,
-        })
+        let call = self.call_names.get(e.call, names::call);
+        let device = self.device_names.get(e.device, names::device);
+        let mut l = Line::new(&mut self.buf);
+        l.str("call", call);
+        if e.class != 0 {
+            l.uint("class", e.class);
+        }
+        l.uint("cmd", e.cmd);
+        if let Some(cmd) = e.control_cmd {
+            let label = self.control_labels.get(cmd, names::control_label);
+            l.str("control", label).uint("control_cmd", cmd);
+        }
+        l.uint("cpu", h.cpu).str("device", device).int("fd", e.fd);
+        if let Some(gpu) = e.gpu {
+            l.uint("gpu", gpu);
+        }
+        l.str("outcome", names::outcome(e.outcome))
+            .uint("pid", h.pid);
+        if e.requested_bytes != 0 {
+            l.uint("requested_bytes", e.requested_bytes);
+        }
+        l.int("ret", e.ret)
+            .uint("status", e.status)
+            .uint("tid", h.tid)
+            .uint("ts_ns", h.ts_ns)
+            .str("type", "gpu_ioctl");
+        if let IoctlOutcome::Undecoded(reason) = e.outcome {
+            l.str("undecoded", names::undecoded_reason(reason));
+        }
+        l.bool("via_xfer", e.via_xfer).end();
+        self.out.write_all(&self.buf)
+    }
+
+    fn switch_line(&mut self, e: &keling_common::SwitchEvent) -> io::Result<()> {
+        let h = &e.header;
+        let some = |v: u32| (v != 0).then_some(v);
+        Line::new(&mut self.buf)
+            .uint("cpu", h.cpu)
+            .opt_uint("next_pid", some(e.next_pid))
+            .uint("next_tid", e.next_tid)
+            .uint("pid", h.pid)
+            .opt_uint("prev_pid", some(e.prev_pid))
+            .opt_uint(
+                "prev_runtime_ns",
+                (e.prev_runtime_ns != 0).then_some(e.prev_runtime_ns),
+            )
+            .str("prev_state", state_letter(e.prev_state))
+            .uint("prev_tid", e.prev_tid)
+            .uint("tid", h.tid)
+            .uint("ts_ns", h.ts_ns)
+            .str("type", "switch")
+            .bool("voluntary", e.voluntary())
+            .end();
+        self.out.write_all(&self.buf)
     }
 }
 
@@ -356,23 +441,7 @@ impl Sink for JsonlSink {
     fn event(&mut self, event: &Event) -> io::Result<()> {
         match event {
             Event::GpuIoctl(e) => self.ioctl_line(e),
-            Event::Switch(e) => {
-                let h = &e.header;
-                self.line(&SwitchLine {
-                    cpu: h.cpu,
-                    next_pid: (e.next_pid != 0).then_some(e.next_pid),
-                    next_tid: e.next_tid,
-                    pid: h.pid,
-                    prev_pid: (e.prev_pid != 0).then_some(e.prev_pid),
-                    prev_runtime_ns: (e.prev_runtime_ns != 0).then_some(e.prev_runtime_ns),
-                    prev_state: state_letter(e.prev_state),
-                    prev_tid: e.prev_tid,
-                    tid: h.tid,
-                    ts_ns: h.ts_ns,
-                    r#type: "switch",
-                    voluntary: e.voluntary(),
-                })
-            }
+            Event::Switch(e) => self.switch_line(e),
             _ => self.line(&event_json(event)),
         }
     }
@@ -466,7 +535,9 @@ mod tests {
     }
 
     use crate::{
-        event::decode::{IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason},
+        event::decode::{
+            Call, DeviceFile, IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason,
+        },
         output::test_events as ev,
     };
 
@@ -481,8 +552,10 @@ mod tests {
         v
     }
 
-    /// The typed lines of the hottest events are byte for byte what the general
-    /// path writes, for every optional field present and absent.
+    /// The hand-written lines of the hottest events are byte for byte what the
+    /// general path writes, for every optional field present and absent, one
+    /// sink writing them all twice over (its remembered names must follow each
+    /// change of call, device and control).
     #[test]
     fn typed_lines_equal_the_general_ones() {
         let mut events = vec![
@@ -492,6 +565,31 @@ mod tests {
             ev::ioctl_uvm(),
             ev::ioctl_no_memory_escape(),
         ];
+        // Another control (one driver 535 does not name), another GPU file, a
+        // command that is no RM escape, and a failed call with negative numbers.
+        for (device, call, control_cmd, fd, ret) in [
+            (
+                DeviceFile::Gpu(3),
+                Call::Rm(nvidia::escape::CONTROL),
+                Some(0x2080_0110),
+                4,
+                0,
+            ),
+            (
+                DeviceFile::Gpu(3),
+                Call::Rm(nvidia::escape::CONTROL),
+                Some(0xdead_beef),
+                4,
+                0,
+            ),
+            (DeviceFile::Ctl, Call::NotRm(0x1234), None, -1, -25),
+        ] {
+            let Event::GpuIoctl(mut e) = ev::ioctl_uvm() else {
+                unreachable!()
+            };
+            (e.device, e.call, e.control_cmd, e.fd, e.ret) = (device, call, control_cmd, fd, ret);
+            events.push(Event::GpuIoctl(e));
+        }
         for (prev_pid, next_pid, prev_state, runtime) in
             [(7, 0, 0, 0), (0, 8, 1, 123), (7, 8, 0x40, 5)]
         {
@@ -505,12 +603,31 @@ mod tests {
                 prev_runtime_ns: runtime,
             }));
         }
-        for e in &events {
-            let (capture, buf) = crate::output::capture::Capture::new();
-            JsonlSink::new(Box::new(capture)).event(e).unwrap();
-            let typed = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
-            assert_eq!(typed, format!("{}\n", event_json(e)), "{e:?}");
+        let (capture, buf) = crate::output::capture::Capture::new();
+        let mut sink = JsonlSink::new(Box::new(capture));
+        let twice: Vec<&Event> = events.iter().chain(&events).collect();
+        for e in &twice {
+            sink.event(e).unwrap();
         }
+        let written = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = written.lines().collect();
+        assert_eq!(lines.len(), twice.len());
+        for (line, e) in lines.iter().zip(&twice) {
+            assert_eq!(*line, event_json(e).to_string(), "{e:?}");
+        }
+    }
+
+    /// A string value that needs escaping is escaped as serde_json does it.
+    #[test]
+    fn line_strings_are_escaped_when_they_must_be() {
+        let mut buf = Vec::new();
+        let odd = "a\"b\\c\nd\u{1}e";
+        Line::new(&mut buf)
+            .str("k", odd)
+            .str("plain", "nvidia0")
+            .end();
+        let want = format!("{}\n", json!({"k": odd, "plain": "nvidia0"}));
+        assert_eq!(String::from_utf8(buf).unwrap(), want);
     }
 
     #[test]
