@@ -658,8 +658,9 @@ fn ring_buffer(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         } else if made < asked * 0.95 {
             format!(
                 "the producers: {producers} processes made only {made:.0} calls/s of the \
-                 {asked:.0} asked, {:.0} ns of CPU per traced call each, and the ring carried every \
-                 one",
+                 {asked:.0} asked, the CPUs shared with keling trace reading the ring ({:.0} ns \
+                 of the machine's CPU time per event, all of it: producers and consumer), and \
+                 the ring carried every one",
                 1e9 * producers as f64 / made
             )
         } else {
