@@ -87,6 +87,19 @@ impl Trace {
         self.lines.iter().filter(move |l| l["type"] == ty)
     }
 
+    /// The summary's entry for the process `keling trace` started: the one whose
+    /// parent is not in the trace. (Entries are in pid order, and pids wrap: a
+    /// child can have a lower pid than its parent.)
+    pub fn root(&self) -> &Value {
+        let procs = self.summary()["processes"].as_array().expect("processes");
+        let roots: Vec<&Value> = procs
+            .iter()
+            .filter(|p| !procs.iter().any(|q| q["pid"] == p["ppid"]))
+            .collect();
+        assert_eq!(roots.len(), 1, "one root process: {}", self.summary());
+        roots[0]
+    }
+
     /// The summary's entry for `pid`.
     pub fn process(&self, pid: u64) -> &Value {
         self.summary()["processes"]

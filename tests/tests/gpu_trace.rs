@@ -82,7 +82,7 @@ fn basic_scenario_decodes_every_call_exactly() {
     assert_eq!(device["parent"], device["client"]);
     let opens: Vec<&Value> = t.of_type("gpu_open").collect();
     assert!(opens.iter().any(|o| o["device"] == "nvidiactl"));
-    let p = &t.summary()["processes"][0];
+    let p = t.root();
     assert_eq!(p["gpu_mem_bytes"], 0);
     assert_eq!(p["gpu_mem_peak_bytes"], 10 << 20);
     assert_eq!(p["gpu_allocs"], 2);
@@ -443,7 +443,7 @@ fn hostile_process_cannot_corrupt_the_accounting() {
         und["unknown_layout"].as_u64().unwrap() + und["unknown_escape"].as_u64().unwrap() > 0,
         "{und}"
     );
-    assert!(s["processes"][0]["undecoded"].as_u64().unwrap() > 0);
+    assert!(t.root()["undecoded"].as_u64().unwrap() > 0);
     // ...the 10000-control flood lost nothing...
     assert_eq!(s["drops"], 0);
     assert!(t.of_type("gpu_ioctl").count() >= 10_000);
@@ -474,7 +474,7 @@ fn out_of_memory_allocations_are_not_counted() {
         .filter(|i| i["status"] == 0x51)
         .collect();
     assert!(!no_memory.is_empty(), "the scenario hit NV_ERR_NO_MEMORY");
-    let p = &t.summary()["processes"][0];
+    let p = t.root();
     assert!(p["gpu_mem_peak_bytes"].as_u64().unwrap() <= 1 << 30, "{p}");
     converge(sim, &keling_figures(t.summary()), Duration::from_secs(3)).unwrap();
 }

@@ -278,7 +278,7 @@ fn perfetto_counters_equal_the_jsonl_figures_of_the_same_workload() {
         .iter()
         .map(|(_, a)| a["video_bytes"].as_u64().unwrap())
         .collect();
-    let jp = &j.summary()["processes"][0];
+    let jp = j.root();
     let jg = &jp["gpus"][0];
     // The counter's steps are the jsonl allocations, free and teardown, in order.
     let mut expect = vec![];

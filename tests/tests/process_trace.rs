@@ -81,13 +81,13 @@ fn exit_code_of_command_is_keling_exit_code() {
     };
     let t = trace(&[], &["sh", "-c", "sleep 0.1; exit 3"]);
     assert_eq!(t.exit_code, 3, "keling: {}", t.stderr);
-    let root = &t.summary()["processes"][0];
+    let root = t.root();
     assert_eq!(root["exit_code"], 3);
     assert_eq!(root["comm"], "sh");
 
     let t = trace(&[], &["sh", "-c", "kill -9 $$"]);
     assert_eq!(t.exit_code, 128 + 9);
-    let root = &t.summary()["processes"][0];
+    let root = t.root();
     assert_eq!(root["signal"], 9);
 }
 
@@ -164,7 +164,7 @@ fn threads_are_traced_from_their_creation() {
         &[&wl(), "threads", "4", "30", report.to_str().unwrap()],
     );
     assert_eq!(t.exit_code, 0, "keling: {}", t.stderr);
-    let root = &t.summary()["processes"][0];
+    let root = t.root();
     let threads = root["threads"].as_array().unwrap();
     assert_eq!(threads.len(), 5, "main + 4 threads: {root}");
     assert_eq!(t.of_type("fork").filter(|f| f["thread"] == true).count(), 4);
