@@ -307,25 +307,16 @@ impl<'a> Line<'a> {
         self
     }
 
-    fn uint(&mut self, key: &'static str, v: impl Into<u64>) -> &mut Self {
-        let v = v.into();
+    fn num(&mut self, key: &'static str, v: impl itoa::Integer) -> &mut Self {
         self.key(key)
             .buf
             .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
         self
     }
 
-    fn int(&mut self, key: &'static str, v: impl Into<i64>) -> &mut Self {
-        let v = v.into();
-        self.key(key)
-            .buf
-            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-        self
-    }
-
-    fn opt_uint(&mut self, key: &'static str, v: Option<impl Into<u64>>) -> &mut Self {
+    fn opt_num(&mut self, key: &'static str, v: Option<impl itoa::Integer>) -> &mut Self {
         match v {
-            Some(v) => self.uint(key, v),
+            Some(v) => self.num(key, v),
             None => {
                 self.key(key).buf.extend_from_slice(b"null");
                 self
@@ -385,26 +376,26 @@ impl JsonlSink {
         let mut l = Line::new(&mut self.buf);
         l.str("call", call);
         if e.class != 0 {
-            l.uint("class", e.class);
+            l.num("class", e.class);
         }
-        l.uint("cmd", e.cmd);
+        l.num("cmd", e.cmd);
         if let Some(cmd) = e.control_cmd {
             let label = self.control_labels.get(cmd, names::control_label);
-            l.str("control", label).uint("control_cmd", cmd);
+            l.str("control", label).num("control_cmd", cmd);
         }
-        l.uint("cpu", h.cpu).str("device", device).int("fd", e.fd);
+        l.num("cpu", h.cpu).str("device", device).num("fd", e.fd);
         if let Some(gpu) = e.gpu {
-            l.uint("gpu", gpu);
+            l.num("gpu", gpu);
         }
         l.str("outcome", names::outcome(e.outcome))
-            .uint("pid", h.pid);
+            .num("pid", h.pid);
         if e.requested_bytes != 0 {
-            l.uint("requested_bytes", e.requested_bytes);
+            l.num("requested_bytes", e.requested_bytes);
         }
-        l.int("ret", e.ret)
-            .uint("status", e.status)
-            .uint("tid", h.tid)
-            .uint("ts_ns", h.ts_ns)
+        l.num("ret", e.ret)
+            .num("status", e.status)
+            .num("tid", h.tid)
+            .num("ts_ns", h.ts_ns)
             .str("type", "gpu_ioctl");
         if let IoctlOutcome::Undecoded(reason) = e.outcome {
             l.str("undecoded", names::undecoded_reason(reason));
@@ -417,19 +408,19 @@ impl JsonlSink {
         let h = &e.header;
         let some = |v: u32| (v != 0).then_some(v);
         Line::new(&mut self.buf)
-            .uint("cpu", h.cpu)
-            .opt_uint("next_pid", some(e.next_pid))
-            .uint("next_tid", e.next_tid)
-            .uint("pid", h.pid)
-            .opt_uint("prev_pid", some(e.prev_pid))
-            .opt_uint(
+            .num("cpu", h.cpu)
+            .opt_num("next_pid", some(e.next_pid))
+            .num("next_tid", e.next_tid)
+            .num("pid", h.pid)
+            .opt_num("prev_pid", some(e.prev_pid))
+            .opt_num(
                 "prev_runtime_ns",
                 (e.prev_runtime_ns != 0).then_some(e.prev_runtime_ns),
             )
             .str("prev_state", state_letter(e.prev_state))
-            .uint("prev_tid", e.prev_tid)
-            .uint("tid", h.tid)
-            .uint("ts_ns", h.ts_ns)
+            .num("prev_tid", e.prev_tid)
+            .num("tid", h.tid)
+            .num("ts_ns", h.ts_ns)
             .str("type", "switch")
             .bool("voluntary", e.voluntary())
             .end();
@@ -565,8 +556,8 @@ mod tests {
             ev::ioctl_uvm(),
             ev::ioctl_no_memory_escape(),
         ];
-        // Another control (one driver 535 does not name), another GPU file, a
-        // command that is no RM escape, and a failed call with negative numbers.
+        // Two more controls on a GPU file (one driver 535 names, one it does not),
+        // a command that is no RM escape, and a failed call with negative numbers.
         for (device, call, control_cmd, fd, ret) in [
             (
                 DeviceFile::Gpu(3),
