@@ -35,10 +35,10 @@ use crate::{
 
 /// What a trace cannot do without.
 /// The output's write buffer. The drain timer flushes it every tick, so a line
-/// waits no longer for it at a low rate; at a high rate its big writes are what
-/// lets the page cache use large folios: with the default 8 KiB, ext4's
-/// per-page work was half of a full-rate `keling trace --format jsonl`'s CPU
-/// time (`perf record --call-graph dwarf`), with 1 MiB a fifth.
+/// waits no longer for it at a low rate. At a high rate the write path is the
+/// price of each write: with the default 8 KiB, ext4's per-page work was half
+/// of a full-rate `keling trace --format jsonl`'s CPU time (`perf record
+/// --call-graph dwarf`), with 1 MiB a fifth.
 const OUTPUT_BUFFER: usize = 1 << 20;
 
 const REQUIRED: &[Feature] = &[Feature::ProcessLifecycle, Feature::ContextSwitches];
