@@ -33,7 +33,6 @@ use crate::{
     output::{self, Format, Sink, Summary, decision::SchedLogReader},
 };
 
-/// What a trace cannot do without.
 /// The output's write buffer. The drain timer flushes it every tick, so a line
 /// waits no longer for it at a low rate. At a high rate the write path is the
 /// price of each write: with the default 8 KiB, ext4's per-page work was half
@@ -41,6 +40,7 @@ use crate::{
 /// --call-graph dwarf`), with 1 MiB a fifth.
 const OUTPUT_BUFFER: usize = 1 << 20;
 
+/// What a trace cannot do without.
 const REQUIRED: &[Feature] = &[Feature::ProcessLifecycle, Feature::ContextSwitches];
 /// ... and with an NVIDIA driver (or the simulated one) present.
 const REQUIRED_WITH_GPU: &[Feature] = &[
