@@ -301,19 +301,28 @@ fn missing_programs_degrade_or_refuse_by_what_was_asked() {
 }
 
 /// `keling floor` (the bench's floor): Keling's object with exactly two programs
-/// loaded, both of the tracepoint type, held until Ctrl-C, which detaches them
-/// and exits 0.
+/// loaded, both of the tracepoint type (with `--raw-syscalls`, both raw
+/// tracepoints), held until Ctrl-C, which detaches them and exits 0.
 #[test]
 fn the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted() {
-    use std::io::{BufRead, BufReader};
     let Some(_fx) =
         Fixture::new("the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted")
     else {
         return;
     };
+    // BPF_PROG_TYPE_TRACEPOINT is 5, BPF_PROG_TYPE_RAW_TRACEPOINT 17.
+    floor_holds(&[], "5");
+    floor_holds(&["--raw-syscalls"], "17");
+}
+
+/// Runs `keling floor ARGS` and checks that it holds exactly two eBPF programs,
+/// both of `prog_type`, until SIGINT.
+fn floor_holds(args: &[&str], prog_type: &str) {
+    use std::io::{BufRead, BufReader};
     let mut floor = ChildGuard(
         std::process::Command::new(keling_tests::keling_bin())
             .arg("floor")
+            .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -328,10 +337,12 @@ fn the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted() {
             break;
         }
     }
-    assert!(said.contains(keling_common::lines::FLOOR_READY), "{said}");
+    assert!(
+        said.contains(keling_common::lines::FLOOR_READY),
+        "{args:?}: {said}"
+    );
     let pid = floor.0.id();
-    // The eBPF programs it holds: one fd each, whose fdinfo names the type
-    // (BPF_PROG_TYPE_TRACEPOINT is 5).
+    // The eBPF programs it holds: one fd each, whose fdinfo names the type.
     let prog_types: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .unwrap()
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
@@ -341,9 +352,9 @@ fn the_bench_floor_holds_two_empty_tracepoint_programs_until_interrupted() {
                 .map(|t| t.trim().to_owned())
         })
         .collect();
-    assert_eq!(prog_types, ["5", "5"], "{said}");
+    assert_eq!(prog_types, [prog_type, prog_type], "{args:?}: {said}");
     // SAFETY: signalling our own child by its pid.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
     let status = floor.0.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    assert!(status.success(), "{args:?}: {status:?}");
 }

@@ -4,7 +4,7 @@
 //! BENCHMARKS.md and BENCHMARKS.json.
 //!
 //! These machines are noisy, so every cost is taken interleaved in the same run
-//! (bare, floor, bpftrace's floor, bpftrace, Keling, bare, ...) and reported as
+//! (bare, floor, raw syscall floor, bpftrace's floor, bpftrace, Keling, bare, ...) and reported as
 //! medians and ratios; absolute nanoseconds are there for context only. The goals
 //! (issues 11 and 17) are shown next to the figures; they are goals, not assertions.
 use std::{
@@ -132,9 +132,12 @@ fn agent(keling: &Path, dev_dir: &Path, extra: &[&std::ffi::OsStr]) -> anyhow::R
 
 /// `keling floor`: Keling's object with only two empty programs attached to the
 /// ioctl tracepoints (the floor, loaded and attached as Keling's own are).
-fn floor(keling: &Path) -> anyhow::Result<Tracer> {
+fn floor(keling: &Path, raw_syscalls: bool) -> anyhow::Result<Tracer> {
     let mut c = Command::new(keling);
     c.arg("floor");
+    if raw_syscalls {
+        c.arg("--raw-syscalls");
+    }
     Tracer::start(c, lines::FLOOR_READY, false)
 }
 
@@ -247,21 +250,25 @@ impl Report {
 }
 
 /// The ways a call runs: bare; under the floor (Keling's object with two empty
-/// programs, `keling floor`); under bpftrace's empty programs; under bpftrace
+/// programs, `keling floor`); under two empty programs on the raw syscall
+/// tracepoints instead (`keling floor --raw-syscalls`: the other way of seeing
+/// syscalls, run on every one); under bpftrace's empty programs; under bpftrace
 /// doing the least it can for Keling's work; under Keling.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Under {
     Bare,
     Floor,
+    FloorRaw,
     FloorBpftrace,
     Bpftrace,
     Keling,
 }
 
 impl Under {
-    const ALL: [Under; 5] = [
+    const ALL: [Under; 6] = [
         Under::Bare,
         Under::Floor,
+        Under::FloorRaw,
         Under::FloorBpftrace,
         Under::Bpftrace,
         Under::Keling,
@@ -271,6 +278,7 @@ impl Under {
         match self {
             Under::Bare => "bare",
             Under::Floor => "floor",
+            Under::FloorRaw => "floor_raw_syscalls",
             Under::FloorBpftrace => "floor_bpftrace",
             Under::Bpftrace => "bpftrace",
             Under::Keling => "keling",
@@ -373,7 +381,8 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
         for under in order {
             let _tracer = match under {
                 Under::Bare => None,
-                Under::Floor => Some(floor(&keling)?),
+                Under::Floor => Some(floor(&keling, false)?),
+                Under::FloorRaw => Some(floor(&keling, true)?),
                 Under::FloorBpftrace => Some(bpftrace(FLOOR_BPFTRACE)?),
                 Under::Bpftrace => Some(bpftrace(&script)?),
                 Under::Keling => Some(agent(&keling, &dev, &[])?),
@@ -400,7 +409,10 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
     ));
     let per_round = |under: Under, name: &str| got[&(under, name)].clone();
     for (name, label) in [
-        ("getppid", "getppid (no Keling tracepoint on its path)"),
+        (
+            "getppid",
+            "getppid (no Keling program runs for it; the kernel's syscall tracing does)",
+        ),
         (
             "fionread",
             "ioctl FIONREAD on a pipe (untraced: filtered in the kernel)",
@@ -481,6 +493,35 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
         );
         untraced.insert(name, d.json());
     }
+    // What tracing syscalls costs every process on the host: each of its syscalls
+    // pays the kernel's syscall-tracing path while any syscall tracepoint has a
+    // program (TIF_SYSCALL_TRACEPOINT on every task), and each ioctl the ioctl
+    // tracepoints besides. The raw floor's programs run for every syscall instead.
+    let mut host = BTreeMap::new();
+    for (name, what) in [
+        ("getppid", "any other syscall (getppid)"),
+        ("fionread", "an ioctl Keling does not decode (FIONREAD)"),
+        ("rm_control", "an NVIDIA ioctl (RM_CONTROL)"),
+    ] {
+        let keling = paired(&|r| over(Under::Keling, name, r));
+        let floor = paired(&|r| over(Under::Floor, name, r));
+        let raw = paired(&|r| over(Under::FloorRaw, name, r));
+        report.row(
+            "calls",
+            &format!("cost to {what} over the bare call, ns (per round)"),
+            format!(
+                "keling {}; floor {}; raw syscall floor {}",
+                keling.text(0),
+                floor.text(0),
+                raw.text(0)
+            ),
+            "",
+        );
+        host.insert(
+            name,
+            json!({"keling": keling.json(), "floor": floor.json(), "floor_raw_syscalls": raw.json()}),
+        );
+    }
     report.json.insert(
         "ratios".into(),
         json!({
@@ -493,6 +534,7 @@ fn call_costs(dir: &Path, rounds: usize, report: &mut Report) -> anyhow::Result<
                 "bpftrace": bpftrace_over.json(),
             },
             "untraced_minus_floor_ns": untraced,
+            "over_bare_ns": host,
         }),
     );
     Ok(())
@@ -1509,16 +1551,18 @@ fn write_report(report: &Report, rounds: usize, took: Duration) -> anyhow::Resul
         "# Keling benchmarks\n\n\
          Written by `sudo cargo xtask bench --rounds {rounds}` (root: it loads eBPF), which \
          took {:.0} s. Machine: {machine}.\n\n\
-         Every cost is measured interleaved in this one run (bare, floor, bpftrace's floor, \
-         bpftrace, Keling, then again, the order rotating each round; each figure the median of three runs) \
+         Every cost is measured interleaved in this one run (bare, floor, raw syscall floor, \
+         bpftrace's floor, bpftrace, Keling, then again, the order rotating each round; each figure the median of three runs) \
          and given as the median of the rounds with its interquartile range (IQR: the middle \
          half of the rounds) and n; differences and ratios are taken within each round and \
          then summarised, so a drift between rounds cancels. A difference smaller than its \
          IQR is noise. Compare ratios, not absolute figures, across runs and machines. \
          Percentiles of decisions are printed only with n >= 1000. *Floor*: two empty eBPF programs on the two \
          tracepoints an ioctl passes through in Keling, loaded and attached as Keling's own \
-         are (`keling floor`). *bpftrace's floor*: the same empty programs written in \
-         bpftrace. *bpftrace*: \
+         are (`keling floor`). *Raw syscall floor*: two empty programs on the raw \
+         `sys_enter` and `sys_exit` tracepoints instead, which run for every syscall \
+         (`keling floor --raw-syscalls`). *bpftrace's floor*: the same empty programs as \
+         the floor's, written in bpftrace. *bpftrace*: \
          bpftrace doing the least it can for Keling's work on an RM_CONTROL (remember \
          NVIDIA fds at open, read the params at entry and the status at exit). The \
          `nvidiactl` is a plain file the agent knows by its identity, so the RM_CONTROL \

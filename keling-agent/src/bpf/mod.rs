@@ -23,9 +23,9 @@ use keling_common::{
 use self::{
     btf::Btf,
     programs::{
-        Attach, DRIVER_ENTRY, DRIVER_RETURN, FLOOR_PROGRAMS, Feature, IOCTL_PROG_MAP,
-        IOCTL_PROG_MAP_KPROBE, IOCTL_PROGRAMS, IoctlBackend, PROGRAMS, TEST_RETURN, WORK_PROG_MAP,
-        WORK_PROG_MAP_KPROBE, WORK_PROGRAMS, driver_entry_symbols, kprobe_twin,
+        Attach, DRIVER_ENTRY, DRIVER_RETURN, FLOOR_PROGRAMS, FLOOR_RAW_PROGRAMS, Feature,
+        IOCTL_PROG_MAP, IOCTL_PROG_MAP_KPROBE, IOCTL_PROGRAMS, IoctlBackend, PROGRAMS, TEST_RETURN,
+        WORK_PROG_MAP, WORK_PROG_MAP_KPROBE, WORK_PROGRAMS, driver_entry_symbols, kprobe_twin,
     },
     tracefs::TracepointFormat,
 };
@@ -637,10 +637,11 @@ impl Drop for Timing<'_> {
 }
 
 /// The bench's floor: Keling's object loaded with only [`FLOOR_PROGRAMS`]
-/// attached, two empty programs on the ioctl tracepoints (the same loader,
-/// attachment and JIT as Keling's own programs). They stay attached while the
-/// returned object lives.
-pub fn attach_floor() -> anyhow::Result<Ebpf> {
+/// attached, two empty programs on the ioctl tracepoints, or with `raw_syscalls`
+/// only [`FLOOR_RAW_PROGRAMS`], two on the raw syscall tracepoints (the same
+/// loader, attachment and JIT as Keling's own programs). They stay attached while
+/// the returned object lives.
+pub fn attach_floor(raw_syscalls: bool) -> anyhow::Result<Ebpf> {
     let object = loadable_object()?;
     // The event ring is not used: its smallest size, one page.
     // SAFETY: sysconf has no preconditions.
@@ -649,7 +650,12 @@ pub fn attach_floor() -> anyhow::Result<Ebpf> {
         .map_max_entries(MAP_EVENTS, page)
         .load(object)
         .context("loading Keling's eBPF object into the kernel")?;
-    for p in FLOOR_PROGRAMS {
+    let programs = if raw_syscalls {
+        FLOOR_RAW_PROGRAMS
+    } else {
+        FLOOR_PROGRAMS
+    };
+    for p in programs {
         attach(&mut ebpf, p.name, p.attach)?;
     }
     Ok(ebpf)

@@ -108,6 +108,21 @@ pub const FLOOR_PROGRAMS: &[Program] = &[
     },
 ];
 
+/// The bench's other floor (`keling floor --raw-syscalls`): two empty programs on
+/// the raw tracepoints every syscall passes, attached by nothing else.
+pub const FLOOR_RAW_PROGRAMS: &[Program] = &[
+    Program {
+        name: "floor_raw_sys_enter",
+        attach: Attach::Raw("sys_enter"),
+        feature: Feature::NvidiaIoctls,
+    },
+    Program {
+        name: "floor_raw_sys_exit",
+        attach: Attach::Raw("sys_exit"),
+        feature: Feature::NvidiaIoctls,
+    },
+];
+
 /// The programs that do deferred accounting work (file releases, client
 /// teardowns), reached by tail call from every program that can queue some, by
 /// their slot in the program array (the work kind).

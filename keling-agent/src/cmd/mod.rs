@@ -69,8 +69,8 @@ enum Command {
     /// interval log: export them, or replay them through the timeout models
     /// for a tuning recommendation.
     Histo(histo::HistoArgs),
-    /// The bench's floor: two empty eBPF programs on the ioctl tracepoints,
-    /// attached until Ctrl-C (for `cargo xtask bench`).
+    /// The bench's floor: two empty eBPF programs on the ioctl tracepoints (or
+    /// the raw syscall ones), attached until Ctrl-C (for `cargo xtask bench`).
     #[command(hide = true)]
     Floor(floor::FloorArgs),
 }
