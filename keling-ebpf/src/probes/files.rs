@@ -37,7 +37,7 @@ use keling_common::{
 
 use super::deferred::{self, Work};
 use crate::{
-    btf_load, count_table_full, current_ids, emit, header, is_tracked_pid, kread,
+    atomic_add, btf_load, count_table_full, current_ids, emit, header, is_tracked_pid, kread,
     syscall_arg as arg, syscall_ret as ret, track,
 };
 
@@ -52,6 +52,34 @@ pub static FILES: HashMap<u64, FileInfo> = HashMap::with_max_entries(MAX_FILES, 
 static ZERO_FDS: Array<ProcFds> = Array::with_max_entries(1, 0);
 
 const BPF_NOEXIST: u64 = 1;
+
+/// [0]: how many times a known fd has left a process's table (each [`closed`],
+/// each table dropped at exit), counted after the change. `nvidia::enter` keeps,
+/// per CPU, the last (process, fd, file) it found in a table, with this count
+/// then; while the count is the same, the table still says so, and the answer
+/// stands without the hash lookup and the slot search. (Adding an fd or resolving
+/// a slot takes back no answer found before; where an fd left a process unseen,
+/// its table is as wrong as the memo.)
+#[map]
+static FD_TABLE_CHANGES: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The count of [`FD_TABLE_CHANGES`] now.
+#[inline(always)]
+pub fn fd_table_changes() -> u64 {
+    // SAFETY: a map value pointer; other CPUs change it only atomically.
+    FD_TABLE_CHANGES
+        .get_ptr(0)
+        .map_or(0, |n| unsafe { core::ptr::read_volatile(n) })
+}
+
+/// A known fd left a table: answers taken from the tables before are void.
+#[inline(always)]
+fn fd_table_changed() {
+    if let Some(n) = FD_TABLE_CHANGES.get_ptr_mut(0) {
+        // SAFETY: a map value pointer; every CPU changes it only atomically.
+        unsafe { atomic_add(n, 1) };
+    }
+}
 
 /// Simulated-driver files: (filesystem device, inode) -> device code. Filled by the
 /// agent at load time from the files under `--dev-dir`.
@@ -343,6 +371,7 @@ fn learn_fd(fd: i32, how: u32, src_fd: i32) {
 /// Reports the close of `slot` and, when `released`, queues its file's release.
 #[inline(always)]
 fn closed(pid: u32, tid: u32, slot: &FdSlot, released: bool) {
+    fd_table_changed();
     if released {
         queue_release(pid, tid, slot.file_id);
     } else {
@@ -721,6 +750,7 @@ pub fn on_exit(pid: u32, tid: u32) {
     if let Some(fds) = proc_fds(pid, false) {
         exit_slots(pid, tid, fds);
         let _ = PROC_FDS.remove(pid);
+        fd_table_changed();
     }
 }
 

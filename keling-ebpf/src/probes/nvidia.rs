@@ -48,7 +48,8 @@ use super::{
     },
     deferred::{self, Scope, TailCalls},
     files::{
-        FILES, add_fd, device_of_file, file_in_table, file_of_fd, find_slot, follows, proc_fds,
+        FILES, add_fd, device_of_file, fd_table_changes, file_in_table, file_of_fd, find_slot,
+        follows, proc_fds,
     },
 };
 use crate::{
@@ -147,6 +148,25 @@ const BPF_NOEXIST: u64 = 1;
 /// rest), per CPU.
 #[map]
 static SCRATCH_IOCTL: aya_ebpf::maps::PerCpuArray<PendingIoctl> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+/// A table answer [`enter`] found: `pid`'s `fd` is `file`, NVIDIA device
+/// `device`, while `FD_TABLE_CHANGES` was `changes`.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct FdMemo {
+    file: u64,
+    changes: u64,
+    pid: u32,
+    fd: i32,
+    device: u32,
+    _reserved: u32,
+}
+
+/// Per CPU: the last [`FdMemo`]. A process's calls come back to the same CPU on
+/// the same few fds again and again.
+#[map]
+static FD_MEMO: aya_ebpf::maps::PerCpuArray<FdMemo> =
     aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
@@ -266,10 +286,22 @@ fn ioctl_syscall_fd() -> Option<i32> {
 /// follows, decoded, and left pending for [`exit`].
 #[inline(always)]
 fn enter((pid, tid): (u32, u32), fd: i32, file: u64, cmd: u32, arg: u64) {
-    // The device from the process's table when it names this very file.
+    // The device from the process's table when it names this very file: this
+    // CPU's last answer while no known fd has left any table since.
     let mut device = device_file::NONE;
     let mut known = false;
-    if let Some(fds) = proc_fds(pid, false)
+    let changes = fd_table_changes();
+    let memo = FD_MEMO.get_ptr_mut(0);
+    // SAFETY: this CPU's slot; programs that decode calls do not nest on a CPU.
+    if let Some(m) = memo.map(|m| unsafe { &*m })
+        && m.file == file
+        && m.pid == pid
+        && m.fd == fd
+        && m.changes == changes
+    {
+        device = m.device;
+        known = true;
+    } else if let Some(fds) = proc_fds(pid, false)
         && let Some(i) = find_slot(fds, fd)
     {
         // SAFETY: a map value pointer; i is in bounds.
@@ -277,6 +309,19 @@ fn enter((pid, tid): (u32, u32), fd: i32, file: u64, cmd: u32, arg: u64) {
         if s.file_id == file {
             device = s.device;
             known = true;
+            if let Some(m) = memo {
+                // SAFETY: as above.
+                unsafe {
+                    *m = FdMemo {
+                        file,
+                        changes,
+                        pid,
+                        fd,
+                        device,
+                        _reserved: 0,
+                    }
+                };
+            }
         }
     }
     if !known {
