@@ -150,9 +150,12 @@
 //! free bytes (capacity minus the memory all live tasks hold there), minus the memory
 //! of tasks already being ended (it is on its way back, so repeated failures while
 //! victims exit do not evict more). Candidates are live tasks of strictly lower
-//! priority that hold memory on that GPU, are not already being ended, and expect
-//! more than 3 s of remaining time (`expected_runtime_ms` minus elapsed wall time;
-//! unknown counts as more). The evicted set is the smallest that covers the need:
+//! priority that hold memory on that GPU (wherever they were placed or pinned) and
+//! are not already being ended. Nothing a task declares takes it out of this set:
+//! under `goav` the set is first sought among the candidates that expect more than
+//! 3 s of remaining time (`expected_runtime_ms` minus elapsed wall time; unknown
+//! counts as more), and among all of them when those cannot cover the need. The
+//! evicted set is the smallest that covers the need:
 //! fewest tasks, then fewest bytes, then lowest priorities, then lowest ids (see
 //! [`choose_victims`]). If no set covers it, nobody is evicted: that would not make
 //! the allocation succeed. A GPU missing from the config has no known capacity and
@@ -208,7 +211,7 @@
 //! nothing. A queued task is `Pending` with `gpu: None` and nothing in flight in
 //! its [`TaskView`]; [`Scheduler::queue`] and [`Scheduler::queued`] give its
 //! position ([`QueuedView`]: 1 for the next, `ahead` = tasks before it) and why it
-//! waits ([`WaitReason`]: `slots_held`, `preemption_guard`, `ending`). `Idle` for a
+//! waits ([`WaitReason`]: `slots_held`, `ending`). `Idle` for a
 //! queued task is ignored (it has not started); its session limit runs from
 //! arrival as for any task (the wait is part of the session), and an `Exit` ends
 //! it unbound (`Pending → Completed | Failed`, `gpu` null).
@@ -279,19 +282,22 @@
 //! | `rr` | [`EQUAL_PRIORITY`] for all | wanting the GPU, round-robin position, id | equal turns of 100 ms ([`quantum_ms`] of [`EQUAL_PRIORITY`]); idle tasks yield; nobody is evicted for memory |
 //! | `goav` | its own | as `hybrid`, except what the guard keeps (below) | as `hybrid`, but a higher priority preempts only through the guard |
 //!
-//! **The goav guard** (the design articles' rule). A holder of lower priority is a
-//! preemption *candidate* only if it wants the GPU, is not being frozen or sent to
-//! the back of its queue, and expects more than [`PREEMPTION_MIN_REMAINING_MS`]
-//! (3 s) of remaining time (unknown counts as more); a higher priority preempts
-//! only when at least [`PREEMPTION_MIN_CANDIDATES`] (2) candidates qualify among
-//! the GPUs it may use: its own GPU for a bound task (with one slot per GPU, that
-//! is never), every GPU for a queued one under late binding. The victim is the
-//! candidate that ranks last; a non-candidate is never preempted by priority. In
-//! the ranking this is two tiers before the rest: first the tasks late binding
-//! bound in this input and the holders that are no candidate, then (when a
-//! higher priority waits on the GPU and fewer than two candidates qualify) every
-//! holder that wants the GPU. Idle holders still yield, equal priorities still
-//! rotate, and memory pressure evicts as under `hybrid`.
+//! **The goav guard** (the design articles' rule, as a preference). A holder of
+//! lower priority is a preemption *candidate* if it wants the GPU, is not being
+//! frozen or sent to the back of its queue, and expects more than
+//! [`PREEMPTION_MIN_REMAINING_MS`] (3 s) of remaining time (unknown counts as
+//! more). When at least [`PREEMPTION_MIN_CANDIDATES`] (2) candidates qualify among
+//! the GPUs a waiting higher priority may use (its own GPU for a bound task, every
+//! GPU for a queued one under late binding), the victim is the candidate that
+//! ranks last and the holders that are no candidate keep their slots. With fewer
+//! candidates the higher priority preempts as under `hybrid`: the articles'
+//! guard would have kept it waiting, but an expected runtime is the task
+//! owner's claim, and no claim may make a task immune to a higher priority
+//! (with `--expected-runtime-ms 1` it would have). In the ranking, the first
+//! tier holds the tasks late binding bound in this input and, when the guard
+//! prefers, the holders that are no candidate. Idle holders still yield, equal
+//! priorities still rotate, and memory pressure prefers candidates the same way
+//! (see "Memory pressure").
 //!
 //! Transitions and views show the priority each task asked for under every
 //! policy.

@@ -16,11 +16,12 @@ use crate::state::LOWEST_PRIORITY;
 /// quantum is 100 ms.
 pub const EQUAL_PRIORITY: u8 = 7;
 
-/// [`Policy::Goav`]: a lower-priority task is a preemption candidate only if it
-/// expects more than this much remaining time (unknown counts as more).
+/// [`Policy::Goav`]: a lower-priority task is a preferred preemption (and
+/// eviction) candidate if it expects more than this much remaining time (unknown
+/// counts as more).
 pub const PREEMPTION_MIN_REMAINING_MS: u64 = 3_000;
-/// [`Policy::Goav`]: a priority preemption happens only when at least this many
-/// candidates qualify.
+/// [`Policy::Goav`]: the guard prefers candidates only when at least this many
+/// qualify; with fewer, a higher priority preempts as under [`Policy::Hybrid`].
 pub const PREEMPTION_MIN_CANDIDATES: usize = 2;
 
 /// Who holds a GPU's slots.
@@ -43,13 +44,15 @@ pub enum Policy {
     /// quantum, idle tasks yield, nobody preempts by priority, and memory pressure
     /// evicts nobody (no task has a lower priority than another).
     RoundRobin,
-    /// The hybrid rules with the design articles' preemption guard: a task of
-    /// lower priority is a candidate for preemption only if it expects more than
-    /// [`PREEMPTION_MIN_REMAINING_MS`] of remaining time, and a higher priority
-    /// preempts only when at least [`PREEMPTION_MIN_CANDIDATES`] candidates
-    /// qualify among the GPUs it may use; the victim is the candidate that ranks
-    /// last. Idle tasks still yield, equal priorities still rotate, memory
-    /// pressure evicts as under the hybrid policy.
+    /// The hybrid rules with the design articles' preemption guard as a
+    /// preference: a task of lower priority is a candidate if it expects more
+    /// than [`PREEMPTION_MIN_REMAINING_MS`] of remaining time; when at least
+    /// [`PREEMPTION_MIN_CANDIDATES`] candidates qualify among the GPUs a higher
+    /// priority may use, the victim is the candidate that ranks last, and
+    /// otherwise the higher priority preempts as under the hybrid policy (a
+    /// declared runtime never keeps it waiting). Idle tasks still yield, equal
+    /// priorities still rotate; memory pressure evicts candidates first, and
+    /// others when candidates cannot free enough.
     Goav,
 }
 

@@ -325,7 +325,10 @@ impl Scheduler {
         if need == 0 {
             return;
         }
-        let candidates: Vec<VictimCandidate> = self
+        // Every live lower priority holding memory here may be evicted: what a
+        // task declares (its expected runtime) only decides, under goav, whom
+        // to prefer, never whether the higher priority gets its memory.
+        let candidates: Vec<(VictimCandidate, bool)> = self
             .tasks
             .iter()
             .filter(|&(&cid, t)| {
@@ -334,17 +337,34 @@ impl Scheduler {
                     && t.ending.is_none()
                     && t.priority() > requester_priority
                     && t.mem_on(gpu) > 0
-                    && t.expected_remaining_ms(now)
-                        .is_none_or(|ms| ms > EVICTION_MIN_REMAINING_MS)
             })
-            .map(|(&cid, t)| VictimCandidate {
-                id: cid,
-                priority: t.priority(),
-                bytes: t.mem_on(gpu),
+            .map(|(&cid, t)| {
+                let preferred = t
+                    .expected_remaining_ms(now)
+                    .is_none_or(|ms| ms > EVICTION_MIN_REMAINING_MS);
+                let candidate = VictimCandidate {
+                    id: cid,
+                    priority: t.priority(),
+                    bytes: t.mem_on(gpu),
+                };
+                (candidate, preferred)
             })
             .collect();
+        let mut victims = Vec::new();
+        if self.policy.guarded() {
+            let preferred: Vec<VictimCandidate> = candidates
+                .iter()
+                .filter(|(_, preferred)| *preferred)
+                .map(|(c, _)| c.clone())
+                .collect();
+            victims = choose_victims(&preferred, need);
+        }
+        if victims.is_empty() {
+            let all: Vec<VictimCandidate> = candidates.into_iter().map(|(c, _)| c).collect();
+            victims = choose_victims(&all, need);
+        }
         let kill_grace_ms = self.config.kill_grace_ms;
-        for victim in choose_victims(&candidates, need) {
+        for victim in victims {
             if let Some(task) = self.tasks.get_mut(&victim) {
                 begin_ending(
                     victim,
@@ -545,10 +565,10 @@ impl Scheduler {
     /// last (2): tier 0 for the tasks late binding bound here in this step (the
     /// host-level decision already found them a slot) and, under goav, for
     /// holders that are no preemption candidate (expected remaining time of
-    /// 3 s or less); tier 1, under goav, for every holder that wants the GPU
-    /// when a higher priority waits here but fewer than two candidates qualify.
-    /// Holders being frozen, or sent to the back of their priority's queue in
-    /// this step, are in neither: they are leaving anyway.
+    /// 3 s or less) while a higher priority waits here and at least two
+    /// candidates qualify (the guard's preference; with fewer, nobody is kept
+    /// by it). Holders being frozen, or sent to the back of their priority's
+    /// queue in this step, are in neither: they are leaving anyway.
     fn tiers(
         &self,
         on_gpu: &[(u32, TaskId)],
@@ -579,11 +599,6 @@ impl Scheduler {
             t.expected_remaining_ms(now)
                 .is_none_or(|ms| ms > PREEMPTION_MIN_REMAINING_MS)
         };
-        for (id, t) in on_gpu() {
-            if stable(id, t) && !candidate(t) {
-                tiers.insert(id, 0);
-            }
-        }
         let best_waiting = on_gpu()
             .filter(|(id, t)| !t.holds_slot() && t.wants_gpu && !bound_now.contains(id))
             .map(|(_, t)| t.priority())
@@ -592,10 +607,14 @@ impl Scheduler {
             let threatened = on_gpu()
                 .filter(|&(id, t)| stable(id, t) && candidate(t) && t.priority() > waiting)
                 .count();
-            if threatened > 0 && threatened < PREEMPTION_MIN_CANDIDATES {
+            // The guard is a preference: with enough candidates the victim is
+            // one of them and the holders that expect to finish soon are kept;
+            // with fewer, the higher priority preempts as under hybrid (a
+            // declared runtime never keeps it waiting).
+            if threatened >= PREEMPTION_MIN_CANDIDATES {
                 for (id, t) in on_gpu() {
-                    if stable(id, t) {
-                        tiers.entry(id).or_insert(1);
+                    if stable(id, t) && !candidate(t) {
+                        tiers.insert(id, 0);
                     }
                 }
             }

@@ -186,21 +186,15 @@ pub enum WaitReason {
     /// being frozen (their slot is handed over once the freeze is confirmed),
     /// or by tasks already bound there that come before it.
     SlotsHeld,
-    /// Under [`Policy::Goav`](crate::Policy::Goav): it outranks tasks that
-    /// hold slots, but fewer than
-    /// [`PREEMPTION_MIN_CANDIDATES`](crate::PREEMPTION_MIN_CANDIDATES) of them
-    /// qualify as preemption candidates.
-    PreemptionGuard,
     /// Keling is ending it (its session limit): it will not be bound.
     Ending,
 }
 
 impl WaitReason {
-    /// `slots_held`, `preemption_guard`, `ending`.
+    /// `slots_held`, `ending`.
     pub const fn as_str(self) -> &'static str {
         match self {
             WaitReason::SlotsHeld => "slots_held",
-            WaitReason::PreemptionGuard => "preemption_guard",
             WaitReason::Ending => "ending",
         }
     }

@@ -88,9 +88,6 @@ pub fn reason(r: Reason) -> &'static str {
 pub fn wait_reason(r: keling_sched::WaitReason) -> &'static str {
     match r {
         keling_sched::WaitReason::SlotsHeld => "every GPU it may use is taken",
-        keling_sched::WaitReason::PreemptionGuard => {
-            "the preemption guard holds (too few lower-priority tasks may be preempted)"
-        }
         keling_sched::WaitReason::Ending => "Keling is ending it",
     }
 }

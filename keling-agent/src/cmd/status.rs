@@ -46,7 +46,7 @@ const JSON_FIELDS: &str = "\
     (Freeze, Thaw, Stop or null), cgroup, ending_reason, exit_code,
     waiting (PREEMPTED only): {reason, behind: [{task, name, priority}], for_ms}
     queued (late binding; unbound tasks only, state PENDING): {id, position (1:
-    bound next), ahead, reason (slots_held, preemption_guard, ending)}
+    bound next), ahead, reason (slots_held, ending)}
   latency: timeout_ms, model, late, decisions, stages, by_action, late_by_action
   stages_by_action, placement: {weights: [[gpu, weight]], load_balance_error}
 With TASK: {task: (as above), arrived_ns, transitions: [{event_id, task, name, pid,

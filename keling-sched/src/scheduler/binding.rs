@@ -9,8 +9,9 @@
 //!   GPU with a priority equal to or higher than `u`'s (late binding never
 //!   rotates a holder out for an unbound task: equal priorities rotate among the
 //!   tasks bound to a GPU); under goav, lower-priority holders that are no
-//!   preemption candidate, and all of them while fewer than two candidates
-//!   qualify over all the GPUs `u` may use;
+//!   preemption candidate, but only while at least two candidates qualify over
+//!   all the GPUs `u` may use (the guard prefers whom to displace; it never
+//!   makes `u` wait);
 //! - holders being frozen: the slot is handed over when the freeze is
 //!   confirmed, to whoever ranks first then;
 //! - tasks waiting there (frozen, or arrived pinned and not yet decided) that
@@ -46,6 +47,9 @@ struct Room {
     idle: Vec<Rank>,
     /// Ranks of the holders it may displace by priority.
     lower: Vec<Rank>,
+    /// Under goav, ranks of the lower-priority holders that are no preemption
+    /// candidate: displaceable only while fewer than two candidates qualify.
+    guarded: Vec<Rank>,
 }
 
 impl Scheduler {
@@ -143,6 +147,8 @@ impl Scheduler {
                     room.idle.push(t.rank_under(policy));
                 } else if t.priority() > u.priority() && candidate() {
                     room.lower.push(t.rank_under(policy));
+                } else if t.priority() > u.priority() {
+                    room.guarded.push(t.rank_under(policy));
                 } else {
                     room.kept += 1;
                 }
@@ -154,15 +160,17 @@ impl Scheduler {
                 room.kept += 1;
             }
         }
-        let mut guard_held = false;
-        if policy.guarded() {
-            let candidates: usize = rooms.values().map(|r| r.lower.len()).sum();
-            if candidates < PREEMPTION_MIN_CANDIDATES {
-                guard_held = candidates > 0;
-                for room in rooms.values_mut() {
-                    room.kept += room.lower.len();
-                    room.lower.clear();
-                }
+        // The goav guard is a preference, never a reason to wait: with at
+        // least two candidates over the GPUs `u` may use, the holders that
+        // expect to finish soon are kept; with fewer, they are displaceable
+        // like any lower priority.
+        let candidates: usize = rooms.values().map(|r| r.lower.len()).sum();
+        for room in rooms.values_mut() {
+            let guarded = std::mem::take(&mut room.guarded);
+            if candidates >= PREEMPTION_MIN_CANDIDATES {
+                room.kept += guarded.len();
+            } else {
+                room.lower.extend(guarded);
             }
         }
         let free: Vec<u32> = rooms
@@ -180,11 +188,7 @@ impl Scheduler {
             .filter_map(|(&g, r)| r.idle.iter().chain(&r.lower).max().map(|&rank| (rank, g)))
             .max()
             .map(|(_, g)| g)
-            .ok_or(if guard_held {
-                WaitReason::PreemptionGuard
-            } else {
-                WaitReason::SlotsHeld
-            })
+            .ok_or(WaitReason::SlotsHeld)
     }
 
     /// Among `free` (not empty), the GPU late binding puts `task` on.

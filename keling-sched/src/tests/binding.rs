@@ -325,19 +325,20 @@ fn free_gpus_go_by_weight_first() {
     assert_ne!(placed(&out)[0].1, g);
 }
 
-/// The guard: one candidate is not enough, two are; a job about to finish is
-/// never a candidate. Under the hybrid policy the same job preempts at once.
+/// The guard as a preference: with two candidates the one that ranks last is
+/// preempted and a job about to finish is kept; with fewer, the higher priority
+/// preempts as under hybrid, whatever the holders declared.
 #[test]
-fn goav_preempts_only_when_two_candidates_qualify() {
+fn goav_prefers_candidates_but_never_keeps_a_higher_priority_waiting() {
     let long = 600_000;
     let mut h = late_harness(late(2, 1), Policy::Goav);
     h.arrive(expecting(1, 10, long));
     h.arrive(expecting(2, 1, long));
     let out = h.arrive(expecting(3, 1, long));
-    assert_eq!(out, Output::default(), "one candidate (1): it waits");
     assert_eq!(
-        h.sched.queued(3).unwrap().reason,
-        WaitReason::PreemptionGuard
+        placed(&out),
+        vec![(3, h.view(1).gpu.unwrap())],
+        "one candidate (1): it is preempted all the same"
     );
 
     let mut h = late_harness(late(2, 1), Policy::Goav);
@@ -357,22 +358,54 @@ fn goav_preempts_only_when_two_candidates_qualify() {
         "two candidates: the one that ranks last is preempted"
     );
 
-    // 2 expects 2 s: no candidate, so only 1 is, and that is not enough.
-    let mut h = late_harness(late(2, 1), Policy::Goav);
+    // Both lower holders claim to finish within 3 s (one claims 1 ms): no
+    // candidate at all, and the newcomer still displaces the one ranking last.
+    for policy in [Policy::Goav, Policy::Hybrid] {
+        let mut h = late_harness(late(2, 1), policy);
+        h.arrive(expecting(1, 10, 1));
+        h.arrive(expecting(2, 12, 2_000));
+        let out = h.arrive(expecting(3, 1, long));
+        let gpu_of_2 = h.view(2).gpu.unwrap();
+        assert_eq!(
+            out.actions,
+            vec![
+                Action::Place {
+                    id: 3,
+                    gpu: gpu_of_2
+                },
+                Action::Freeze { id: 2 }
+            ],
+            "{policy:?}: a declared runtime buys no immunity"
+        );
+    }
+
+    // Three GPUs: two candidates elsewhere, so the job that expects to finish
+    // in 2 s is kept although it ranks last.
+    let mut h = late_harness(late(3, 1), Policy::Goav);
     h.arrive(expecting(1, 10, long));
-    h.arrive(expecting(2, 12, 2_000));
-    assert_eq!(h.arrive(expecting(3, 1, long)), Output::default());
-    let mut hybrid = late_harness(late(2, 1), Policy::Hybrid);
-    hybrid.arrive(expecting(1, 10, long));
-    hybrid.arrive(expecting(2, 12, 2_000));
-    assert_eq!(placed(&hybrid.arrive(expecting(3, 1, long))).len(), 1);
+    h.arrive(expecting(2, 11, long));
+    h.arrive(expecting(4, 14, 2_000));
+    let out = h.arrive(expecting(5, 1, long));
+    let gpu_of_2 = h.view(2).gpu.unwrap();
+    assert_eq!(
+        out.actions,
+        vec![
+            Action::Place {
+                id: 5,
+                gpu: gpu_of_2
+            },
+            Action::Freeze { id: 2 }
+        ],
+        "candidates 1 and 2 qualify: 2 ranks last among them; 4 is kept"
+    );
 }
 
-/// With two slots on one GPU the guard also works between bound jobs, at
+/// With several slots on one GPU the guard also works between bound jobs, at
 /// arrival: with two candidates the one that ranks last goes, and a job that
-/// expects to finish within 3 s is kept even though it ranks last.
+/// expects to finish within 3 s is kept even though it ranks last; with one
+/// candidate the higher priority preempts as under hybrid.
 #[test]
-fn goav_keeps_non_candidates_and_needs_two_on_one_gpu_at_arrival() {
+fn goav_keeps_non_candidates_only_when_two_candidates_qualify_at_arrival() {
     let goav = |slots| Harness {
         sched: Scheduler::with_policy(config(1, slots), Policy::Goav),
         ts_ns: 0,
@@ -386,8 +419,8 @@ fn goav_keeps_non_candidates_and_needs_two_on_one_gpu_at_arrival() {
     let out = h.arrive(pinned(2, 1, 600_000));
     assert_eq!(
         out.actions,
-        vec![Action::Place { id: 2, gpu: 0 }, Action::Freeze { id: 2 }],
-        "one candidate: the newcomer waits"
+        vec![Action::Place { id: 2, gpu: 0 }, Action::Freeze { id: 1 }],
+        "one candidate: the higher priority preempts it, as under hybrid"
     );
     // 1, 2 and 4 hold the three slots; priority 1 arrives with only 1 and 4
     // as candidates.

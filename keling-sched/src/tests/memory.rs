@@ -62,30 +62,67 @@ fn memory_pressure_with_enough_free_memory_evicts_nobody() {
     );
 }
 
+/// Equal and higher priorities are never evicted; a lower priority is, whatever
+/// runtime it declared (issue: `--expected-runtime-ms 1` bought immunity). Under
+/// goav the guard prefers victims that expect more than 3 s, and falls back to
+/// the others when those cannot free enough.
 #[test]
-fn memory_pressure_spares_equal_or_higher_priority_and_nearly_finished_tasks() {
-    let mut h = Harness::new(config(1, 8));
+fn memory_pressure_spares_higher_priorities_and_no_declared_runtime() {
     let with_runtime = |id, priority, ms| TaskSpec {
         expected_runtime_ms: Some(ms),
         ..spec(id, priority)
     };
-    for (task, gib) in [
-        (spec(1, 5), 0),
-        (spec(2, 5), 8),                 // equal priority
-        (spec(3, 2), 4),                 // higher priority
-        (with_runtime(4, 9, 4_000), 2),  // 2.5 s left at 1.5 s
-        (with_runtime(5, 9, 10_000), 1), // 8.5 s left
-    ] {
-        let id = task.id;
-        h.arrive(task);
-        if gib > 0 {
-            h.alloc(id, 0, gib * GIB);
+    let setup = |policy| {
+        let mut h = Harness {
+            sched: Scheduler::with_policy(config(1, 8), policy),
+            ts_ns: 0,
+        };
+        for (task, gib) in [
+            (spec(1, 5), 0),
+            (spec(2, 5), 8),                 // equal priority
+            (spec(3, 2), 4),                 // higher priority
+            (with_runtime(4, 9, 4_000), 2),  // 2.5 s left at 1.5 s
+            (with_runtime(5, 9, 10_000), 1), // 8.5 s left
+        ] {
+            let id = task.id;
+            h.arrive(task);
+            if gib > 0 {
+                h.alloc(id, 0, gib * GIB);
+            }
         }
-    }
-    h.at_ms(1_500);
-    // 1 GiB free; needs 2 more: only task 5 is a candidate and it holds 1.
-    assert_eq!(h.alloc_failed(1, 0, 3 * GIB), Output::default());
+        h.at_ms(1_500);
+        h
+    };
+    // 1 GiB free. Needs 2 more: 4 (2 GiB) alone covers it, under hybrid.
+    let mut h = setup(Policy::Hybrid);
+    assert_eq!(terminated(&h.alloc_failed(1, 0, 3 * GIB)), vec![4]);
+    // Needs 4 more: 4 and 5 hold 3 together, and 2 and 3 are not lower.
+    let mut h = setup(Policy::Hybrid);
+    assert_eq!(h.alloc_failed(1, 0, 5 * GIB), Output::default());
+
+    // goav: 1 more is covered by 5 (8.5 s left), preferred to 4 (2.5 s).
+    let mut h = setup(Policy::Goav);
     assert_eq!(terminated(&h.alloc_failed(1, 0, 2 * GIB)), vec![5]);
+    // 2 more: 5 alone cannot, so the guard gives way and 4 goes.
+    let mut h = setup(Policy::Goav);
+    assert_eq!(terminated(&h.alloc_failed(1, 0, 3 * GIB)), vec![4]);
+
+    // A claim of 1 ms, long overrun, under every preemptive policy.
+    for policy in [Policy::Hybrid, Policy::Goav] {
+        let mut h = Harness {
+            sched: Scheduler::with_policy(config(1, 8), policy),
+            ts_ns: 0,
+        };
+        h.arrive(with_runtime(1, 15, 1));
+        h.alloc(1, 0, 12 * GIB);
+        h.arrive(spec(2, 3));
+        h.at_ms(40_000);
+        assert_eq!(
+            terminated(&h.alloc_failed(2, 0, 8 * GIB)),
+            vec![1],
+            "{policy:?}"
+        );
+    }
 }
 
 #[test]

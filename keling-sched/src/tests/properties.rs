@@ -638,21 +638,25 @@ proptest! {
     }
 
     /// Property 4, through `step`: AllocFailed terminates exactly the brute-force
-    /// minimum over the candidates the rules allow.
+    /// minimum over the candidates the rules allow: every lower priority holding
+    /// memory there under hybrid; under goav, those expecting more than 3 s
+    /// first, and all of them when those cannot cover the need.
     #[test]
     fn prop_eviction_terminates_the_brute_force_minimum(
         tasks in prop::collection::vec((0u8..=15, 0u64..12, prop::option::of(0u64..10_000)), 1..10),
         requester in any::<prop::sample::Index>(),
         want_units in 1u64..48,
         now_ms in 0u64..6_000,
+        goav in any::<bool>(),
     ) {
         const UNIT: u64 = 1 << 20;
         const CAPACITY_UNITS: u64 = 40;
-        let mut sched = Scheduler::new(SchedConfig {
+        let policy = if goav { Policy::Goav } else { Policy::Hybrid };
+        let mut sched = Scheduler::with_policy(SchedConfig {
             gpus: vec![GpuInfo { index: 0, capacity_bytes: CAPACITY_UNITS * UNIT }],
             slots_per_gpu: 16,
             ..SchedConfig::default()
-        });
+        }, policy);
         for (i, &(priority, units, expected)) in tasks.iter().enumerate() {
             let id = i as TaskId;
             sched.step(&Input::Arrive {
@@ -675,18 +679,29 @@ proptest! {
 
         let used: u64 = tasks.iter().map(|t| t.1).sum();
         let need_units = want_units.saturating_sub(CAPACITY_UNITS.saturating_sub(used));
-        let candidates: Vec<VictimCandidate> = tasks
-            .iter()
-            .enumerate()
-            .filter(|&(i, &(priority, units, expected))| {
-                i != requester
-                    && priority > tasks[requester].0
-                    && units > 0
-                    && expected.is_none_or(|e| e.saturating_sub(now_ms) > 3_000)
-            })
-            .map(|(i, &(priority, units, _))| VictimCandidate { id: i as TaskId, priority, bytes: units })
-            .collect();
-        prop_assert_eq!(terminated(&out), brute_force_victims(&candidates, need_units));
+        let lower = |preferred_only: bool| -> Vec<VictimCandidate> {
+            tasks
+                .iter()
+                .enumerate()
+                .filter(|&(i, &(priority, units, expected))| {
+                    i != requester
+                        && priority > tasks[requester].0
+                        && units > 0
+                        && (!preferred_only
+                            || expected.is_none_or(|e| e.saturating_sub(now_ms) > 3_000))
+                })
+                .map(|(i, &(priority, units, _))| VictimCandidate { id: i as TaskId, priority, bytes: units })
+                .collect()
+        };
+        let mut expected = if goav {
+            brute_force_victims(&lower(true), need_units)
+        } else {
+            Vec::new()
+        };
+        if expected.is_empty() {
+            expected = brute_force_victims(&lower(false), need_units);
+        }
+        prop_assert_eq!(terminated(&out), expected);
     }
 
     /// Nothing in `step` panics, whatever the input; event ids still count up.
