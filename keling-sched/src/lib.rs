@@ -104,14 +104,21 @@
 //!
 //! ## Who holds the slots
 //!
-//! Each GPU runs at most `slots_per_gpu` tasks at once. After every input, the live
-//! tasks placed on a GPU are ranked by
+//! Each GPU runs at most `slots_per_gpu` tasks at once. A task *uses* the GPU it is
+//! placed on and every GPU it holds memory on, whatever it was pinned to: a process
+//! placed on GPU 1 that allocates on GPU 0 competes for GPU 0's slots too, so a pin
+//! never shelters it from a higher priority working there. After every input, the
+//! live tasks that use a GPU are ranked by
 //! 1. wanting the GPU first (idle tasks never hold a slot against active ones),
 //! 2. priority (0 first),
 //! 3. position in the round-robin queue of that priority,
 //! 4. id,
 //!
-//! and the first `slots_per_gpu` should hold the slots. Tasks outside that set that
+//! and the first `slots_per_gpu` should hold the slots. A task that uses several
+//! GPUs holds its slots only if it is among the first on each of them; while it
+//! must wait on one, it is ranked last on the others (it could not use their slots,
+//! so it keeps nobody from them), and the ranking is done again until it settles
+//! (a few rounds at most; with one GPU per task, the usual case, one). Tasks outside that set that
 //! run and want the GPU are frozen at once (a higher-priority task preempts
 //! immediately); idle ones outside it *yield*: they give up the slot but keep
 //! running, unfrozen ([`TaskView::yielded`]), since they use neither the GPU nor a

@@ -546,19 +546,111 @@ impl Scheduler {
 
     /// Brings every GPU's slot holders in line with the ranking (crate doc).
     /// `bound_now`: the tasks late binding bound in this step.
+    ///
+    /// A task takes part on every GPU it uses: the one it is placed on and every
+    /// GPU it holds memory on, whatever it was pinned to (a process placed on
+    /// GPU 1 that works on GPU 0 competes there too). It runs only where it may
+    /// hold a slot on each of them; where it must wait on one GPU it is ranked
+    /// last on the others, so that it keeps nobody from a slot it cannot use.
     fn reconcile(&mut self, bound_now: &BTreeSet<TaskId>, out: &mut Output) {
-        // The live tasks of each GPU, gathered once: reconciling one GPU changes
-        // no task's GPU and ends no task, so the lists stay right throughout.
-        let mut live: Vec<(u32, TaskId)> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.is_live())
-            .filter_map(|(&id, t)| Some((t.gpu?, id)))
-            .collect();
-        live.sort_unstable();
-        for on_gpu in live.chunk_by(|a, b| a.0 == b.0) {
-            self.reconcile_gpu(on_gpu[0].0, on_gpu, bound_now, out);
+        // The live tasks of each GPU, gathered once: reconciling changes no
+        // task's GPUs and ends no task, so the lists stay right throughout.
+        let mut by_gpu: BTreeMap<u32, Vec<TaskId>> = BTreeMap::new();
+        let mut several: BTreeSet<TaskId> = BTreeSet::new();
+        for (&id, t) in self.tasks.iter().filter(|(_, t)| t.is_live()) {
+            let gpus = t.gpus_used();
+            if gpus.len() > 1 {
+                several.insert(id);
+            }
+            for g in gpus {
+                by_gpu.entry(g).or_default().push(id);
+            }
         }
+        if by_gpu.is_empty() {
+            return;
+        }
+        let slots = self.config.slots();
+        let rotated = if self.policy.preemptive() {
+            self.rotate_expired_quanta(&by_gpu)
+        } else {
+            BTreeSet::new()
+        };
+        // Rank; then, while a task that uses several GPUs waits on one of
+        // them, rank it last on the others and rank again. Tasks that use one
+        // GPU (the usual case) need one round; the rounds are capped, and
+        // whatever the last round says is safe: a task runs only where it is
+        // within the slots of every GPU it uses.
+        let mut ranked: BTreeMap<u32, Vec<TaskId>> = BTreeMap::new();
+        let mut waits_on: BTreeMap<TaskId, BTreeSet<u32>> = BTreeMap::new();
+        for _ in 0..=several.len().min(8) {
+            ranked = by_gpu
+                .iter()
+                .map(|(&g, ids)| (g, self.rank_gpu(g, ids, bound_now, &rotated, &waits_on)))
+                .collect();
+            let mut now_waits: BTreeMap<TaskId, BTreeSet<u32>> = BTreeMap::new();
+            for (&g, ids) in &ranked {
+                for &id in ids.iter().skip(slots) {
+                    if several.contains(&id) {
+                        now_waits.entry(id).or_default().insert(g);
+                    }
+                }
+            }
+            if now_waits == waits_on {
+                break;
+            }
+            waits_on = now_waits;
+        }
+        let waits: BTreeSet<TaskId> = ranked
+            .values()
+            .flat_map(|ids| ids.iter().skip(slots).copied())
+            .collect();
+        for (gpu, ids) in &ranked {
+            self.reconcile_gpu(*gpu, ids, &waits, &rotated, out);
+        }
+    }
+
+    /// One GPU's tasks in rank order (the first `slots` should hold them).
+    /// `waits_on`: tasks using several GPUs and where they wait; one that waits
+    /// on a GPU other than `gpu` is ranked last here.
+    fn rank_gpu(
+        &self,
+        gpu: u32,
+        on_gpu: &[TaskId],
+        bound_now: &BTreeSet<TaskId>,
+        rotated: &BTreeSet<TaskId>,
+        waits_on: &BTreeMap<TaskId, BTreeSet<u32>>,
+    ) -> Vec<TaskId> {
+        let policy = self.policy;
+        let tiers = if bound_now.is_empty() && !policy.guarded() {
+            BTreeMap::new()
+        } else {
+            self.tiers(on_gpu, bound_now, rotated)
+        };
+        let waits_elsewhere = |id: &TaskId| {
+            waits_on
+                .get(id)
+                .is_some_and(|gpus| gpus.iter().any(|&g| g != gpu))
+        };
+        let mut ranked: Vec<(u8, Rank, TaskId)> = on_gpu
+            .iter()
+            .filter_map(|&id| {
+                let tier = if waits_elsewhere(&id) {
+                    3
+                } else {
+                    tiers.get(&id).copied().unwrap_or(2)
+                };
+                self.tasks
+                    .get(&id)
+                    .map(|t| (tier, t.rank_under(policy), id))
+            })
+            .collect();
+        debug_assert!(on_gpu.iter().all(|id| {
+            self.tasks
+                .get(id)
+                .is_some_and(|t| t.is_live() && t.gpus_used().contains(&gpu))
+        }));
+        ranked.sort_unstable();
+        ranked.into_iter().map(|(_, _, id)| id).collect()
     }
 
     /// Which tier of the ranking each task on a GPU is in when it is not the
@@ -571,14 +663,14 @@ impl Scheduler {
     /// queue in this step, are in neither: they are leaving anyway.
     fn tiers(
         &self,
-        on_gpu: &[(u32, TaskId)],
+        on_gpu: &[TaskId],
         bound_now: &BTreeSet<TaskId>,
         rotated: &BTreeSet<TaskId>,
     ) -> BTreeMap<TaskId, u8> {
         let mut tiers: BTreeMap<TaskId, u8> = on_gpu
             .iter()
-            .filter(|(_, id)| bound_now.contains(id))
-            .map(|&(_, id)| (id, 0))
+            .filter(|id| bound_now.contains(id))
+            .map(|&id| (id, 0))
             .collect();
         if !self.policy.guarded() {
             return tiers;
@@ -587,7 +679,7 @@ impl Scheduler {
         let on_gpu = || {
             on_gpu
                 .iter()
-                .filter_map(|(_, id)| self.tasks.get(id).map(|t| (*id, t)))
+                .filter_map(|id| self.tasks.get(id).map(|t| (*id, t)))
         };
         let stable = |id: TaskId, t: &Task| {
             t.holds_slot_stably()
@@ -622,46 +714,19 @@ impl Scheduler {
         tiers
     }
 
-    /// `on_gpu`: `(gpu, id)` of the live tasks placed on `gpu`.
+    /// Brings `gpu`'s holders in line with `ranked` (its tasks in rank order):
+    /// the first `slots` hold it, unless they wait on another GPU they use
+    /// (`waits`: every task that waits somewhere).
     fn reconcile_gpu(
         &mut self,
         gpu: u32,
-        on_gpu: &[(u32, TaskId)],
-        bound_now: &BTreeSet<TaskId>,
+        ranked: &[TaskId],
+        waits: &BTreeSet<TaskId>,
+        rotated: &BTreeSet<TaskId>,
         out: &mut Output,
     ) {
         let now = self.now_ns;
         let slots = self.config.slots();
-        let policy = self.policy;
-        let rotated = if policy.preemptive() {
-            self.rotate_expired_quanta(on_gpu)
-        } else {
-            BTreeSet::new()
-        };
-
-        let tiers = if bound_now.is_empty() && !policy.guarded() {
-            BTreeMap::new()
-        } else {
-            self.tiers(on_gpu, bound_now, &rotated)
-        };
-        let mut ranked: Vec<(u8, Rank, TaskId)> = on_gpu
-            .iter()
-            .filter_map(|&(_, id)| {
-                let tier = tiers.get(&id).copied().unwrap_or(2);
-                self.tasks
-                    .get(&id)
-                    .map(|t| (tier, t.rank_under(policy), id))
-            })
-            .collect();
-        debug_assert!(on_gpu.iter().all(|&(g, id)| {
-            g == gpu
-                && self
-                    .tasks
-                    .get(&id)
-                    .is_some_and(|t| t.is_live() && t.gpu == Some(gpu))
-        }));
-        ranked.sort_unstable();
-        let ranked: Vec<TaskId> = ranked.into_iter().map(|(_, _, id)| id).collect();
         let (should_hold, should_wait) = ranked.split_at(slots.min(ranked.len()));
         let best_holder_priority = should_hold
             .iter()
@@ -707,7 +772,12 @@ impl Scheduler {
         // Fill. A task that arrived running and should hold a slot just keeps
         // running (it counts first, since it runs either way); frozen ones are thawed
         // only into a free slot, so freezes in flight are waited for.
-        for &id in should_hold {
+        let should_hold: Vec<TaskId> = should_hold
+            .iter()
+            .copied()
+            .filter(|id| !waits.contains(id))
+            .collect();
+        for &id in &should_hold {
             if let Some(task) = self.tasks.get_mut(&id) {
                 // A yielded task among the holders takes its slot back.
                 task.yielded = false;
@@ -716,18 +786,38 @@ impl Scheduler {
                 }
             }
         }
+        let holders_on = |sched: &Scheduler, g: u32| {
+            sched
+                .tasks
+                .values()
+                .filter(|t| t.is_live() && t.holds_slot() && t.gpus_used().contains(&g))
+                .count()
+        };
         let mut holders = ranked
             .iter()
             .filter(|id| self.tasks.get(id).is_some_and(Task::holds_slot))
             .count();
-        for &id in should_hold {
+        for &id in &should_hold {
             if holders >= slots {
                 break;
             }
-            if let Some(task) = self.tasks.get_mut(&id)
-                && task.state == TaskState::Preempted
-                && task.actuation.is_none()
-            {
+            let Some(task) = self.tasks.get(&id) else {
+                continue;
+            };
+            if task.state != TaskState::Preempted || task.actuation.is_some() {
+                continue;
+            }
+            // A task that uses other GPUs too is thawed only into a free slot
+            // on each of them.
+            let room_elsewhere = task
+                .gpus_used()
+                .into_iter()
+                .filter(|&g| g != gpu)
+                .all(|g| holders_on(self, g) < slots);
+            if !room_elsewhere {
+                continue;
+            }
+            if let Some(task) = self.tasks.get_mut(&id) {
                 task.actuation = Some(Actuation {
                     direction: Direction::Thaw,
                     reason: Reason::Resumed,
@@ -740,37 +830,54 @@ impl Scheduler {
     }
 
     /// Round robin: a running task whose quantum is used up goes to the back of its
-    /// priority's queue if an active task of that priority waits on the GPU;
-    /// otherwise it starts a fresh quantum. Returns the tasks sent to the back.
-    fn rotate_expired_quanta(&mut self, on_gpu: &[(u32, TaskId)]) -> BTreeSet<TaskId> {
-        let on_gpu = || on_gpu.iter().filter_map(|(_, id)| self.tasks.get(id));
-        let mut expired: Vec<(Rank, TaskId)> = on_gpu()
-            .filter(|t| {
-                t.state == TaskState::Running
-                    && t.actuation.is_none()
-                    && t.quantum_used_ns >= ms_to_ns(quantum_ms(t.priority()))
-            })
-            .map(|t| (t.rank(), t.spec.id))
-            .collect();
+    /// priority's queue if an active task of that priority waits on a GPU it
+    /// uses; otherwise it starts a fresh quantum. Returns the tasks sent to the
+    /// back. `by_gpu`: the live tasks of each GPU, taken in index order (a task
+    /// on several GPUs is handled with the first).
+    fn rotate_expired_quanta(&mut self, by_gpu: &BTreeMap<u32, Vec<TaskId>>) -> BTreeSet<TaskId> {
         let mut rotated = BTreeSet::new();
-        if expired.is_empty() {
-            return rotated;
-        }
-        let waiting_priorities: BTreeSet<u8> = on_gpu()
-            .filter(|t| t.wants_gpu && !t.holds_slot())
-            .map(Task::priority)
+        let mut seen = BTreeSet::new();
+        let waiting_priorities: BTreeMap<u32, BTreeSet<u8>> = by_gpu
+            .iter()
+            .map(|(&g, ids)| {
+                let waiting = ids
+                    .iter()
+                    .filter_map(|id| self.tasks.get(id))
+                    .filter(|t| t.wants_gpu && !t.holds_slot())
+                    .map(Task::priority)
+                    .collect();
+                (g, waiting)
+            })
             .collect();
-        expired.sort_unstable();
-        for (_, id) in expired {
-            let seq = self.next_queue_seq;
-            let Some(task) = self.tasks.get_mut(&id) else {
-                continue;
-            };
-            task.quantum_used_ns = 0;
-            if task.wants_gpu && waiting_priorities.contains(&task.priority()) {
-                task.queue_seq = seq;
-                self.next_queue_seq += 1;
-                rotated.insert(id);
+        for ids in by_gpu.values() {
+            let mut expired: Vec<(Rank, TaskId)> = ids
+                .iter()
+                .filter(|id| seen.insert(**id))
+                .filter_map(|id| self.tasks.get(id))
+                .filter(|t| {
+                    t.state == TaskState::Running
+                        && t.actuation.is_none()
+                        && t.quantum_used_ns >= ms_to_ns(quantum_ms(t.priority()))
+                })
+                .map(|t| (t.rank(), t.spec.id))
+                .collect();
+            expired.sort_unstable();
+            for (_, id) in expired {
+                let seq = self.next_queue_seq;
+                let Some(task) = self.tasks.get_mut(&id) else {
+                    continue;
+                };
+                task.quantum_used_ns = 0;
+                let peer_waits = task.gpus_used().iter().any(|g| {
+                    waiting_priorities
+                        .get(g)
+                        .is_some_and(|p| p.contains(&task.priority()))
+                });
+                if task.wants_gpu && peer_waits {
+                    task.queue_seq = seq;
+                    self.next_queue_seq += 1;
+                    rotated.insert(id);
+                }
             }
         }
         rotated

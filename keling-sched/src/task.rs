@@ -151,6 +151,26 @@ impl Task {
         }
     }
 
+    /// The GPUs it uses: the one it is placed on and every GPU it holds memory
+    /// on (whatever it was pinned to), sorted. Empty while it is unbound (held
+    /// before exec, it uses none).
+    pub(crate) fn gpus_used(&self) -> Vec<u32> {
+        let Some(home) = self.gpu else {
+            return Vec::new();
+        };
+        let mut gpus: Vec<u32> = self
+            .mem_bytes
+            .iter()
+            .filter(|&(_, &bytes)| bytes > 0)
+            .map(|(&g, _)| g)
+            .collect();
+        if !gpus.contains(&home) {
+            gpus.push(home);
+            gpus.sort_unstable();
+        }
+        gpus
+    }
+
     pub(crate) fn mem_on(&self, gpu: u32) -> u64 {
         self.mem_bytes.get(&gpu).copied().unwrap_or(0)
     }

@@ -131,8 +131,15 @@ impl Scheduler {
             .into_iter()
             .map(|g| (g, Room::default()))
             .collect();
-        for t in self.tasks.values().filter(|t| t.is_live()) {
-            let Some(room) = t.gpu.and_then(|g| rooms.get_mut(&g)) else {
+        // A task has a claim on every GPU it uses: where it is placed and
+        // wherever it holds memory.
+        let claims = self
+            .tasks
+            .values()
+            .filter(|t| t.is_live())
+            .flat_map(|t| t.gpus_used().into_iter().map(move |g| (g, t)));
+        for (g, t) in claims {
+            let Some(room) = rooms.get_mut(&g) else {
                 continue;
             };
             let candidate = || {
@@ -156,7 +163,10 @@ impl Scheduler {
                 // Being thawed (it runs next), or being frozen (it runs until
                 // the freeze is confirmed).
                 room.kept += 1;
-            } else if t.rank_under(policy) < u_rank {
+            } else if t.rank_under(policy) < u_rank && t.gpus_used().len() == 1 {
+                // A waiting task that uses several GPUs keeps no claim: it may
+                // be waiting for another of them, and is ranked last here then
+                // (the next step ranks it again if it is not).
                 room.kept += 1;
             }
         }

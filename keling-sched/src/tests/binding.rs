@@ -676,7 +676,7 @@ impl LateDriver {
         for gpu in 0..3 {
             let occupants = views
                 .iter()
-                .filter(|v| v.state.is_live() && v.gpu == Some(gpu))
+                .filter(|v| v.state.is_live() && super::properties::uses(v).contains(&gpu))
                 .filter(|v| v.state == Running || v.in_flight.is_some())
                 .count();
             assert!(

@@ -6,6 +6,7 @@
 
 mod binding;
 mod duration;
+mod immunity;
 mod memory;
 mod placement;
 mod policies;

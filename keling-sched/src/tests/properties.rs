@@ -429,10 +429,28 @@ impl Driver {
     }
 }
 
+/// The GPUs a task uses: the one it is placed on and every GPU it holds memory
+/// on (none while unbound).
+pub(super) fn uses(v: &TaskView) -> BTreeSet<u32> {
+    let Some(home) = v.gpu else {
+        return BTreeSet::new();
+    };
+    let mut gpus: BTreeSet<u32> = v
+        .mem_bytes
+        .iter()
+        .filter(|&(_, &b)| b > 0)
+        .map(|(&g, _)| g)
+        .collect();
+    gpus.insert(home);
+    gpus
+}
+
 /// With no actuation in flight: every task has been decided, no GPU runs more
-/// tasks than slots or leaves a slot empty while a task waits, and no task runs
-/// while an active task of higher priority waits (nor an idle one while an
-/// active one waits).
+/// tasks than slots (counting every task that uses it, wherever it was placed)
+/// or leaves a slot empty while a task that uses only it waits, and no task runs
+/// while an active task of higher priority that uses only that GPU waits (nor an
+/// idle one while an active one waits). A waiting task that uses several GPUs
+/// waits for one of them that is full.
 fn check_settled_policy(sched: &Scheduler) {
     let slots = sched.config().slots();
     let live: Vec<TaskView> = sched
@@ -440,9 +458,15 @@ fn check_settled_policy(sched: &Scheduler) {
         .into_iter()
         .filter(|v| v.state.is_live())
         .collect();
-    let gpus: BTreeSet<u32> = live.iter().filter_map(|v| v.gpu).collect();
-    for gpu in gpus {
-        let on_gpu: Vec<&TaskView> = live.iter().filter(|v| v.gpu == Some(gpu)).collect();
+    let gpus: BTreeSet<u32> = live.iter().flat_map(uses).collect();
+    let running_on = |gpu: u32| -> Vec<&TaskView> {
+        live.iter()
+            .filter(|v| uses(v).contains(&gpu))
+            .filter(|v| v.state == Running && !v.yielded)
+            .collect()
+    };
+    for &gpu in &gpus {
+        let on_gpu: Vec<&TaskView> = live.iter().filter(|v| uses(v).contains(&gpu)).collect();
         for v in &on_gpu {
             assert_eq!(v.in_flight, None, "task {}", v.spec.id);
             assert_ne!(v.state, Pending, "task {} never decided", v.spec.id);
@@ -454,15 +478,11 @@ fn check_settled_policy(sched: &Scheduler) {
             }
         }
         // The slot holders: yielded tasks run, idle, without one.
-        let running: Vec<&TaskView> = on_gpu
-            .iter()
-            .copied()
-            .filter(|v| v.state == Running && !v.yielded)
-            .collect();
+        let running = running_on(gpu);
         let waiting: Vec<&TaskView> = on_gpu
             .iter()
             .copied()
-            .filter(|v| v.state == Preempted)
+            .filter(|v| v.state == Preempted && uses(v).len() == 1)
             .collect();
         assert!(
             running.len() <= slots,
@@ -493,6 +513,17 @@ fn check_settled_policy(sched: &Scheduler) {
                 );
             }
         }
+    }
+    for v in live
+        .iter()
+        .filter(|v| v.state == Preempted && uses(v).len() > 1)
+    {
+        assert!(
+            uses(v).iter().any(|&g| running_on(g).len() == slots),
+            "task {} waits although every GPU it uses ({:?}) has a free slot",
+            v.spec.id,
+            uses(v)
+        );
     }
 }
 
