@@ -86,6 +86,9 @@ pub fn terms(
         )
         .map_err(|why| ReplyError::new(ErrorKind::Refused, why))?;
     let late = sched.config().binding == Binding::Late;
+    if let Some(g) = req.gpu.or(rule.gpu) {
+        check_gpu_exists(g, sched)?;
+    }
     let gpu = match req.gpu.or(rule.gpu) {
         Some(g) => Some(g),
         // Late binding: the core binds it when a GPU can run it.
@@ -108,6 +111,24 @@ pub fn terms(
         env_gpu,
         rule,
     })
+}
+
+/// A GPU a launch names must be one of the host's (when Keling knows them): a
+/// pin to a GPU that does not exist would never be scheduled against anyone.
+fn check_gpu_exists(gpu: u32, sched: &Scheduler) -> Result<(), ReplyError> {
+    let known: Vec<u32> = sched.config().gpus.iter().map(|g| g.index).collect();
+    if known.is_empty() || known.contains(&gpu) {
+        return Ok(());
+    }
+    let list = known
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(ReplyError::new(
+        ErrorKind::Invalid,
+        format!("GPU {gpu} does not exist on this host: its GPUs are {list}"),
+    ))
 }
 
 impl Terms {

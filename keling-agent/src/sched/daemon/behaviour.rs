@@ -635,3 +635,29 @@ async fn forwarded_signals_reach_the_launched_task_only() {
         })
     );
 }
+
+/// A launch pinned to a GPU the host does not have is refused with the list of
+/// those it has, and nothing is started (it would never have been scheduled
+/// against anyone: `--gpu 99` on a 2-GPU host bought immunity).
+#[tokio::test(start_paused = true)]
+async fn a_launch_on_a_gpu_the_host_does_not_have_is_refused_with_the_list() {
+    let mut a = agent(two_gpus());
+    for gpu in [2, 7, 99, u32::MAX] {
+        let replies = a.request(Request::Launch(launch_request(5, Some(gpu))));
+        match replies.as_slice() {
+            [Reply::Error(e)] => {
+                assert_eq!(e.kind, ErrorKind::Invalid, "{e:?}");
+                assert!(
+                    e.message.contains(&format!("GPU {gpu} does not exist"))
+                        && e.message.contains("0, 1"),
+                    "{}",
+                    e.message
+                );
+            }
+            other => panic!("--gpu {gpu} answered {other:?}"),
+        }
+    }
+    assert!(a.host.calls().is_empty(), "{:?}", a.host.calls());
+    let (id, _client) = a.running(5, Some(1));
+    assert_eq!(a.task(id).gpu, Some(1));
+}
