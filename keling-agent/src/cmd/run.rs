@@ -229,10 +229,7 @@ struct HistoLog {
 
 impl HistoLog {
     fn open(path: &Path) -> anyhow::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
+        let file = crate::os::files::open_for_writing(path, crate::os::files::Write::Append)
             .with_context(|| format!("open the histogram log {}", path.display()))?;
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -351,8 +348,8 @@ fn gpu_infos(args: &RunArgs, config: &Config) -> Vec<GpuInfo> {
     crate::gpu::nvml::capacities()
 }
 
-/// Binds the control socket. Any file at its path is stale (this agent holds the
-/// instance lock). The socket, and a directory the agent creates for it (or the
+/// Binds the control socket. A socket at its path is stale (this agent holds the
+/// instance lock) and is replaced; anything else there is refused, never removed. The socket, and a directory the agent creates for it (or the
 /// default one), let in root and the access group only.
 fn bind_socket(path: &Path, access: &AccessPolicy) -> anyhow::Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
@@ -374,11 +371,26 @@ fn bind_socket(path: &Path, access: &AccessPolicy) -> anyhow::Result<UnixListene
             chown(dir)?;
         }
     }
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("remove the stale socket {}", path.display()));
+    // A socket there is stale; anything else is someone's file, and is kept.
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            std::fs::remove_file(path)
+                .with_context(|| format!("remove the stale socket {}", path.display()))?;
         }
-        _ => {}
+        Ok(m) => anyhow::bail!(
+            "--socket {}: there is a {} there, not a socket: Keling removes only a stale \
+             socket; move it away or give another path",
+            path.display(),
+            if m.file_type().is_symlink() {
+                "symbolic link"
+            } else if m.is_dir() {
+                "directory"
+            } else {
+                "file"
+            }
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("look at {}", path.display())),
     }
     let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode))?;
@@ -686,7 +698,12 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             h.append(daemon.latency_mut());
         }
         drop(scrape_tx);
-        let _ = std::fs::remove_file(&args.socket);
+        // Only the socket: a file someone put in its place stays.
+        if std::fs::symlink_metadata(&args.socket)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+        {
+            let _ = std::fs::remove_file(&args.socket);
+        }
         eprintln!("{} (stopped)", status_report(&probes, started, &c, events.decode_errors));
         drop(daemon);
         drop(failsafe);

@@ -12,7 +12,8 @@
 //!   directory, with the environment the request carries. It answers
 //!   `{"accepted": {...}}` once the command is executing (or an error naming the
 //!   step that failed) and, when the task ends, `{"exit_code": N}`. Between them
-//!   come `{"notice": ...}` lines ([`Notice`]): the placement, the duration warning,
+//!   come `{"notice": ...}` lines ([`Notice`]): the placement (just before
+//!   `accepted`; a command that fails to start gets only its error), the duration warning,
 //!   the 4003 record, an eviction or quota end and why the task ended when Keling
 //!   ended it, and (with `notify_preempt`) each freeze and resume; a notice always
 //!   precedes the `exit_code` it explains. Notices go through a bounded queue per
@@ -23,6 +24,9 @@
 //!   to its foreground process group. (`keling launch` forwards its own Ctrl-C,
 //!   SIGTERM and SIGHUP this way: the task cannot be in the client's foreground
 //!   process group, since it is the agent's child in another session.)
+//!   `priority` is 0-15 (anything else is refused, not clamped) and each `env`
+//!   entry is `KEY=VALUE` with a key and no NUL (else refused, the entry named).
+//!   At most 3 fds may come with a request; more, and the client is dropped.
 //! - `{"status": true}`: answered with `{"status": StatusReply}` (whose tasks are
 //!   marked `mine` when they belong to the caller).
 //! - `{"history": TASK}`: answered with `{"history": TaskHistory}`: the task now,
@@ -212,7 +216,8 @@ pub enum Notice {
         ahead: usize,
         reason: keling_sched::WaitReason,
     },
-    /// The task was placed on a GPU.
+    /// The task was placed on a GPU (told once its command is executing, just
+    /// before `accepted`; or at once when a running task is placed again).
     Placed {
         task: u64,
         pid: u32,

@@ -6,6 +6,14 @@
 //! never blocks it. Accept errors (EMFILE, ENFILE, ENOMEM) are logged and retried
 //! after a pause; clients still reading their request beyond [`MAX_READING`] are
 //! turned away at once.
+//!
+//! File descriptors passed with requests (SCM_RIGHTS) are capped, since each one
+//! received takes a slot of the agent's fd table: a request carries at most
+//! [`MAX_FDS_PER_REQUEST`] (a launch's stdin, stdout and stderr), and all the
+//! clients being read at once hold at most [`MAX_FDS_IN_ALL`] between them until
+//! their requests are handed on. A client over either cap has what it sent
+//! closed at once and is dropped with an error, so no member of the group can
+//! fill the agent's fd table.
 use std::{
     os::fd::{AsRawFd, OwnedFd},
     sync::{
@@ -39,6 +47,10 @@ const MAX_FOLLOW_UP_BYTES: usize = 1024;
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Notices queued per client before the excess is dropped (and counted).
 pub const NOTICE_QUEUE: usize = 64;
+/// The most fds one request may carry: a launch's stdin, stdout and stderr.
+pub const MAX_FDS_PER_REQUEST: usize = 3;
+/// The most received fds the clients not yet handed on may hold between them.
+pub const MAX_FDS_IN_ALL: usize = 1024;
 
 /// Who is on the other end (SO_PEERCRED, SO_PEERGROUPS).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -186,8 +198,19 @@ pub type Admit = Arc<dyn Fn(&Credentials) -> Result<(), String> + Send + Sync>;
 /// Accepts clients on `listener` for as long as the agent runs, handing each
 /// well-formed request from an admitted peer to `requests`.
 pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>, admit: Admit) {
+    spawn_limited(listener, requests, admit, MAX_FDS_IN_ALL);
+}
+
+/// As [`spawn`], with `max_fds_in_all` for [`MAX_FDS_IN_ALL`].
+fn spawn_limited(
+    listener: UnixListener,
+    requests: mpsc::Sender<Incoming>,
+    admit: Admit,
+    max_fds_in_all: usize,
+) {
     tokio::spawn(async move {
         let reading = Arc::new(AtomicUsize::new(0));
+        let held_fds = Arc::new(AtomicUsize::new(0));
         let next_conn = AtomicU64::new(1);
         let mut failing = false;
         loop {
@@ -203,7 +226,11 @@ pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>, admit: Ad
                         conn,
                         requests.clone(),
                         admit.clone(),
-                        reading.clone(),
+                        Limits {
+                            reading: reading.clone(),
+                            held_fds: held_fds.clone(),
+                            max_fds_in_all,
+                        },
                     ));
                 }
                 Err(e) => {
@@ -219,6 +246,14 @@ pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>, admit: Ad
     });
 }
 
+/// What all clients share: how many are reading, how many fds they hold.
+#[derive(Clone)]
+struct Limits {
+    reading: Arc<AtomicUsize>,
+    held_fds: Arc<AtomicUsize>,
+    max_fds_in_all: usize,
+}
+
 /// Counts a client as reading its request for as long as it lives.
 struct ReadingSlot(Arc<AtomicUsize>);
 
@@ -228,15 +263,49 @@ impl Drop for ReadingSlot {
     }
 }
 
+/// The fds one client holds, counted in [`Limits::held_fds`] until dropped.
+struct FdCharge {
+    held: Arc<AtomicUsize>,
+    count: usize,
+}
+
+impl FdCharge {
+    /// Counts `n` more fds, or says why not when that would pass the cap.
+    fn add(&mut self, n: usize, max: usize) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        let before = self.held.fetch_add(n, Ordering::Relaxed);
+        self.count += n;
+        if before + n > max {
+            return Err(format!(
+                "the agent is busy: clients hold {max} file descriptors passed with requests \
+                 not yet read in full; try again"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FdCharge {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.count, Ordering::Relaxed);
+    }
+}
+
 async fn serve(
     stream: UnixStream,
     conn: u64,
     requests: mpsc::Sender<Incoming>,
     admit: Admit,
-    reading: Arc<AtomicUsize>,
+    limits: Limits,
 ) {
     let (replier, mut rx) = Replier::new();
-    let first = read_first(&stream, &admit, &reading).await;
+    let mut charge = FdCharge {
+        held: limits.held_fds.clone(),
+        count: 0,
+    };
+    let first = read_first(&stream, &admit, &limits, &mut charge).await;
     let mut follow_ups = None;
     match first {
         Ok((request, fds, peer)) => {
@@ -251,11 +320,16 @@ async fn serve(
             if requests.send(incoming).await.is_err() {
                 return; // the agent is stopping
             }
+            // Handed on: the loop's queue is bounded, and closes them once handled.
+            drop(charge);
             if is_launch {
                 follow_ups = Some((peer, requests));
             }
         }
-        Err(what) => replier.send(Reply::Error(ReplyError::new(ErrorKind::Invalid, what))),
+        Err(what) => {
+            drop(charge); // what it sent is closed already
+            replier.send(Reply::Error(ReplyError::new(ErrorKind::Invalid, what)));
+        }
     }
     drop(replier);
     let (read_half, mut write_half) = stream.into_split();
@@ -308,8 +382,10 @@ async fn serve(
 async fn read_first(
     stream: &UnixStream,
     admit: &Admit,
-    reading: &Arc<AtomicUsize>,
+    limits: &Limits,
+    charge: &mut FdCharge,
 ) -> Result<(Request, Vec<OwnedFd>, Peer), String> {
+    let reading = &limits.reading;
     let slot = ReadingSlot(reading.clone());
     if reading.fetch_add(1, Ordering::Relaxed) >= MAX_READING {
         return Err(format!(
@@ -328,7 +404,11 @@ async fn read_first(
         Err(e) => return Err(format!("no peer credentials: {e}")),
     };
     admit(&peer.creds)?;
-    let read = tokio::time::timeout(REQUEST_DEADLINE, read_request(stream)).await;
+    let read = tokio::time::timeout(
+        REQUEST_DEADLINE,
+        read_request(stream, |n| charge.add(n, limits.max_fds_in_all)),
+    )
+    .await;
     drop(slot);
     match read {
         Ok(Ok((Request::Forward(_), _))) => {
@@ -343,9 +423,15 @@ async fn read_first(
     }
 }
 
-/// Reads one request line (with any fds), within the size limit. Bytes after the
-/// line stay in the socket: a launch's follow-ups are read after it.
-async fn read_request(stream: &UnixStream) -> Result<(Request, Vec<OwnedFd>), String> {
+/// Reads one request line (with any fds), within the size limit and the caps on
+/// fds: at most [`MAX_FDS_PER_REQUEST`], and each batch received counted by
+/// `charge` (which refuses it over the cap in all). Fds over either cap are
+/// closed at once, with all the others. Bytes after the line stay in the socket:
+/// a launch's follow-ups are read after it.
+async fn read_request(
+    stream: &UnixStream,
+    mut charge: impl FnMut(usize) -> Result<(), String>,
+) -> Result<(Request, Vec<OwnedFd>), String> {
     let mut bytes = Vec::new();
     let mut fds = Vec::new();
     loop {
@@ -384,7 +470,14 @@ async fn read_request(stream: &UnixStream) -> Result<(Request, Vec<OwnedFd>), St
             Err(e) => return Err(format!("reading the request: {e}")),
             Ok(r) => r,
         };
+        charge(more_fds.len())?;
         fds.extend(more_fds);
+        if fds.len() > MAX_FDS_PER_REQUEST {
+            return Err(format!(
+                "more than {MAX_FDS_PER_REQUEST} file descriptors sent with one request (a \
+                 launch passes its stdin, stdout and stderr, nothing else needs any): refused"
+            ));
+        }
         bytes.extend_from_slice(&chunk);
         if bytes.len() > MAX_REQUEST_BYTES {
             return Err(format!(
@@ -502,5 +595,120 @@ mod tests {
         }
         assert!(incoming.try_recv().is_err(), "nothing came from the silent");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A listener on a fresh path, its requests, and the path.
+    fn listen(name: &str, max_fds_in_all: usize) -> (std::path::PathBuf, mpsc::Receiver<Incoming>) {
+        let dir = std::env::temp_dir().join(format!("keling-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("control.sock");
+        let _ = std::fs::remove_file(&path);
+        let (requests, incoming) = mpsc::channel(64);
+        spawn_limited(
+            UnixListener::bind(&path).unwrap(),
+            requests,
+            Arc::new(|_| Ok(())),
+            max_fds_in_all,
+        );
+        (path, incoming)
+    }
+
+    /// The first line the agent answers `client` with.
+    async fn answer(client: &mut UnixStream) -> Reply {
+        let mut line = String::new();
+        BufReader::new(client).read_line(&mut line).await.unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// Whether the write end of a pipe is closed everywhere (its read end at EOF).
+    fn all_closed(read: &std::fs::File) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: read.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a timeout of 2 s.
+        let n = unsafe { libc::poll(&mut pfd, 1, 2000) };
+        n == 1 && pfd.revents & libc::POLLHUP != 0
+    }
+
+    /// Issue 32: 1-byte messages each carrying 3 fds filled the agent's fd table.
+    /// A request may carry 3; the client that sends more is dropped with an
+    /// error, and every fd it sent is closed (the pipe's write end, sent each
+    /// time, is closed everywhere once the client closes its own).
+    #[tokio::test]
+    async fn a_client_sending_more_than_three_fds_is_dropped_and_they_are_closed() {
+        let (path, mut incoming) = listen("fds-per-request", MAX_FDS_IN_ALL);
+        let (read, write) = crate::os::pipe().unwrap();
+        let read = std::fs::File::from(read);
+        let mut client = UnixStream::connect(&path).await.unwrap();
+        let w = write.as_raw_fd();
+        let mut sent = 0;
+        for _ in 0..50 {
+            client.writable().await.unwrap();
+            match super::super::send_with_fds(client.as_raw_fd(), b"{", &[w, w, w]) {
+                Ok(()) => sent += 1,
+                Err(_) => break, // dropped by the agent
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(sent >= 2, "sent {sent}");
+        match answer(&mut client).await {
+            Reply::Error(e) => assert!(
+                e.message.contains("more than 3 file descriptors"),
+                "{}",
+                e.message
+            ),
+            other => panic!("not refused: {other:?}"),
+        }
+        drop(client);
+        drop(write);
+        assert!(all_closed(&read), "an fd the client sent is still open");
+        assert!(incoming.try_recv().is_err(), "nothing reached the loop");
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    /// Clients each within the cap of 3 hold no more than the cap in all (6
+    /// here): the one over it is turned away, and once the others are gone a
+    /// request's 3 fds are taken again; every fd sent is closed in the end.
+    #[tokio::test]
+    async fn clients_together_hold_no_more_fds_than_the_cap() {
+        let (path, mut incoming) = listen("fds-in-all", 6);
+        let (read, write) = crate::os::pipe().unwrap();
+        let read = std::fs::File::from(read);
+        let w = write.as_raw_fd();
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            let c = UnixStream::connect(&path).await.unwrap();
+            super::super::send_with_fds(c.as_raw_fd(), b"{", &[w, w, w]).unwrap();
+            clients.push(c);
+        }
+        // Whichever is read last is over the cap; the others wait for their
+        // deadline.
+        let mut over = 0;
+        for c in &mut clients {
+            match answer(c).await {
+                Reply::Error(e) if e.message.contains("file descriptors") => over += 1,
+                Reply::Error(e) => {
+                    assert!(e.message.contains("no complete request"), "{}", e.message)
+                }
+                other => panic!("not refused: {other:?}"),
+            }
+        }
+        assert_eq!(over, 1, "one client was over the cap of 6 fds");
+        drop(clients);
+        let client = UnixStream::connect(&path).await.unwrap();
+        let line = b"{\"status\":true}\n";
+        super::super::send_with_fds(client.as_raw_fd(), line, &[w, w, w]).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), incoming.recv())
+            .await
+            .expect("taken within 5 s")
+            .unwrap();
+        assert_eq!(got.fds.len(), 3);
+        drop(got);
+        drop(write);
+        drop(client);
+        assert!(all_closed(&read), "an fd a client sent is still open");
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

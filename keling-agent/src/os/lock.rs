@@ -44,7 +44,7 @@ impl InstanceLock {
             .create(true)
             .truncate(false)
             .mode(0o644)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(path)
             .map_err(io)?;
         // SAFETY: flock on an fd we own.

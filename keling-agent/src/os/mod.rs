@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context, bail};
 use tokio::io::unix::AsyncFd;
 
+pub mod files;
 pub mod lock;
 pub mod mounts;
 pub mod pidfd;

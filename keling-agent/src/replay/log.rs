@@ -129,7 +129,8 @@ pub struct InputLogWriter {
 
 impl InputLogWriter {
     pub fn create(path: &Path, header: &InputLogHeader) -> anyhow::Result<Self> {
-        let file = File::create(path).with_context(|| format!("create {}", path.display()))?;
+        let file = crate::os::files::open_for_writing(path, crate::os::files::Write::Truncate)
+            .with_context(|| format!("create {}", path.display()))?;
         let mut w = InputLogWriter {
             out: BufWriter::with_capacity(1 << 20, file),
         };

@@ -26,7 +26,7 @@
 use std::{
     fs,
     io::{self, Write},
-    os::unix::fs::FileExt,
+    os::unix::fs::{FileExt, OpenOptionsExt},
     path::{Path, PathBuf},
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
 };
@@ -353,6 +353,7 @@ impl Booster {
                     .write(true)
                     .create(true)
                     .truncate(false)
+                    .custom_flags(libc::O_NOFOLLOW)
                     .open(&self.record)
             };
             let file = match open() {

@@ -117,7 +117,13 @@ impl CgroupRoot {
         }
         made.with_context(|| format!("create cgroup {}", dir.display()))?;
         let task = self.task_at(dir);
-        task.freeze_file()?;
+        if let Err(e) = task.freeze_file() {
+            // Nothing entered it yet: it goes, whatever the error was (EMFILE...).
+            if let Err(rm) = fs::remove_dir(&task.dir) {
+                log::warn!("cannot remove {}: {rm}", task.dir.display());
+            }
+            return Err(e);
+        }
         Ok(task)
     }
 

@@ -255,7 +255,7 @@ impl Daemon {
                     timestamp_ns: decided_ns,
                 });
                 self.clients.tell_placed(id, pid, gpu, &self.sched);
-                // After the notice: the client hears where before the task's output.
+                // Its `placed` is told once the exec succeeded (notify.rs).
                 self.launches
                     .release(id, gpu, &mut self.clients, &mut *self.host);
             }

@@ -45,6 +45,9 @@ use crate::{
 #[cfg(test)]
 pub mod fake;
 
+/// How long the cgroup of a launch that failed may take to empty (on the loop:
+/// its one process was killed and reaped already).
+const FAILED_LAUNCH_REMOVE_TIMEOUT: Duration = Duration::from_millis(200);
 /// How long the cgroup of a task that ended may take to empty after `cgroup.kill`.
 const CGROUP_REMOVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The environment of a task whose client sent none.
@@ -267,8 +270,11 @@ impl Host for RealHost {
         let (pidfd, child) = match start_held(launch, &cgroup, track) {
             Ok(s) => s,
             Err(e) => {
-                // A failed launch leaves no cgroup behind (nothing entered it).
-                let _ = cgroup.remove();
+                // A failed launch leaves no cgroup behind: its held child was
+                // killed and reaped; anything else in it goes too.
+                if let Err(rm) = cgroup.kill_and_remove(FAILED_LAUNCH_REMOVE_TIMEOUT) {
+                    log::warn!("task {id}: the failed launch's cgroup stays: {rm:#}");
+                }
                 return Err(e);
             }
         };

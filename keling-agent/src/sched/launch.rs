@@ -34,6 +34,42 @@ use crate::{
     os::{proc::ProcessFacts, users::Credentials},
 };
 
+/// The lowest priority (the highest number) a launch may ask for.
+pub const MAX_PRIORITY: u8 = 15;
+
+/// Every entry of a launch's environment is `KEY=VALUE`, with a key, and no NUL
+/// (which no environment can carry): the first that is not is named.
+fn check_env(entries: &[String]) -> Result<(), String> {
+    for e in entries {
+        let shown = e.escape_debug().to_string();
+        let shown = if shown.chars().count() > 80 {
+            format!("{}...", shown.chars().take(80).collect::<String>())
+        } else {
+            shown
+        };
+        if e.contains('\0') {
+            return Err(format!(
+                "environment entry \"{shown}\" contains a NUL byte, which no environment can \
+                 carry: remove it"
+            ));
+        }
+        match e.split_once('=') {
+            Some((k, _)) if !k.is_empty() => {}
+            Some(_) => {
+                return Err(format!(
+                    "environment entry \"{shown}\" has no name before its `=`: entries are KEY=VALUE"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "environment entry \"{shown}\" has no `=`: entries are KEY=VALUE"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What a launch request comes to once checked against the access rules and
 /// completed by the config's.
 pub struct Terms {
@@ -61,6 +97,17 @@ pub fn terms(
     let argv0 = req.argv.first().map(String::as_str).unwrap_or_default();
     if argv0.is_empty() {
         return Err(ReplyError::new(ErrorKind::Invalid, "no command given"));
+    }
+    if let Some(p) = req.priority
+        && p > MAX_PRIORITY
+    {
+        return Err(ReplyError::new(
+            ErrorKind::Invalid,
+            format!("priority {p} is out of range: priorities are 0 (highest) to {MAX_PRIORITY}"),
+        ));
+    }
+    if let Some(env) = &req.env {
+        check_env(env).map_err(|why| ReplyError::new(ErrorKind::Invalid, why))?;
     }
     let facts = ProcessFacts {
         comm: argv0
@@ -297,5 +344,82 @@ impl Launches {
                 format!("task {id} ended while queued ({status:?}): its command never ran"),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keling_sched::{SchedConfig, Scheduler};
+
+    use super::*;
+
+    fn request(priority: Option<u8>, env: Option<Vec<&str>>) -> LaunchRequest {
+        LaunchRequest {
+            argv: vec!["/usr/bin/work".into()],
+            cwd: "/".into(),
+            priority,
+            gpu: None,
+            max_duration_ms: None,
+            grace_ms: None,
+            mem_quota_bytes: None,
+            hard_kill: None,
+            expected_runtime_ms: None,
+            env: env.map(|e| e.into_iter().map(String::from).collect()),
+            notify_preempt: false,
+        }
+    }
+
+    fn terms_of(req: &LaunchRequest) -> Result<Terms, ReplyError> {
+        let root = Credentials {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        };
+        let sched = Scheduler::new(SchedConfig::default());
+        terms(req, &root, &Config::parse("").unwrap(), 8, &sched, 0)
+    }
+
+    /// Issue 32: priority 16 or 255 over the socket was clamped to 15 without a
+    /// word (the CLI refuses 16).
+    #[test]
+    fn a_priority_out_of_range_is_refused_with_the_range() {
+        for p in [16, 255] {
+            let Err(e) = terms_of(&request(Some(p), None)) else {
+                panic!("priority {p} accepted");
+            };
+            assert_eq!(e.kind, ErrorKind::Invalid);
+            assert!(
+                e.message.contains(&format!("priority {p} is out of range"))
+                    && e.message.contains("0 (highest) to 15"),
+                "{}",
+                e.message
+            );
+        }
+        for p in [0, 15] {
+            assert_eq!(terms_of(&request(Some(p), None)).ok().unwrap().priority, p);
+        }
+    }
+
+    /// Issue 32: env entries with a NUL or without `=` were dropped silently.
+    #[test]
+    fn a_bad_environment_entry_is_refused_by_name() {
+        for (entry, why) in [
+            ("FOO", "has no `=`"),
+            ("=x", "has no name"),
+            ("A=b\0c", "contains a NUL byte"),
+        ] {
+            let Err(e) = terms_of(&request(None, Some(vec!["PATH=/bin", entry]))) else {
+                panic!("{entry:?} accepted");
+            };
+            assert_eq!(e.kind, ErrorKind::Invalid);
+            let shown = entry.escape_debug().to_string();
+            assert!(
+                e.message.contains(&format!("\"{shown}\"")) && e.message.contains(why),
+                "{}",
+                e.message
+            );
+        }
+        let ok = request(None, Some(vec!["PATH=/bin", "EMPTY=", "X==y"]));
+        assert!(terms_of(&ok).is_ok());
     }
 }

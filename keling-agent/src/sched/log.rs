@@ -15,6 +15,8 @@ use std::{
 };
 
 use anyhow::Context;
+
+use crate::os::files::{self, open_for_writing};
 use keling_sched::{Input, Transition};
 use serde::Serialize;
 
@@ -35,7 +37,8 @@ struct Lines {
 
 impl Lines {
     fn create(path: &Path, max_bytes: u64) -> anyhow::Result<Self> {
-        let file = File::create(path).with_context(|| format!("create {}", path.display()))?;
+        let file = open_for_writing(path, files::Write::Truncate)
+            .with_context(|| format!("create {}", path.display()))?;
         let regular = file.metadata().is_ok_and(|m| m.is_file());
         Ok(Self {
             out: BufWriter::new(file),
@@ -82,7 +85,8 @@ impl Lines {
         self.check(r);
         let mut old = self.path.clone().into_os_string();
         old.push(".1");
-        let r = std::fs::rename(&self.path, &old).and_then(|()| File::create(&self.path));
+        let r = std::fs::rename(&self.path, &old)
+            .and_then(|()| open_for_writing(&self.path, files::Write::Truncate));
         match r {
             Ok(file) => {
                 self.out = BufWriter::new(file);

@@ -42,6 +42,9 @@ struct Client {
     notify_preempt: bool,
     /// The signals it was told Keling sent to end its task.
     told_ending: Vec<i32>,
+    /// `placed`, kept until the exec succeeded: a start that fails gets only
+    /// its error.
+    placed: Option<Notice>,
 }
 
 /// The clients of launched tasks, by task, until each has heard its task's end.
@@ -61,6 +64,7 @@ impl Clients {
                 told_accepted: false,
                 notify_preempt,
                 told_ending: Vec::new(),
+                placed: None,
             },
         );
     }
@@ -121,6 +125,9 @@ impl Clients {
             }
             Some(Ok(())) if !c.told_accepted => {
                 c.told_accepted = true;
+                if let Some(placed) = c.placed.take() {
+                    c.reply.notify(placed); // written before `accepted`
+                }
                 c.reply.send(Reply::Accepted(c.accepted.clone()));
             }
             Some(Ok(())) => {}
@@ -145,15 +152,22 @@ impl Clients {
         });
     }
 
-    /// The core placed the task on `gpu`.
-    pub fn tell_placed(&self, id: TaskId, pid: u32, gpu: u32, sched: &Scheduler) {
-        if let (Some(c), Some(t)) = (self.0.get(&id), sched.task(id)) {
-            c.reply.notify(Notice::Placed {
+    /// The core placed the task on `gpu`. Told once the exec succeeded (just
+    /// before `accepted`), or at once if it did already; a start that fails is
+    /// told only its error.
+    pub fn tell_placed(&mut self, id: TaskId, pid: u32, gpu: u32, sched: &Scheduler) {
+        if let (Some(c), Some(t)) = (self.0.get_mut(&id), sched.task(id)) {
+            let notice = Notice::Placed {
                 task: id,
                 pid,
                 gpu,
                 priority: t.spec.priority,
-            });
+            };
+            match c.exec {
+                Some(Ok(())) => c.reply.notify(notice),
+                Some(Err(_)) => {}
+                None => c.placed = Some(notice),
+            }
         }
     }
 

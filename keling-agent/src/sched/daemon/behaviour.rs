@@ -220,13 +220,8 @@ async fn a_launch_is_placed_released_and_accepted_once_it_execs() {
     );
     assert_eq!(
         client.rx.drain(),
-        vec![Reply::Notice(Notice::Placed {
-            task: id,
-            pid,
-            gpu: 0,
-            priority: 5
-        })],
-        "accepted only once the exec succeeded"
+        vec![],
+        "placed and accepted only once the exec succeeded"
     );
     let t = a.task(id);
     assert_eq!(
@@ -237,11 +232,19 @@ async fn a_launch_is_placed_released_and_accepted_once_it_execs() {
     a.daemon.woken(Wake::Exec(id, Ok(())));
     assert_eq!(
         client.rx.drain(),
-        vec![Reply::Accepted(crate::control::Accepted {
-            task: id,
-            gpu: Some(0),
-            pid
-        })]
+        vec![
+            Reply::Notice(Notice::Placed {
+                task: id,
+                pid,
+                gpu: 0,
+                priority: 5
+            }),
+            Reply::Accepted(crate::control::Accepted {
+                task: id,
+                gpu: Some(0),
+                pid
+            })
+        ]
     );
     a.exit(id, 3);
     assert_eq!(client.rx.drain(), vec![Reply::ExitCode(3)]);
@@ -255,7 +258,11 @@ async fn a_command_that_cannot_start_is_the_clients_error() {
     let mut a = agent(two_gpus());
     // The exec failed: the client hears which step, and nothing else.
     let (id, mut client) = a.launch(5, Some(1));
-    client.rx.drain();
+    assert_eq!(
+        client.rx.drain(),
+        vec![],
+        "nothing before the exec's outcome (issue 32: `placed` came before a start_failed)"
+    );
     let why = "cannot enter the working directory /gone as uid 0".to_owned();
     a.daemon
         .woken(Wake::Exec(id, Err(StartError::other(why.clone()))));
