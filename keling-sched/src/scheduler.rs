@@ -227,7 +227,7 @@ impl Scheduler {
             .iter()
             .map(|(&id, t)| (t.finished_ns.unwrap_or(0), id, t))
             .collect();
-        order.sort_unstable_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        order.sort_unstable_by_key(|&(finished, id, _)| std::cmp::Reverse((finished, id)));
         order
             .into_iter()
             .skip(skip)
