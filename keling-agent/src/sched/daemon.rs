@@ -796,8 +796,8 @@ impl Daemon {
     }
 
     /// What `keling status` shows to `caller` (its tasks marked as its own):
-    /// every live task, and the archived ones of `page` (the most recent first),
-    /// at most [`STATUS_ARCHIVED_MAX`]: its size and the time it takes are bounded
+    /// every live task, and the archived ones of `page` (those that finished
+    /// last, after skipping `page.skip`), all sorted by id; at most [`STATUS_ARCHIVED_MAX`]: its size and the time it takes are bounded
     /// by the live tasks and the archive's cap, whatever ran before.
     pub fn status_page(&self, caller: Option<u32>, page: StatusPage) -> StatusReply {
         let now = self.host.now_ns();
@@ -816,11 +816,13 @@ impl Daemon {
             failed: self.finished.failed,
             forgotten: self.finished.forgotten,
         };
-        let tasks = views
+        let mut tasks: Vec<TaskStatus> = views
             .iter()
             .chain(&archived)
             .map(|t| self.task_status(&views, t, caller, now))
             .collect();
+        // By id, as before the archive was paged.
+        tasks.sort_unstable_by_key(|t| t.id);
         // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
         let stages_by_action = ["freeze", "thaw"]
             .into_iter()
@@ -872,7 +874,7 @@ impl Daemon {
         TaskStatus {
             id: t.spec.id,
             pid: t.spec.pid,
-            name: t.spec.name.clone(),
+            name: bounded_name(&t.spec.name),
             priority: t.spec.priority,
             class: t.class,
             state: t.state.as_str().to_owned(),
@@ -924,6 +926,19 @@ impl Daemon {
         }
         self.host.forget_stopped();
     }
+}
+
+/// The most bytes of a task's name a status shows (a launch's argv[0] may be
+/// as long as the request): a reply's size stays bounded by its task count.
+const NAME_MAX_SHOWN: usize = 255;
+
+/// `name`, cut at [`NAME_MAX_SHOWN`] bytes (on a character boundary).
+fn bounded_name(name: &str) -> String {
+    let mut end = name.len().min(NAME_MAX_SHOWN);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_owned()
 }
 
 /// Gives the memory the allocator keeps free back to the system (glibc keeps
@@ -1078,6 +1093,19 @@ mod tests {
             via_xfer: false,
             bytes: 4096,
         })
+    }
+
+    #[test]
+    fn a_status_shows_at_most_255_bytes_of_a_name() {
+        assert_eq!(bounded_name("train"), "train");
+        let long = "é".repeat(1000);
+        let shown = bounded_name(&long);
+        assert_eq!(
+            shown.len(),
+            254,
+            "cut before the character that would pass 255"
+        );
+        assert!(long.starts_with(&shown));
     }
 
     #[test]
