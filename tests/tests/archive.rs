@@ -87,31 +87,14 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
         "{TASKS} launches of true by {CLIENTS} clients in {:?}",
         started.elapsed()
     );
-    // Every task finished, and the last of them are archived (at the next tick).
+    // Every task finished and is archived (at the next tick), the last one too.
     let mut s = Value::Null;
-    wait_for(
-        "every task archived and counted",
-        Duration::from_secs(30),
-        || {
-            s = agent.status();
-            s["archive"]["completed"] == TASKS
-                && s["tasks"]
-                    .as_array()
-                    .is_some_and(|t| t.iter().all(|t| t["state"] == "ARCHIVED"))
-        },
-    );
-    let archive = &s["archive"];
-    assert_eq!(archive["kept"], ARCHIVE_MAX, "{archive}");
-    assert_eq!(archive["forgotten"], TASKS - ARCHIVE_MAX, "{archive}");
-    assert_eq!(archive["failed"], 0, "{archive}");
-    // The status lists only the archived tasks that finished last: the last
-    // launched among them (at most CLIENTS - 1 others ran with it).
-    let tasks = s["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), LISTED, "{archive}");
-    assert!(
-        tasks.iter().any(|t| t["id"] == TASKS),
-        "task {TASKS} listed"
-    );
+    wait_for("every task archived", Duration::from_secs(30), || {
+        s = agent.status();
+        s["tasks"].as_array().is_some_and(|t| {
+            t.iter().all(|t| t["state"] == "ARCHIVED") && t.iter().any(|t| t["id"] == TASKS)
+        })
+    });
 
     // Small and fast, as text and as JSON.
     let (json, json_took) = status(&agent, &["--json"]);
@@ -125,6 +108,20 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
         rss_kib(agent.pid)
     );
     assert!(json.len() < 128 << 10, "{} bytes", json.len());
+    let archive = &s["archive"];
+    assert_eq!(archive["kept"], ARCHIVE_MAX, "{archive}");
+    assert_eq!(archive["forgotten"], TASKS - ARCHIVE_MAX, "{archive}");
+    assert_eq!(archive["completed"], TASKS, "{archive}");
+    assert_eq!(archive["failed"], 0, "{archive}");
+    // The status lists only the archived tasks that finished last: the last
+    // launched among them (at most CLIENTS - 1 others ran with it).
+    let tasks = s["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), LISTED, "{archive}");
+    assert!(
+        tasks.iter().any(|t| t["id"] == TASKS),
+        "task {TASKS} listed"
+    );
+
     assert!(
         text.contains(&format!(
             "finished tasks: {ARCHIVE_MAX} kept (the last {ARCHIVE_MAX} for 10m 00s), \
