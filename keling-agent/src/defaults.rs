@@ -65,6 +65,9 @@ pub const ACTUATOR_RT_PRIORITY: u8 = 50;
 pub const LOOP_RT_PRIORITY: u8 = 40;
 /// Finished (archived) tasks stay in `keling status` this long, s.
 pub const ARCHIVE_RETENTION_S: u64 = 600;
+/// At most this many finished (archived) tasks are kept: those that finished
+/// first are forgotten first (`keling run --archive-max`).
+pub const ARCHIVE_MAX: usize = 2000;
 /// The scheduling log and the input log each rotate at this size (one old file
 /// kept as `FILE.1`), MiB; 0: never.
 pub const LOG_MAX_MIB: u64 = 64;

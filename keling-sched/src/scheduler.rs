@@ -187,6 +187,55 @@ impl Scheduler {
         before - self.archived.len()
     }
 
+    /// Forgets the archived tasks that finished first until at most `max` are
+    /// kept (a burst of short tasks then costs the agent a bounded archive,
+    /// whatever the retention window). Ties go by id, the lower first. Returns how
+    /// many it forgot; like [`Scheduler::prune_archived`], it changes no decision.
+    pub fn prune_archived_to(&mut self, max: usize) -> usize {
+        let excess = self.archived.len().saturating_sub(max);
+        if excess == 0 {
+            return 0;
+        }
+        let mut order: Vec<(u64, TaskId)> = self
+            .archived
+            .iter()
+            .map(|(&id, t)| (t.finished_ns.unwrap_or(0), id))
+            .collect();
+        order.select_nth_unstable(excess - 1);
+        for (_, id) in &order[..excess] {
+            self.archived.remove(id);
+        }
+        excess
+    }
+
+    /// How many archived tasks are kept.
+    pub fn archived_len(&self) -> usize {
+        self.archived.len()
+    }
+
+    /// The tasks not yet archived (finished ones included until the next tick),
+    /// sorted by id.
+    pub fn live_tasks(&self) -> Vec<TaskView> {
+        self.tasks.values().map(Task::view).collect()
+    }
+
+    /// Archived tasks, the last to finish first (ties: the higher id first): `n`
+    /// of them after skipping `skip`.
+    pub fn recent_archived(&self, skip: usize, n: usize) -> Vec<TaskView> {
+        let mut order: Vec<(u64, TaskId, &Task)> = self
+            .archived
+            .iter()
+            .map(|(&id, t)| (t.finished_ns.unwrap_or(0), id, t))
+            .collect();
+        order.sort_unstable_by_key(|&(finished, id, _)| std::cmp::Reverse((finished, id)));
+        order
+            .into_iter()
+            .skip(skip)
+            .take(n)
+            .map(|(_, _, t)| t.view())
+            .collect()
+    }
+
     /// The placement weight of each configured GPU at `ts_ns` (normally the latest
     /// input's), sorted by index: higher is better. See "Placement" in the crate doc.
     pub fn placement_weights(&self, ts_ns: u64) -> Vec<(u32, f64)> {

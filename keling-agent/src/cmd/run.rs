@@ -147,6 +147,11 @@ pub struct RunArgs {
     /// Finished tasks stay in `keling status` this long, s.
     #[arg(long, default_value_t = defaults::ARCHIVE_RETENTION_S, value_name = "SECS")]
     pub archive_retention_s: u64,
+    /// At most this many finished tasks are kept (those that finished first are
+    /// forgotten first), whatever `--archive-retention-s` says: a burst of short
+    /// tasks costs a bounded archive, and `keling status` stays small.
+    #[arg(long, default_value_t = defaults::ARCHIVE_MAX, value_name = "N")]
+    pub archive_max: usize,
     /// The scheduling log and the input log each rotate at this size (one old file
     /// kept, `FILE.1`), MiB; 0: never.
     #[arg(long, default_value_t = defaults::LOG_MAX_MIB, value_name = "MIB")]
@@ -550,6 +555,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             DaemonSettings {
                 default_priority: args.default_priority,
                 archive_retention_ns: args.archive_retention_s.saturating_mul(1_000_000_000),
+                archive_max: args.archive_max,
             },
             Box::new(host),
         );

@@ -10,8 +10,8 @@ use anyhow::bail;
 
 use super::human;
 use crate::control::{
-    DEFAULT_SOCKET, ExportFormat, Reply, Request, StatusReply, TaskHistory, TaskRef, TaskStatus,
-    Waiting, client::Connection,
+    DEFAULT_SOCKET, ExportFormat, Reply, Request, STATUS_ARCHIVED_DEFAULT, STATUS_ARCHIVED_MAX,
+    StatusPage, StatusReply, TaskHistory, TaskRef, TaskStatus, Waiting, client::Connection,
 };
 
 #[derive(Debug, clap::Args)]
@@ -27,6 +27,16 @@ pub struct StatusArgs {
     /// Print the decision-latency histograms instead, in this format.
     #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "task")]
     pub export: Option<ExportFormat>,
+    /// List this many archived (finished) tasks, the last to finish first, at
+    /// most 1000 (default 50; every live task is always listed).
+    #[arg(long, value_name = "N", conflicts_with_all = ["task", "export"])]
+    pub archived: Option<usize>,
+    /// Skip this many of the archived tasks that finished last (the next page).
+    #[arg(long, value_name = "N", conflicts_with_all = ["task", "export"])]
+    pub skip: Option<usize>,
+    /// List as many archived tasks as one reply holds (the last 1000 to finish).
+    #[arg(long, conflicts_with_all = ["archived", "task", "export"])]
+    pub all: bool,
     /// The agent's control socket.
     #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
     pub socket: PathBuf,
@@ -49,16 +59,32 @@ const JSON_FIELDS: &str = "\
     bound next), ahead, reason (slots_held, ending)}
   latency: timeout_ms, model, late, decisions, stages, by_action, late_by_action
   stages_by_action, placement: {weights: [[gpu, weight]], load_balance_error}
+  archive: {kept, listed, skipped, max_kept, retention_s, completed, failed,
+    forgotten} (tasks[] lists every live task, then the `listed` archived tasks
+    that finished last after `skipped`; the counts are since the agent started)
 With TASK: {task: (as above), arrived_ns, transitions: [{event_id, task, name, pid,
   gpu, priority, from, to, reason, timestamp_ns, exit_code}], decisions: [{action,
   decided_ns, delivery_ns, decision_ns, actuation_ns, confirmation_ns,
   end_to_end_ns, timeout_ns, late}], transitions_dropped, decisions_dropped}";
 
 pub fn status(args: StatusArgs) -> anyhow::Result<i32> {
+    let archived = if args.all {
+        Some(STATUS_ARCHIVED_MAX)
+    } else {
+        args.archived
+    };
+    if archived.is_some_and(|n| n > STATUS_ARCHIVED_MAX) {
+        bail!("--archived lists at most {STATUS_ARCHIVED_MAX} tasks: use --skip for the next ones");
+    }
     let request = match (args.export, args.task) {
         (Some(f), _) => Request::Export(f),
         (None, Some(id)) => Request::History(id),
-        (None, None) => Request::Status(true),
+        // Plain `{"status": true}` when no page is asked for (an older agent reads it).
+        (None, None) if archived.is_none() && args.skip.is_none() => Request::Status(true),
+        (None, None) => Request::StatusPage(StatusPage {
+            archived: archived.unwrap_or(STATUS_ARCHIVED_DEFAULT),
+            skip: args.skip.unwrap_or(0),
+        }),
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.wait);
     let reply = loop {
@@ -186,6 +212,26 @@ pub fn render_status(s: &StatusReply, user_name: &dyn Fn(u32) -> Option<String>)
     };
     if s.tasks.iter().any(|t| t.mine) {
         out.push_str("* your tasks\n");
+    }
+    let a = &s.archive;
+    if a.kept > a.listed || a.skipped > 0 || a.forgotten > 0 {
+        out.push_str(&format!(
+            "finished tasks: {} kept (the last {} for {}), {} of them listed{}; since the \
+             agent started {} completed, {} failed, {} forgotten\n\
+             (--archived N and --skip M list others, --all the last {STATUS_ARCHIVED_MAX})\n",
+            a.kept,
+            a.max_kept,
+            human::duration_ms(a.retention_s.saturating_mul(1000)),
+            a.listed,
+            if a.skipped > 0 {
+                format!(" after the last {} skipped", a.skipped)
+            } else {
+                String::new()
+            },
+            a.completed,
+            a.failed,
+            a.forgotten,
+        ));
     }
     let l = &s.latency;
     out.push_str(&format!(
@@ -343,7 +389,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        control::{DecisionRecord, PlacementStatus},
+        control::{ArchiveSummary, DecisionRecord, PlacementStatus},
         latency::{LatencyStatus, MsPercentiles},
     };
 
@@ -447,6 +493,7 @@ mod tests {
                 weights: vec![(0, 0.8125)],
                 load_balance_error: 0.0,
             },
+            archive: ArchiveSummary::default(),
         }
     }
 
@@ -502,6 +549,35 @@ mod tests {
         let mut s = known_state();
         s.tasks.clear();
         assert!(render_status(&s, &names).starts_with("no tasks\n\ndecision timeout"));
+    }
+
+    /// Archived tasks not listed are counted, and the way to list them is told.
+    #[test]
+    fn status_counts_the_archived_tasks_it_does_not_list() {
+        let mut s = known_state();
+        s.tasks.truncate(1);
+        s.archive = ArchiveSummary {
+            kept: 2000,
+            listed: 50,
+            skipped: 100,
+            max_kept: 2000,
+            retention_s: 600,
+            completed: 90_000,
+            failed: 10_000,
+            forgotten: 98_000,
+        };
+        let text = render_status(&s, &names);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[2..4],
+            [
+                "finished tasks: 2000 kept (the last 2000 for 10m 00s), 50 of them listed after \
+                 the last 100 skipped; since the agent started 90000 completed, 10000 failed, \
+                 98000 forgotten",
+                "(--archived N and --skip M list others, --all the last 1000)",
+            ],
+            "{text}"
+        );
     }
 
     /// The golden history of the training task: preempted and resumed once.

@@ -28,7 +28,10 @@
 //!   entry is `KEY=VALUE` with a key and no NUL (else refused, the entry named).
 //!   At most 3 fds may come with a request; more, and the client is dropped.
 //! - `{"status": true}`: answered with `{"status": StatusReply}` (whose tasks are
-//!   marked `mine` when they belong to the caller).
+//!   marked `mine` when they belong to the caller). It lists every live task and
+//!   only the [`STATUS_ARCHIVED_DEFAULT`] archived tasks that finished last, with
+//!   counts of the rest ([`ArchiveSummary`]); `{"status_page": {"archived": N,
+//!   "skip": M}}` lists others ([`StatusPage`]).
 //! - `{"history": TASK}`: answered with `{"history": TaskHistory}`: the task now,
 //!   its transitions and its decisions with their latencies.
 //! - `{"export": "prometheus"}` (or another [`ExportFormat`]): `{"export": "text"}`.
@@ -125,6 +128,39 @@ pub enum Request {
     Forward(i32),
     /// One task's history (`keling status TASK`).
     History(u64),
+    /// Status listing other archived tasks than `{"status": true}` does.
+    StatusPage(StatusPage),
+}
+
+/// Archived tasks a status lists when not asked for others, and the most one
+/// lists: a reply's size is bounded whatever the archive holds.
+pub const STATUS_ARCHIVED_DEFAULT: usize = 50;
+pub const STATUS_ARCHIVED_MAX: usize = 1000;
+
+/// Which archived tasks a status lists (`{"status_page": {"archived": N, "skip":
+/// M}}`): the `archived` (at most [`STATUS_ARCHIVED_MAX`]) that finished last
+/// after skipping the `skip` that finished after them. Live tasks are always
+/// listed in full.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StatusPage {
+    #[serde(default = "default_archived")]
+    pub archived: usize,
+    #[serde(default)]
+    pub skip: usize,
+}
+
+fn default_archived() -> usize {
+    STATUS_ARCHIVED_DEFAULT
+}
+
+impl Default for StatusPage {
+    fn default() -> Self {
+        Self {
+            archived: STATUS_ARCHIVED_DEFAULT,
+            skip: 0,
+        }
+    }
 }
 
 /// Where a launched task went.
@@ -389,6 +425,27 @@ pub struct StatusReply {
     /// Per action (freeze, thaw), per stage.
     pub stages_by_action: BTreeMap<String, BTreeMap<String, Percentiles>>,
     pub placement: PlacementStatus,
+    /// The archive: how many finished tasks are kept and how many `tasks` lists.
+    #[serde(default)]
+    pub archive: ArchiveSummary,
+}
+
+/// Finished tasks: the archive and what became of them since the agent started.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ArchiveSummary {
+    /// Archived tasks kept now.
+    pub kept: usize,
+    /// Of them, how many the reply lists (the last to finish after `skipped`).
+    pub listed: usize,
+    pub skipped: usize,
+    /// How many are kept at most, and how long, s.
+    pub max_kept: usize,
+    pub retention_s: u64,
+    /// Since the agent started: tasks that completed, that failed, and archived
+    /// tasks forgotten (past the retention window or over `max_kept`).
+    pub completed: u64,
+    pub failed: u64,
+    pub forgotten: u64,
 }
 
 /// Sends `data` with `fds` attached (SCM_RIGHTS).
@@ -501,6 +558,16 @@ mod tests {
         assert_eq!(r, Request::Export(ExportFormat::IntervalLog));
         let r: Request = serde_json::from_str(r#"{"status":true}"#).unwrap();
         assert_eq!(r, Request::Status(true));
+        let r: Request = serde_json::from_str(r#"{"status_page":{"skip":3}}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::StatusPage(StatusPage {
+                archived: STATUS_ARCHIVED_DEFAULT,
+                skip: 3
+            })
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"status_page":{"archived":-1}}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"status_page":{"all":true}}"#).is_err());
         assert_eq!(
             serde_json::to_string(&Reply::ExitCode(3)).unwrap(),
             r#"{"exit_code":3}"#

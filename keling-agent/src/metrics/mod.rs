@@ -232,6 +232,10 @@ impl Metrics {
         for t in &src.status.tasks {
             *snap.tasks_by_state.entry(t.state.clone()).or_default() += 1;
         }
+        // A status lists only the most recent archived tasks: count the rest.
+        let archive = &src.status.archive;
+        *snap.tasks_by_state.entry("ARCHIVED".into()).or_default() +=
+            archive.kept.saturating_sub(archive.listed) as u64;
         let Some(acc) = src.accounting else {
             return snap;
         };

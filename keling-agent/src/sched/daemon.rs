@@ -46,8 +46,9 @@ use super::{
 };
 use crate::{
     control::{
-        ErrorKind, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus, Reply,
-        ReplyError, Request, SignalRequest, StatusReply, TaskHistory, TaskStatus,
+        ArchiveSummary, ErrorKind, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus,
+        Reply, ReplyError, Request, STATUS_ARCHIVED_MAX, SignalRequest, StatusPage, StatusReply,
+        TaskHistory, TaskStatus,
         server::{Incoming, Peer, Replier},
     },
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
@@ -61,6 +62,10 @@ const TUNE_SERIES_MAX: usize = 100_000;
 /// (and a freeze escalated). Whether it was late is the latency model's call, on
 /// its own timeout.
 const CONFIRM_WAIT_FLOOR: Duration = Duration::from_millis(10);
+/// Memory is given back to the system (`malloc_trim`) once this many archived
+/// tasks were forgotten since the last time, at most every [`TRIM_EVERY_NS`].
+const TRIM_AFTER_FORGOTTEN: u64 = 1000;
+const TRIM_EVERY_NS: u64 = 10_000_000_000;
 
 /// What one step's decisions are timed from, and whom they are for: passed down
 /// from the input that caused them to every action they lead to.
@@ -99,6 +104,20 @@ pub struct DaemonSettings {
     pub default_priority: u8,
     /// Archived tasks are forgotten this long after they finished, ns.
     pub archive_retention_ns: u64,
+    /// At most this many archived tasks are kept: those that finished first are
+    /// forgotten first.
+    pub archive_max: usize,
+}
+
+/// What became of finished tasks since the daemon started (`keling status`).
+#[derive(Default)]
+struct Finished {
+    completed: u64,
+    failed: u64,
+    forgotten: u64,
+    /// Forgotten since memory was last given back, and when that was.
+    forgotten_since_trim: u64,
+    trimmed_ns: u64,
 }
 
 pub struct Daemon {
@@ -125,6 +144,7 @@ pub struct Daemon {
     last_prune_ns: u64,
     /// Each task's transitions and decisions, for its owner (`keling status TASK`).
     histories: Histories,
+    finished: Finished,
 }
 
 impl Daemon {
@@ -155,6 +175,7 @@ impl Daemon {
             series: VecDeque::new(),
             last_prune_ns: 0,
             histories: Histories::default(),
+            finished: Finished::default(),
         }
     }
 
@@ -188,6 +209,11 @@ impl Daemon {
                 t.reason
             );
             self.logs.transition(t);
+            match t.to {
+                TaskState::Completed => self.finished.completed += 1,
+                TaskState::Failed => self.finished.failed += 1,
+                _ => {}
+            }
             let was_for_ns = self.histories.transition(t);
             self.clients.tell_transition(t, was_for_ns, &self.sched);
         }
@@ -391,13 +417,17 @@ impl Daemon {
             Request::Status(_) => reply.send(Reply::Status(Box::new(
                 self.status_for(Some(peer.creds.uid)),
             ))),
+            Request::StatusPage(page) => reply.send(Reply::Status(Box::new(
+                self.status_page(Some(peer.creds.uid), page),
+            ))),
             Request::History(id) => reply.send(match self.history(id, peer.creds.uid) {
                 Some(h) => Reply::History(Box::new(h)),
                 None => Reply::Error(ReplyError::new(
                     ErrorKind::NotFound,
                     format!(
-                        "no task {id} (finished tasks are kept for {} s)",
-                        self.settings.archive_retention_ns / 1_000_000_000
+                        "no task {id} (finished tasks are kept for {} s, the last {} of them)",
+                        self.settings.archive_retention_ns / 1_000_000_000,
+                        self.settings.archive_max
                     ),
                 )),
             }),
@@ -677,6 +707,7 @@ impl Daemon {
         let now = self.host.now_ns();
         self.latency.tick(now);
         self.step_now(&Input::Tick { ts_ns: now });
+        let mut forgot = 0;
         if now.saturating_sub(self.last_prune_ns) >= 1_000_000_000 {
             self.last_prune_ns = now;
             let n = self
@@ -684,9 +715,36 @@ impl Daemon {
                 .prune_archived(now.saturating_sub(self.settings.archive_retention_ns));
             if n > 0 {
                 log::debug!("forgot {n} archived task(s) past the retention window");
-                let sched = &self.sched;
-                self.histories.retain(|id| sched.task(id).is_some());
             }
+            forgot += n;
+        }
+        // The count cap, at every tick: a burst never grows the archive past it
+        // by more than one tick's exits.
+        if self.sched.archived_len() > self.settings.archive_max {
+            let n = self.sched.prune_archived_to(self.settings.archive_max);
+            log::debug!(
+                "forgot {n} archived task(s) over the cap of {}",
+                self.settings.archive_max
+            );
+            forgot += n;
+        }
+        if forgot > 0 {
+            let sched = &self.sched;
+            self.histories.retain(|id| sched.task(id).is_some());
+            self.finished.forgotten += forgot as u64;
+            self.finished.forgotten_since_trim += forgot as u64;
+        }
+        if self.finished.forgotten_since_trim >= TRIM_AFTER_FORGOTTEN
+            && now.saturating_sub(self.finished.trimmed_ns) >= TRIM_EVERY_NS
+        {
+            self.finished.forgotten_since_trim = 0;
+            self.finished.trimmed_ns = now;
+            let started = std::time::Instant::now();
+            give_back_memory();
+            log::debug!(
+                "gave freed memory back to the system in {:?}",
+                started.elapsed()
+            );
         }
     }
 
@@ -734,12 +792,37 @@ impl Daemon {
 
     /// What `keling status` shows to `caller` (its tasks marked as its own).
     pub fn status_for(&self, caller: Option<u32>) -> StatusReply {
+        self.status_page(caller, StatusPage::default())
+    }
+
+    /// What `keling status` shows to `caller` (its tasks marked as its own):
+    /// every live task, and the archived ones of `page` (those that finished
+    /// last, after skipping `page.skip`), all sorted by id; at most [`STATUS_ARCHIVED_MAX`]: its size and the time it takes are bounded
+    /// by the live tasks and the archive's cap, whatever ran before.
+    pub fn status_page(&self, caller: Option<u32>, page: StatusPage) -> StatusReply {
         let now = self.host.now_ns();
-        let views = self.sched.tasks();
-        let tasks = views
+        let views = self.sched.live_tasks();
+        let archived = self
+            .sched
+            .recent_archived(page.skip, page.archived.min(STATUS_ARCHIVED_MAX));
+        let kept = self.sched.archived_len();
+        let archive = ArchiveSummary {
+            kept,
+            listed: archived.len(),
+            skipped: page.skip.min(kept),
+            max_kept: self.settings.archive_max,
+            retention_s: self.settings.archive_retention_ns / 1_000_000_000,
+            completed: self.finished.completed,
+            failed: self.finished.failed,
+            forgotten: self.finished.forgotten,
+        };
+        let mut tasks: Vec<TaskStatus> = views
             .iter()
+            .chain(&archived)
             .map(|t| self.task_status(&views, t, caller, now))
             .collect();
+        // By id, as before the archive was paged.
+        tasks.sort_unstable_by_key(|t| t.id);
         // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
         let stages_by_action = ["freeze", "thaw"]
             .into_iter()
@@ -756,7 +839,8 @@ impl Daemon {
             .collect();
         let weights = self.sched.placement_weights(now);
         let mut used: BTreeMap<u32, f64> = weights.iter().map(|&(g, _)| (g, 0.0)).collect();
-        for t in self.sched.tasks() {
+        // Archived tasks hold no memory.
+        for t in &views {
             for (g, b) in &t.mem_bytes {
                 *used.entry(*g).or_default() += *b as f64;
             }
@@ -771,6 +855,7 @@ impl Daemon {
                 weights,
                 load_balance_error: keling_sched::load_balance_error(&used),
             },
+            archive,
         }
     }
 
@@ -789,7 +874,7 @@ impl Daemon {
         TaskStatus {
             id: t.spec.id,
             pid: t.spec.pid,
-            name: t.spec.name.clone(),
+            name: bounded_name(&t.spec.name),
             priority: t.spec.priority,
             class: t.class,
             state: t.state.as_str().to_owned(),
@@ -818,7 +903,7 @@ impl Daemon {
     /// `keling status TASK`: the task now, its transitions and its decisions.
     pub fn history(&self, id: TaskId, caller: u32) -> Option<TaskHistory> {
         let view = self.sched.task(id)?;
-        let views = self.sched.tasks();
+        let views = self.sched.live_tasks();
         let task = self.task_status(&views, &view, Some(caller), self.host.now_ns());
         let h = self.histories.get(id);
         Some(TaskHistory {
@@ -840,6 +925,29 @@ impl Daemon {
             }
         }
         self.host.forget_stopped();
+    }
+}
+
+/// The most bytes of a task's name a status shows (a launch's argv[0] may be
+/// as long as the request): a reply's size stays bounded by its task count.
+const NAME_MAX_SHOWN: usize = 255;
+
+/// `name`, cut at [`NAME_MAX_SHOWN`] bytes (on a character boundary).
+fn bounded_name(name: &str) -> String {
+    let mut end = name.len().min(NAME_MAX_SHOWN);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_owned()
+}
+
+/// Gives the memory the allocator keeps free back to the system (glibc keeps
+/// what a burst freed otherwise: issue 32 saw 20 -> 244 MB stay).
+fn give_back_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -985,6 +1093,19 @@ mod tests {
             via_xfer: false,
             bytes: 4096,
         })
+    }
+
+    #[test]
+    fn a_status_shows_at_most_255_bytes_of_a_name() {
+        assert_eq!(bounded_name("train"), "train");
+        let long = "é".repeat(1000);
+        let shown = bounded_name(&long);
+        assert_eq!(
+            shown.len(),
+            254,
+            "cut before the character that would pass 255"
+        );
+        assert!(long.starts_with(&shown));
     }
 
     #[test]

@@ -140,3 +140,36 @@ fn archived_tasks_are_forgotten_after_the_retention_window() {
     // Forgetting changes no decision: the next step is as it would have been.
     assert_eq!(h.tick(), Output::default());
 }
+
+#[test]
+fn the_archive_is_capped_by_count_keeping_the_last_to_finish() {
+    let mut h = Harness::new(config(1, 8));
+    for id in 1..=7 {
+        h.arrive(spec(id, 5));
+    }
+    // Task 1 finishes last; 4 and 5 together.
+    for (ms, id) in [(10, 2), (20, 3), (30, 4), (30, 5), (40, 6), (50, 1)] {
+        h.at_ms(ms);
+        h.exit(id, 0);
+    }
+    h.at_ms(60);
+    h.tick();
+    assert_eq!(h.sched.archived_len(), 6);
+    let order = |views: Vec<TaskView>| views.iter().map(|v| v.spec.id).collect::<Vec<_>>();
+    assert_eq!(
+        order(h.sched.recent_archived(0, 10)),
+        vec![1, 6, 5, 4, 3, 2]
+    );
+    assert_eq!(order(h.sched.recent_archived(2, 2)), vec![5, 4]);
+    assert_eq!(order(h.sched.recent_archived(9, 2)), Vec::<TaskId>::new());
+    assert_eq!(h.sched.prune_archived_to(6), 0);
+    assert_eq!(h.sched.prune_archived_to(3), 3, "2, 3 and 4 finished first");
+    assert_eq!(order(h.sched.recent_archived(0, 10)), vec![1, 6, 5]);
+    assert!(h.sched.task(4).is_none());
+    // Live tasks are never counted nor forgotten.
+    assert_eq!(h.sched.prune_archived_to(0), 3);
+    assert_eq!(h.sched.archived_len(), 0);
+    assert_eq!(order(h.sched.live_tasks()), vec![7]);
+    assert_eq!(h.view(7).state, Running);
+    assert_eq!(h.tick(), Output::default());
+}

@@ -15,7 +15,8 @@ use super::{CONFIRM_WAIT_FLOOR, Daemon, DaemonSettings};
 use crate::os::spawn::StartError;
 use crate::{
     control::{
-        ErrorKind, LaunchRequest, Notice, Reply, ReplyError, Request, SignalRequest, StatusReply,
+        ArchiveSummary, ErrorKind, LaunchRequest, Notice, Reply, ReplyError, Request,
+        STATUS_ARCHIVED_DEFAULT, STATUS_ARCHIVED_MAX, SignalRequest, StatusPage, StatusReply,
         TaskStatus,
         server::{Incoming, NOTICE_QUEUE, Peer, Replier, TestReceiver},
     },
@@ -68,6 +69,7 @@ fn agent(config: SchedConfig) -> Agent {
         DaemonSettings {
             default_priority: 8,
             archive_retention_ns: 3_600_000_000_000,
+            archive_max: crate::defaults::ARCHIVE_MAX,
         },
         Box::new(host.clone()),
     );
@@ -667,4 +669,84 @@ async fn a_launch_on_a_gpu_the_host_does_not_have_is_refused_with_the_list() {
     assert!(a.host.calls().is_empty(), "{:?}", a.host.calls());
     let (id, _client) = a.running(5, Some(1));
     assert_eq!(a.task(id).gpu, Some(1));
+}
+
+/// 100 000 short tasks arrive and exit, 10 000 a second (a harsher burst than
+/// issue 32's 25 000 `true` in a minute). Status stays small whatever happened:
+/// the archive is capped by count, the reply lists the newest archived tasks and
+/// counts the rest.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_short_tasks_leaves_a_bounded_archive_and_a_small_status() {
+    const TASKS: u64 = 100_000;
+    let mut a = agent(two_gpus());
+    for id in 1..=TASKS {
+        // Ids count up from 1 (no launch here fails).
+        a.handle(
+            Request::Launch(launch_request(8, None)),
+            Replier::detached(),
+        );
+        a.daemon.woken(Wake::Exec(id, Ok(())));
+        a.exit(id, if id % 10 == 0 { 1 } else { 0 });
+        if id % 100 == 0 {
+            tokio::time::advance(std::time::Duration::from_millis(10)).await;
+            a.daemon.tick();
+        }
+    }
+    tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    a.daemon.tick();
+    let started = std::time::Instant::now();
+    let status = a.status();
+    let bytes = serde_json::to_vec(&Reply::Status(Box::new(status.clone())))
+        .unwrap()
+        .len();
+    eprintln!(
+        "status of {TASKS} tasks: {bytes} bytes, built and serialised in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        bytes <= 128 << 10,
+        "the status reply is {bytes} bytes after {TASKS} tasks"
+    );
+    // The archived tasks that finished last are listed, by id.
+    let shown: Vec<TaskId> = status.tasks.iter().map(|t| t.id).collect();
+    let newest = |n: usize, skip: usize| {
+        let last = TASKS - skip as u64;
+        (last + 1 - n as u64..=last).collect::<Vec<TaskId>>()
+    };
+    assert_eq!(shown, newest(STATUS_ARCHIVED_DEFAULT, 0));
+    assert!(status.tasks.iter().all(|t| t.state == "ARCHIVED"));
+    // Capped by count (the retention window is an hour), the rest counted.
+    let max = crate::defaults::ARCHIVE_MAX;
+    assert_eq!(
+        status.archive,
+        ArchiveSummary {
+            kept: max,
+            listed: STATUS_ARCHIVED_DEFAULT,
+            skipped: 0,
+            max_kept: max,
+            retention_s: 3600,
+            completed: TASKS - TASKS / 10,
+            failed: TASKS / 10,
+            forgotten: TASKS - max as u64,
+        }
+    );
+    // More on request, a page at a time, never more than a reply's limit.
+    let page = |a: &mut Agent, archived, skip| match &a
+        .request(Request::StatusPage(StatusPage { archived, skip }))[..]
+    {
+        [Reply::Status(s)] => s.tasks.iter().map(|t| t.id).collect::<Vec<TaskId>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(page(&mut a, usize::MAX, 0).len(), STATUS_ARCHIVED_MAX);
+    assert_eq!(page(&mut a, 1000, max - 3), newest(3, max - 3));
+    assert_eq!(page(&mut a, 20, 100), newest(20, 100));
+    assert!(page(&mut a, 10, usize::MAX).is_empty());
+    // A forgotten task is not found, and the error says what is kept.
+    match &a.request(Request::History(1))[..] {
+        [Reply::Error(e)] => {
+            assert_eq!(e.kind, ErrorKind::NotFound);
+            assert!(e.message.contains(&format!("the last {max}")), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -1,0 +1,155 @@
+//! A burst of short tasks through a real agent (issue 32, defect 5): root, real
+//! eBPF, the simulated driver, `true` launched a few thousand times with
+//! `keling launch`. Afterwards the archive is capped by count, `keling status`
+//! stays small and fast and still tells how many tasks finished, and more of the
+//! archive can be asked for a page at a time.
+use std::{
+    process::{Command, Stdio},
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use keling_tests::{
+    Fixture,
+    agent::{Agent, wait_for},
+    keling_bin,
+};
+use serde_json::Value;
+
+/// Tasks launched, and clients launching at once.
+const TASKS: u64 = 3000;
+const CLIENTS: u64 = 8;
+/// `keling run --archive-max`'s default (keling-agent's `defaults::ARCHIVE_MAX`).
+const ARCHIVE_MAX: u64 = 2000;
+/// Archived tasks a plain `keling status` lists, and `--all` at most.
+const LISTED: usize = 50;
+const LISTED_MAX: usize = 1000;
+
+/// `keling status ARGS` (it must succeed): its standard output and how long it took.
+fn status(agent: &Agent, args: &[&str]) -> (Vec<u8>, Duration) {
+    let started = Instant::now();
+    let out = Command::new(keling_bin())
+        .arg("status")
+        .args(args)
+        .arg("--socket")
+        .arg(&agent.socket)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "keling status {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.stdout, took)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
+    let Some(fx) = Fixture::scheduler(
+        "a_burst_of_short_tasks_leaves_status_small_and_counted",
+        &["--gpus", "1"],
+    ) else {
+        return;
+    };
+    let agent = Agent::start(fx.sim(), &["--slots", "16"]);
+    let rss_before = rss_kib(agent.pid);
+    let next = AtomicU64::new(0);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..CLIENTS {
+            s.spawn(|| {
+                while next.fetch_add(1, Ordering::Relaxed) < TASKS {
+                    let st = Command::new(keling_bin())
+                        .arg("launch")
+                        .arg("--socket")
+                        .arg(&agent.socket)
+                        .args(["--priority", "8", "--", "true"])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .unwrap();
+                    assert!(st.success(), "keling launch -- true: {st}");
+                }
+            });
+        }
+    });
+    eprintln!(
+        "{TASKS} launches of true by {CLIENTS} clients in {:?}",
+        started.elapsed()
+    );
+    // Every task finished and is archived (at the next tick), the last one too.
+    let mut s = Value::Null;
+    wait_for("every task archived", Duration::from_secs(30), || {
+        s = agent.status();
+        s["tasks"].as_array().is_some_and(|t| {
+            t.iter().all(|t| t["state"] == "ARCHIVED") && t.iter().any(|t| t["id"] == TASKS)
+        })
+    });
+
+    // Small and fast, as text and as JSON.
+    let (json, json_took) = status(&agent, &["--json"]);
+    let (text, text_took) = status(&agent, &[]);
+    let text = String::from_utf8(text).unwrap();
+    eprintln!(
+        "after {TASKS} tasks: keling status --json {} bytes in {json_took:?}, \
+         keling status {} bytes in {text_took:?}; agent RSS {rss_before} -> {} KiB",
+        json.len(),
+        text.len(),
+        rss_kib(agent.pid)
+    );
+    assert!(json.len() < 128 << 10, "{} bytes", json.len());
+    let archive = &s["archive"];
+    assert_eq!(archive["kept"], ARCHIVE_MAX, "{archive}");
+    assert_eq!(archive["forgotten"], TASKS - ARCHIVE_MAX, "{archive}");
+    assert_eq!(archive["completed"], TASKS, "{archive}");
+    assert_eq!(archive["failed"], 0, "{archive}");
+    // The status lists only the archived tasks that finished last: the last
+    // launched among them (at most CLIENTS - 1 others ran with it).
+    let tasks = s["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), LISTED, "{archive}");
+    assert!(
+        tasks.iter().any(|t| t["id"] == TASKS),
+        "task {TASKS} listed"
+    );
+
+    assert!(
+        text.contains(&format!(
+            "finished tasks: {ARCHIVE_MAX} kept (the last {ARCHIVE_MAX} for 10m 00s), \
+             {LISTED} of them listed; since the agent started {TASKS} completed, 0 failed, \
+             {} forgotten",
+            TASKS - ARCHIVE_MAX
+        )),
+        "{text}"
+    );
+    // More on request: the most one reply lists, then a page further on.
+    let (all, all_took) = status(&agent, &["--all", "--json"]);
+    let all: Value = serde_json::from_slice(&all).unwrap();
+    eprintln!("keling status --all --json in {all_took:?}");
+    assert_eq!(all["tasks"].as_array().unwrap().len(), LISTED_MAX);
+    let (page, _) = status(&agent, &["--archived", "10", "--skip", "1995", "--json"]);
+    let page: Value = serde_json::from_slice(&page).unwrap();
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 5);
+    assert_eq!(page["archive"]["skipped"], 1995);
+    // A page past a reply's limit is the client's error.
+    let out = Command::new(keling_bin())
+        .args(["status", "--archived", "5000", "--socket"])
+        .arg(&agent.socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--skip"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
