@@ -115,10 +115,13 @@
 //! 4. id,
 //!
 //! and the first `slots_per_gpu` should hold the slots. A task that uses several
-//! GPUs holds its slots only if it is among the first on each of them; while it
-//! must wait on one, it is ranked last on the others (it could not use their slots,
-//! so it keeps nobody from them), and the ranking is done again until it settles
-//! (a few rounds at most; with one GPU per task, the usual case, one). Tasks outside that set that
+//! GPUs holds its slots only if it is among the first on each of them. One that
+//! cannot is *blocked* and ranked last everywhere (it could use none of its slots,
+//! so it keeps nobody from them): when tasks that surely hold a GPU (tasks on one
+//! GPU, and tasks on several that are first on each) fill its slots there, or,
+//! when tasks on several GPUs only wait on each other, the one of them that ranks
+//! last; then the ranking is done again (with one GPU per task, the usual case,
+//! once). Tasks outside that set that
 //! run and want the GPU are frozen at once (a higher-priority task preempts
 //! immediately); idle ones outside it *yield*: they give up the slot but keep
 //! running, unfrozen ([`TaskView::yielded`]), since they use neither the GPU nor a

@@ -624,50 +624,84 @@ impl Scheduler {
         } else {
             BTreeSet::new()
         };
-        // Rank; then, while a task that uses several GPUs waits on one of
-        // them, rank it last on the others and rank again. Tasks that use one
-        // GPU (the usual case) need one round; the rounds are capped, and
-        // whatever the last round says is safe: a task runs only where it is
-        // within the slots of every GPU it uses.
-        let mut ranked: BTreeMap<u32, Vec<TaskId>> = BTreeMap::new();
-        let mut waits_on: BTreeMap<TaskId, BTreeSet<u32>> = BTreeMap::new();
-        for _ in 0..=several.len().min(8) {
+        // Rank; then settle the tasks that use several GPUs. One runs only if
+        // it is among the first `slots` on each of its GPUs; one that cannot is
+        // *blocked*: ranked last everywhere (it could use none of its slots,
+        // so it keeps nobody from them), and the ranking is done again. A task
+        // is blocked when tasks that surely hold a GPU fill its slots there
+        // (tasks on one GPU, and tasks on several that are among the first on
+        // each); when tasks on several GPUs only wait on each other, the one
+        // that ranks last of them is blocked. The set only grows, so this ends
+        // (one round when no task uses several GPUs, the usual case).
+        let mut blocked: BTreeSet<TaskId> = BTreeSet::new();
+        let mut ranked: BTreeMap<u32, Vec<TaskId>>;
+        loop {
             ranked = by_gpu
                 .iter()
-                .map(|(&g, ids)| (g, self.rank_gpu(g, ids, bound_now, &rotated, &waits_on)))
+                .map(|(&g, ids)| (g, self.rank_gpu(g, ids, bound_now, &rotated, &blocked)))
                 .collect();
-            let mut now_waits: BTreeMap<TaskId, BTreeSet<u32>> = BTreeMap::new();
-            for (&g, ids) in &ranked {
-                for &id in ids.iter().skip(slots) {
-                    if several.contains(&id) {
-                        now_waits.entry(id).or_default().insert(g);
-                    }
-                }
-            }
-            if now_waits == waits_on {
+            let holds_everywhere = |id: &TaskId| {
+                ranked
+                    .values()
+                    .filter(|ids| ids.contains(id))
+                    .all(|ids| ids.iter().take(slots).any(|h| h == id))
+            };
+            let undecided: Vec<TaskId> = several
+                .iter()
+                .copied()
+                .filter(|id| !blocked.contains(id) && !holds_everywhere(id))
+                .collect();
+            if undecided.is_empty() {
                 break;
             }
-            waits_on = now_waits;
+            let sure = |id: &TaskId| !several.contains(id) || holds_everywhere(id);
+            let surely_blocked: Vec<TaskId> = undecided
+                .iter()
+                .copied()
+                .filter(|id| {
+                    ranked.values().any(|ids| {
+                        let Some(at) = ids.iter().position(|x| x == id) else {
+                            return false;
+                        };
+                        ids[..at].iter().filter(|x| sure(x)).count() >= slots
+                    })
+                })
+                .collect();
+            if surely_blocked.is_empty() {
+                let policy = self.policy;
+                let last = undecided
+                    .iter()
+                    .copied()
+                    .max_by_key(|id| self.tasks.get(id).map(|t| (t.rank_under(policy), *id)));
+                blocked.extend(last);
+            } else {
+                blocked.extend(surely_blocked);
+            }
         }
         let waits: BTreeSet<TaskId> = ranked
             .values()
             .flat_map(|ids| ids.iter().skip(slots).copied())
             .collect();
+        // Every GPU's freezes first: a task that uses several GPUs is thawed
+        // only into room on each, and a yielded task that is active again
+        // holds its slot until its freeze lands, whichever GPU comes first.
+        for ids in ranked.values() {
+            self.vacate(ids, &rotated, out);
+        }
         for (gpu, ids) in &ranked {
-            self.reconcile_gpu(*gpu, ids, &waits, &rotated, out);
+            self.fill(*gpu, ids, &waits, out);
         }
     }
 
-    /// One GPU's tasks in rank order (the first `slots` should hold them).
-    /// `waits_on`: tasks using several GPUs and where they wait; one that waits
-    /// on a GPU other than `gpu` is ranked last here.
+    /// One GPU's tasks in rank order (the first `slots` should hold them);
+    /// `blocked` tasks (that use several GPUs and cannot run) last.
     fn rank_gpu(
         &self,
         gpu: u32,
         on_gpu: &[TaskId],
         bound_now: &BTreeSet<TaskId>,
         rotated: &BTreeSet<TaskId>,
-        waits_on: &BTreeMap<TaskId, BTreeSet<u32>>,
+        blocked: &BTreeSet<TaskId>,
     ) -> Vec<TaskId> {
         let policy = self.policy;
         let tiers = if bound_now.is_empty() && !policy.guarded() {
@@ -675,15 +709,10 @@ impl Scheduler {
         } else {
             self.tiers(on_gpu, bound_now, rotated)
         };
-        let waits_elsewhere = |id: &TaskId| {
-            waits_on
-                .get(id)
-                .is_some_and(|gpus| gpus.iter().any(|&g| g != gpu))
-        };
         let mut ranked: Vec<(u8, Rank, TaskId)> = on_gpu
             .iter()
             .filter_map(|&id| {
-                let tier = if waits_elsewhere(&id) {
+                let tier = if blocked.contains(&id) {
                     3
                 } else {
                     tiers.get(&id).copied().unwrap_or(2)
@@ -763,18 +792,9 @@ impl Scheduler {
         tiers
     }
 
-    /// Brings `gpu`'s holders in line with `ranked` (its tasks in rank order):
-    /// the first `slots` hold it, unless they wait on another GPU they use
-    /// (`waits`: every task that waits somewhere).
-    fn reconcile_gpu(
-        &mut self,
-        gpu: u32,
-        ranked: &[TaskId],
-        waits: &BTreeSet<TaskId>,
-        rotated: &BTreeSet<TaskId>,
-        out: &mut Output,
-    ) {
-        let now = self.now_ns;
+    /// Freezes whoever runs (or arrived running) on a GPU but should wait there:
+    /// `ranked` is its tasks in rank order, the first `slots` hold it.
+    fn vacate(&mut self, ranked: &[TaskId], rotated: &BTreeSet<TaskId>, out: &mut Output) {
         let slots = self.config.slots();
         let (should_hold, should_wait) = ranked.split_at(slots.min(ranked.len()));
         let best_holder_priority = should_hold
@@ -782,8 +802,6 @@ impl Scheduler {
             .filter_map(|id| self.tasks.get(id))
             .map(Task::priority)
             .min();
-
-        // Vacate: freeze whoever runs (or arrived running) but should wait.
         for &id in should_wait {
             let Some(task) = self.tasks.get_mut(&id) else {
                 continue;
@@ -817,7 +835,14 @@ impl Scheduler {
             });
             out.actions.push(Action::Freeze { id });
         }
+    }
 
+    /// Lets the first `slots` of `gpu`'s `ranked` tasks hold it, unless they
+    /// wait on another GPU they use (`waits`: every task that waits somewhere).
+    fn fill(&mut self, gpu: u32, ranked: &[TaskId], waits: &BTreeSet<TaskId>, out: &mut Output) {
+        let now = self.now_ns;
+        let slots = self.config.slots();
+        let should_hold = &ranked[..slots.min(ranked.len())];
         // Fill. A task that arrived running and should hold a slot just keeps
         // running (it counts first, since it runs either way); frozen ones are thawed
         // only into a free slot, so freezes in flight are waited for.

@@ -673,11 +673,28 @@ impl LateDriver {
         // No free slot on a GPU a queued task may use: every slot is taken by
         // a task that runs, is about to (thaw in flight), or still runs until
         // its freeze is confirmed.
+        // A task that uses several GPUs is thawed only when every one of them
+        // has room: its slot here stays reserved while a freeze it waits for
+        // is in flight on another of them.
+        let uses = super::properties::uses;
+        let freezing_on = |gpu: u32| {
+            views.iter().any(|v| {
+                v.state.is_live()
+                    && uses(v).contains(&gpu)
+                    && matches!(v.in_flight, Some(ActionKind::Freeze | ActionKind::Stop))
+            })
+        };
+        let reserved = |v: &TaskView, gpu: u32| {
+            v.state == Preempted
+                && v.in_flight.is_none()
+                && uses(v).len() > 1
+                && uses(v).iter().any(|&g| g != gpu && freezing_on(g))
+        };
         for gpu in 0..3 {
             let occupants = views
                 .iter()
-                .filter(|v| v.state.is_live() && super::properties::uses(v).contains(&gpu))
-                .filter(|v| v.state == Running || v.in_flight.is_some())
+                .filter(|v| v.state.is_live() && uses(v).contains(&gpu))
+                .filter(|v| v.state == Running || v.in_flight.is_some() || reserved(v, gpu))
                 .count();
             assert!(
                 occupants >= slots,

@@ -320,21 +320,27 @@ impl Driver {
                     );
                     let view = self.sched.task(id).expect("known task");
                     assert_eq!(view.state, Preempted, "Thaw for {id}");
-                    // Only into a free slot: whoever is still being frozen holds one.
-                    let holders = self
-                        .sched
-                        .tasks()
-                        .iter()
-                        .filter(|v| v.gpu == view.gpu && v.state.is_live())
-                        .filter(|v| {
-                            (v.state == Running && !v.yielded)
-                                || v.in_flight == Some(ActionKind::Thaw)
+                    // Only into a free slot on every GPU it uses: whoever is
+                    // still being frozen holds one.
+                    let views = self.sched.tasks();
+                    let (gpu, holders) = uses(&view)
+                        .into_iter()
+                        .map(|g| {
+                            let holders = views
+                                .iter()
+                                .filter(|v| v.state.is_live() && uses(v).contains(&g))
+                                .filter(|v| {
+                                    (v.state == Running && !v.yielded)
+                                        || v.in_flight == Some(ActionKind::Thaw)
+                                })
+                                .count();
+                            (g, holders)
                         })
-                        .count();
+                        .max_by_key(|&(_, h)| h)
+                        .unwrap_or((0, 0));
                     assert!(
                         holders <= self.sched.config().slots(),
-                        "Thaw for {id} overfills GPU {:?}: {holders} holders",
-                        view.gpu
+                        "Thaw for {id} overfills GPU {gpu}: {holders} holders"
                     );
                     self.in_flight.insert(
                         id,
@@ -954,3 +960,5 @@ proptest! {
         }
     }
 }
+
+
