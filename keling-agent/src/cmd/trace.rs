@@ -157,7 +157,8 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
         Ok(match &args.output {
             Some(path) => Box::new(BufWriter::with_capacity(
                 OUTPUT_BUFFER,
-                File::create(path).with_context(|| format!("create {}", path.display()))?,
+                crate::os::files::open_for_writing(path, crate::os::files::Write::Truncate)
+                    .with_context(|| format!("create {}", path.display()))?,
             )),
             None => Box::new(BufWriter::with_capacity(OUTPUT_BUFFER, std::io::stdout())),
         })

@@ -46,7 +46,13 @@ impl InstanceLock {
             .mode(0o644)
             .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(path)
-            .map_err(io)?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => io(std::io::Error::other(
+                    "a symbolic link: Keling does not write through one (whoever made it could \
+                     aim it at any file root can write); give the path of the file itself",
+                )),
+                _ => io(e),
+            })?;
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();

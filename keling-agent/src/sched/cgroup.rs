@@ -358,7 +358,11 @@ fn write_stopped_at(path: &Path, list: &[StoppedProcess]) -> anyhow::Result<()> 
         .map(|p| format!("{} {}\n", p.pid, p.start_ticks))
         .collect();
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text)?;
+    // Never through a link someone left at the temporary name.
+    std::io::Write::write_all(
+        &mut crate::os::files::open_for_writing(&tmp, crate::os::files::Write::Truncate)?,
+        text.as_bytes(),
+    )?;
     fs::rename(&tmp, path)?;
     Ok(())
 }
