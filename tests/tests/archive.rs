@@ -2,7 +2,8 @@
 //! eBPF, the simulated driver, `true` launched a few thousand times with
 //! `keling launch`. Afterwards the archive is capped by count, `keling status`
 //! stays small and fast and still tells how many tasks finished, and more of the
-//! archive can be asked for a page at a time.
+//! archive can be asked for a page at a time. `KELING_ARCHIVE_TEST_TASKS=N` launches
+//! N tasks instead of 3000 (at least 2000), to measure a longer burst.
 use std::{
     process::{Command, Stdio},
     sync::atomic::{AtomicU64, Ordering},
@@ -16,8 +17,8 @@ use keling_tests::{
 };
 use serde_json::Value;
 
-/// Tasks launched, and clients launching at once.
-const TASKS: u64 = 3000;
+/// Tasks launched by default, and clients launching at once.
+const DEFAULT_TASKS: u64 = 3000;
 const CLIENTS: u64 = 8;
 /// `keling run --archive-max`'s default (keling-agent's `defaults::ARCHIVE_MAX`).
 const ARCHIVE_MAX: u64 = 2000;
@@ -61,6 +62,11 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
     ) else {
         return;
     };
+    let tasks: u64 = std::env::var("KELING_ARCHIVE_TEST_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(DEFAULT_TASKS)
+        .max(ARCHIVE_MAX);
     let agent = Agent::start(fx.sim(), &["--slots", "16"]);
     let rss_before = rss_kib(agent.pid);
     let next = AtomicU64::new(0);
@@ -68,7 +74,7 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
     std::thread::scope(|s| {
         for _ in 0..CLIENTS {
             s.spawn(|| {
-                while next.fetch_add(1, Ordering::Relaxed) < TASKS {
+                while next.fetch_add(1, Ordering::Relaxed) < tasks {
                     let st = Command::new(keling_bin())
                         .arg("launch")
                         .arg("--socket")
@@ -84,7 +90,7 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
         }
     });
     eprintln!(
-        "{TASKS} launches of true by {CLIENTS} clients in {:?}",
+        "{tasks} launches of true by {CLIENTS} clients in {:?}",
         started.elapsed()
     );
     // Every task finished and is archived (at the next tick), the last one too.
@@ -92,7 +98,7 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
     wait_for("every task archived", Duration::from_secs(30), || {
         s = agent.status();
         s["tasks"].as_array().is_some_and(|t| {
-            t.iter().all(|t| t["state"] == "ARCHIVED") && t.iter().any(|t| t["id"] == TASKS)
+            t.iter().all(|t| t["state"] == "ARCHIVED") && t.iter().any(|t| t["id"] == tasks)
         })
     });
 
@@ -101,7 +107,7 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
     let (text, text_took) = status(&agent, &[]);
     let text = String::from_utf8(text).unwrap();
     eprintln!(
-        "after {TASKS} tasks: keling status --json {} bytes in {json_took:?}, \
+        "after {tasks} tasks: keling status --json {} bytes in {json_took:?}, \
          keling status {} bytes in {text_took:?}; agent RSS {rss_before} -> {} KiB",
         json.len(),
         text.len(),
@@ -110,24 +116,24 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
     assert!(json.len() < 128 << 10, "{} bytes", json.len());
     let archive = &s["archive"];
     assert_eq!(archive["kept"], ARCHIVE_MAX, "{archive}");
-    assert_eq!(archive["forgotten"], TASKS - ARCHIVE_MAX, "{archive}");
-    assert_eq!(archive["completed"], TASKS, "{archive}");
+    assert_eq!(archive["forgotten"], tasks - ARCHIVE_MAX, "{archive}");
+    assert_eq!(archive["completed"], tasks, "{archive}");
     assert_eq!(archive["failed"], 0, "{archive}");
     // The status lists only the archived tasks that finished last: the last
     // launched among them (at most CLIENTS - 1 others ran with it).
-    let tasks = s["tasks"].as_array().unwrap();
-    assert_eq!(tasks.len(), LISTED, "{archive}");
+    let listed = s["tasks"].as_array().unwrap();
+    assert_eq!(listed.len(), LISTED, "{archive}");
     assert!(
-        tasks.iter().any(|t| t["id"] == TASKS),
-        "task {TASKS} listed"
+        listed.iter().any(|t| t["id"] == tasks),
+        "task {tasks} listed"
     );
 
     assert!(
         text.contains(&format!(
             "finished tasks: {ARCHIVE_MAX} kept (the last {ARCHIVE_MAX} for 10m 00s), \
-             {LISTED} of them listed; since the agent started {TASKS} completed, 0 failed, \
+             {LISTED} of them listed; since the agent started {tasks} completed, 0 failed, \
              {} forgotten",
-            TASKS - ARCHIVE_MAX
+            tasks - ARCHIVE_MAX
         )),
         "{text}"
     );

@@ -226,16 +226,9 @@ impl Metrics {
             drops: src.drops,
             decode_errors: src.decode_errors,
             latency: LatencyFamilies::of(src.latency, &Selection::default()),
-            tasks_by_state: STATES.iter().map(|s| ((*s).to_owned(), 0)).collect(),
+            tasks_by_state: tasks_by_state(src.status),
             ..Snapshot::default()
         };
-        for t in &src.status.tasks {
-            *snap.tasks_by_state.entry(t.state.clone()).or_default() += 1;
-        }
-        // A status lists only the most recent archived tasks: count the rest.
-        let archive = &src.status.archive;
-        *snap.tasks_by_state.entry("ARCHIVED".into()).or_default() +=
-            archive.kept.saturating_sub(archive.listed) as u64;
         let Some(acc) = src.accounting else {
             return snap;
         };
@@ -265,6 +258,19 @@ impl Metrics {
         }
         snap
     }
+}
+
+/// `keling_tasks`: the tasks in each state (every state, 0 included). A status
+/// lists only the archived tasks that finished last: the rest are counted too.
+fn tasks_by_state(status: &StatusReply) -> BTreeMap<String, u64> {
+    let mut by_state: BTreeMap<String, u64> = STATES.iter().map(|s| ((*s).to_owned(), 0)).collect();
+    for t in &status.tasks {
+        *by_state.entry(t.state.clone()).or_default() += 1;
+    }
+    let archive = &status.archive;
+    *by_state.entry("ARCHIVED".into()).or_default() +=
+        archive.kept.saturating_sub(archive.listed) as u64;
+    by_state
 }
 
 type Labels = Vec<(&'static str, String)>;
@@ -437,6 +443,41 @@ impl Collector for Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `keling_tasks` counts the archived tasks a status does not list.
+    #[test]
+    fn tasks_by_state_counts_the_archive_a_status_does_not_list() {
+        let task = |id: u64, state: &str| {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "pid": 100, "name": "t", "priority": 8, "class": "Background",
+                "state": state, "gpu": 0, "mem_bytes": 0, "mem_bytes_per_gpu": {},
+                "on_gpu_ms": 0, "elapsed_ms": 0, "wants_gpu": false, "in_flight": null,
+                "cgroup": null
+            }))
+            .unwrap()
+        };
+        let status = StatusReply {
+            caller_uid: None,
+            tasks: vec![task(1, "RUNNING"), task(2, "ARCHIVED"), task(3, "ARCHIVED")],
+            latency: crate::latency::LatencyRecorder::new(crate::latency::ModelKind::Adaptive)
+                .status(),
+            stages_by_action: BTreeMap::new(),
+            placement: crate::control::PlacementStatus {
+                weights: Vec::new(),
+                load_balance_error: 0.0,
+            },
+            archive: crate::control::ArchiveSummary {
+                kept: 2000,
+                listed: 2,
+                ..Default::default()
+            },
+        };
+        let by_state = tasks_by_state(&status);
+        assert_eq!(by_state["RUNNING"], 1);
+        assert_eq!(by_state["ARCHIVED"], 2000);
+        assert_eq!(by_state["PENDING"], 0);
+        assert_eq!(by_state.len(), STATES.len());
+    }
 
     #[test]
     fn table_keeps_exited_processes_for_the_grace_period_only() {
