@@ -53,7 +53,7 @@ fn launch(
     )
 }
 
-fn task<'a>(status: &'a Value, pid: u32) -> &'a Value {
+fn task(status: &Value, pid: u32) -> &Value {
     status["tasks"]
         .as_array()
         .unwrap()
