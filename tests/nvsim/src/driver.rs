@@ -397,7 +397,7 @@ fn is_memory_class(c: u32) -> bool {
 }
 
 /// `objectTypes` of IMPORT_OBJECTS_FROM_FD for a memory of class `c`.
-/// The ABI file lists the values; which class maps to which is our reading
+/// docs/nvidia-abi.md lists the values; which class maps to which is our reading
 /// (EGM and local physical are GPU-side memory; the others have no type).
 fn import_type(c: u32) -> u8 {
     match c {
