@@ -11,7 +11,7 @@
 //!
 //! ## Memories, handles, references and charges
 //! The accounting follows `docs/gpu-accounting.md` (the rules) on top of
-//! `NVIDIA-RM-ABI.md` (the driver facts):
+//! `docs/nvidia-abi.md` (the driver facts):
 //! * A *memory* is created by a successful allocation of a memory class
 //!   (RM_ALLOC, RM_ALLOC_MEMORY, VID_HEAP ALLOC_SIZE / ALLOC_SIZE_RANGE /
 //!   ALLOC_OS_DESCRIPTOR). It has a GPU, a kind (video, host, EGM, or none for
