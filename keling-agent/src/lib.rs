@@ -13,7 +13,7 @@
 //! | [`control`] | the typed control protocol, its server (one task per client, deadlines, size limits) and client | block the event loop |
 //! | [`latency`] | decision latency histograms, timeout models, exports | read clocks |
 //! | [`metrics`] | Prometheus `/metrics`: the figures as prometheus-client families, the label grace rule, a minimal hardened HTTP server | block the event loop (it renders only what the loop hands it) |
-//! | [`output`] | trace sinks (text, JSON lines) behind one interface | read `/proc`, maps or clocks |
+//! | [`output`] | trace sinks (text, JSON lines, Perfetto) behind one `Sink` trait; findings; scheduler decisions read back | read `/proc`, maps or clocks |
 //! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
 //! | [`replay`] | reading the input and scheduling logs back, exact and what-if replay through `keling-sched`, the synthetic workload, replay metrics | read a clock (the command times it) |
 //! | [`report`] | the HTML report: queueing-delay heatmaps, root-cause findings, task timelines, latency histogram (SVG) | read anything but the logs it is given |

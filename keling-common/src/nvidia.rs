@@ -1,7 +1,7 @@
 //! The NVIDIA driver's ioctl ABI, as far as Keling decodes it.
 //!
-//! Facts from shared/NVIDIA-RM-ABI.md (open-gpu-kernel-modules 595.45.04, checked on
-//! x86_64). Offsets are byte offsets inside the parameter structs the process passes
+//! The facts, and where each comes from upstream, are in docs/nvidia-abi.md
+//! (open-gpu-kernel-modules 535.261.03 to 595.45.04, checked on x86_64). Offsets are byte offsets inside the parameter structs the process passes
 //! to ioctl(2); the probes read the fields they need one by one from user memory, so
 //! no struct is defined here and every offset has a name and a test.
 
@@ -511,8 +511,8 @@ pub mod uvm {
     pub const IS_8_SUPPORTED: u32 = 2047;
     /// `{u64 flags; u32 rmStatus}`.
     pub const INITIALIZE_RM_STATUS: usize = 8;
-    /// `{u64 base; u64 length; u32 rmStatus}` (uvm_ioctl.h; shared/NVIDIA-RM-ABI.md
-    /// says `{u64 base; u32 rmStatus}`, which is wrong).
+    /// `{u64 base; u64 length; u32 rmStatus}` (open-gpu-kernel-modules,
+    /// `kernel-open/nvidia-uvm/uvm_ioctl.h`).
     pub const FREE_RM_STATUS: usize = 16;
     /// CREATE_EXTERNAL_RANGE and MAP_EXTERNAL_ALLOCATION: base@0, length@8.
     pub const BASE: usize = 0;

@@ -194,7 +194,7 @@
 //!
 //! `W = 0.4 × (1 − used/capacity) + 0.35 × 1/(1 + expected_queue_s) + 0.25 × success_rate`
 //!
-//! DESIGN.md's formula mixes a load term (memory used, lower is better) with two
+//! The design articles' formula (docs/design.md) mixes a load term (memory used, lower is better) with two
 //! goodness terms (higher is better); Keling turns the load term into free memory so
 //! that higher W is better throughout. `expected_queue_s` is the expected remaining
 //! work of the tasks on that GPU that want it (expected runtime left, or what is left

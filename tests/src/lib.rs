@@ -562,12 +562,235 @@ mod doc_tests {
                 }
             }
         }
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("markdown");
+            let name = file.strip_prefix(&root).unwrap().display().to_string();
+            let (paths, problems) = code_paths(&root, file, &prose(&text).join("\n"));
+            links += paths;
+            broken.extend(problems.into_iter().map(|p| format!("{name}: {p}")));
+        }
         assert!(
             broken.is_empty(),
             "broken links:\n  {}",
             broken.join("\n  ")
         );
         assert!(links > 10, "only {links} relative links found");
+    }
+
+    /// The top-level entries of the repository (what a relative path in the docs
+    /// may start with), leaving out build output and hidden files.
+    fn top_level(root: &Path) -> Vec<String> {
+        std::fs::read_dir(root)
+            .expect("repository root")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "target" && !n.starts_with('.'))
+            .collect()
+    }
+
+    /// Checks the inline-code spans of `prose` (a Markdown file's text outside
+    /// fenced blocks) that look like file paths: one that leaves the repository
+    /// (`../`, `/work/`) is a problem; a relative one that starts with a top-level
+    /// entry of the repository, or names a file beside `file`, must exist (a span
+    /// with wildcards or placeholders is left alone, and so are absolute system
+    /// paths such as `/proc/...` and upstream paths such as `src/nvidia/...`).
+    /// Returns how many it checked and the problems.
+    fn code_paths(root: &Path, file: &Path, prose: &str) -> (usize, Vec<String>) {
+        let tops = top_level(root);
+        let mut checked = 0;
+        let mut problems = Vec::new();
+        for span in prose.split('`').skip(1).step_by(2) {
+            let path = span.trim();
+            let pathlike = !path.is_empty()
+                && path
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | '+'))
+                && (path.contains('/') || path.ends_with(".md") || path.ends_with(".rs"));
+            if !pathlike {
+                continue;
+            }
+            if path.starts_with("../") || path.starts_with("/work/") || path.contains("/../") {
+                checked += 1;
+                problems.push(format!("`{path}`: a path outside the repository"));
+                continue;
+            }
+            if path.starts_with('/') {
+                continue;
+            }
+            let first = path.split('/').next().unwrap();
+            let beside = file.parent().unwrap().join(path);
+            if tops.iter().any(|t| t == first) {
+                checked += 1;
+                if !root.join(path).exists() {
+                    problems.push(format!("`{path}`: no such file in the repository"));
+                }
+            } else if beside.exists() {
+                checked += 1;
+            }
+        }
+        (checked, problems)
+    }
+
+    #[test]
+    fn code_paths_are_checked() {
+        let root = repo_root();
+        let doc = root.join("docs/limits.md");
+        let (n, problems) = code_paths(
+            &root,
+            &doc,
+            "see `docs/tracing.md`, `keling-agent/src/lib.rs`, `scheduler.md`, \
+             `/proc/self/fd`, `src/nvidia/x.c`, `tests/tests/*.rs`",
+        );
+        assert_eq!((n, problems.len()), (3, 0), "{problems:?}");
+        let outside = format!(
+            "`{}/{}/NOTES.md` and `/work/{}`",
+            "..", "shared", "shared/X.md"
+        );
+        let (n, problems) = code_paths(&root, &doc, &outside);
+        assert_eq!((n, problems.len()), (2, 2), "{problems:?}");
+        let (_, problems) = code_paths(&root, &doc, "`docs/no-such-file.md`");
+        assert_eq!(problems.len(), 1);
+    }
+
+    /// Every file of the repository (skipping build output and `.git`).
+    fn repo_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("directory") {
+            let entry = entry.expect("entry");
+            let name = entry.file_name();
+            if name == "target" || name == ".git" {
+                continue;
+            }
+            let kind = entry.file_type().expect("file type");
+            if kind.is_dir() {
+                repo_files(&entry.path(), out);
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+
+    /// The repository stands alone: no file of it points at the team's notes
+    /// outside it (the facts they hold are in docs/design.md and
+    /// docs/nvidia-abi.md). The patterns are built here so that this file does not
+    /// contain them.
+    #[test]
+    fn nothing_points_outside_the_repository() {
+        let root = repo_root();
+        let mut files = Vec::new();
+        repo_files(&root, &mut files);
+        assert!(files.len() > 50, "only {} files found", files.len());
+        let mut patterns = vec![format!("{}/shared", ".."), format!("/work/{}", "shared")];
+        for note in [
+            "DESIGN",
+            "NVIDIA-RM-ABI",
+            "REAL-NVIDIA",
+            "PLATFORM",
+            "SLURM",
+            "STYLE",
+        ] {
+            patterns.push(format!("shared/{note}.md"));
+            // The notes by name: the upper-case file names are theirs (the
+            // repository's own docs are lower-case).
+            patterns.push(format!("{note}.md"));
+        }
+        let mut found = Vec::new();
+        for file in &files {
+            let bytes = std::fs::read(file).expect("file");
+            let text = String::from_utf8_lossy(&bytes);
+            for (n, line) in text.lines().enumerate() {
+                if let Some(p) = patterns.iter().find(|p| line.contains(p.as_str())) {
+                    let name = file.strip_prefix(&root).unwrap().display();
+                    found.push(format!("{name}:{}: {p}", n + 1));
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "paths outside the repository (point at docs/ instead):\n  {}",
+            found.join("\n  ")
+        );
+    }
+
+    /// The top-level modules of keling-agent as its source tree has them: each
+    /// directory with a `mod.rs` and each `.rs` file but `lib.rs` and `main.rs`.
+    fn agent_modules_on_disk(src: &Path) -> std::collections::BTreeSet<String> {
+        let mut on_disk = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir(src).expect("keling-agent/src") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() && path.join("mod.rs").exists() {
+                on_disk.insert(name);
+            } else if let Some(stem) = name.strip_suffix(".rs")
+                && stem != "lib"
+                && stem != "main"
+            {
+                on_disk.insert(stem.to_owned());
+            }
+        }
+        on_disk
+    }
+
+    /// The first cells of the Markdown table that follows the line starting with
+    /// `after` in `text`, as module names: `` `cmd/` `` or `` `defaults.rs` `` (the
+    /// development guide), `` [`cmd`] `` (the crate doc, lines without `//! `).
+    fn table_modules(text: &str, after: &str) -> Vec<String> {
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|l| l.strip_prefix("//!").map_or(l, |l| l.trim_start()))
+            .collect();
+        let start = lines
+            .iter()
+            .position(|l| l.starts_with(after))
+            .unwrap_or_else(|| panic!("a line starting with {after:?}"));
+        lines[start + 1..]
+            .iter()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .map(|row| {
+                let cell = row.split('|').nth(1).unwrap().trim();
+                let name = cell.trim_matches(|c| matches!(c, '[' | ']' | '`'));
+                let name = name.strip_suffix('/').unwrap_or(name);
+                name.strip_suffix(".rs").unwrap_or(name).to_owned()
+            })
+            .collect()
+    }
+
+    /// One map of keling-agent's modules: the table in docs/development.md and
+    /// the crate doc's table in lib.rs list exactly the modules the source tree
+    /// has (and lib.rs declares), each once.
+    #[test]
+    fn module_maps_match_the_source_tree() {
+        let root = repo_root();
+        let src = root.join("keling-agent/src");
+        let on_disk = agent_modules_on_disk(&src);
+        assert!(on_disk.len() > 10, "{on_disk:?}");
+        let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+        let declared: std::collections::BTreeSet<String> = lib
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub mod "))
+            .map(|m| m.trim_end_matches(';').to_owned())
+            .collect();
+        assert_eq!(declared, on_disk, "lib.rs's `pub mod`s against the files");
+        let dev = std::fs::read_to_string(root.join("docs/development.md")).expect("guide");
+        for (name, listed) in [
+            (
+                "docs/development.md",
+                table_modules(&dev, "Inside `keling-agent/src/`"),
+            ),
+            (
+                "keling-agent/src/lib.rs",
+                table_modules(&lib, "(`main.rs`). The map of its modules"),
+            ),
+        ] {
+            let set: std::collections::BTreeSet<String> = listed.iter().cloned().collect();
+            assert_eq!(set.len(), listed.len(), "{name} lists a module twice");
+            let missing: Vec<_> = on_disk.difference(&set).collect();
+            let extra: Vec<_> = set.difference(&on_disk).collect();
+            assert!(
+                missing.is_empty() && extra.is_empty(),
+                "{name}'s module table: missing {missing:?}, not in keling-agent/src {extra:?}"
+            );
+        }
     }
 
     #[test]

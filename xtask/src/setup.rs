@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use crate::run;
 
 /// bpf-linker 0.10.4 loads rustc's own LLVM at run time; 0.11+ needs a system
-/// LLVM 22 that Debian 12 lacks (see shared/PLATFORM.md).
+/// LLVM 22 that Debian 12 lacks.
 const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages the tests and tools need: FUSE for the simulated driver,

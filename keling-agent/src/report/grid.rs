@@ -1,4 +1,4 @@
-//! The queueing-delay heatmap and its root-cause findings (DESIGN.md, "Outputs").
+//! The queueing-delay heatmap and its root-cause findings (docs/design.md, "Outputs").
 //!
 //! **Cells.** Rows are GPUs (or tasks), columns are [`WINDOW_NS`] = 15 s windows
 //! from the start of the log. A cell's value is the mean queueing delay, in ms,

@@ -1,7 +1,7 @@
 //! NVIDIA driver ABI facts used by the simulator and the workload generator.
 //!
-//! Every number here comes from `/work/shared/NVIDIA-RM-ABI.md` (read from
-//! open-gpu-kernel-modules 595.45.04) unless its comment names another source.
+//! Every number here is one of the facts in `docs/nvidia-abi.md` (read from
+//! open-gpu-kernel-modules) unless its comment names another source.
 //! Offsets are byte offsets into the parameter structs (x86_64, natural alignment).
 //! The unit tests in `driver.rs` do NOT use these constants to build requests:
 //! they spell the offsets out literally, so a wrong constant here is caught.
@@ -29,7 +29,7 @@ pub const fn ioc_dir(cmd: u32) -> u32 {
     cmd >> 30
 }
 
-/// RM escape numbers (`_IOC_NR`), from the ABI file's table and
+/// RM escape numbers (`_IOC_NR`), from docs/nvidia-abi.md's table and
 /// `kernel-open/common/inc/nv-ioctl-numbers.h` (NV_IOCTL_BASE = 200).
 pub mod esc {
     pub const RM_ALLOC_MEMORY: u8 = 0x27;
@@ -144,7 +144,7 @@ pub mod nvos64 {
     pub const FLAGS: usize = 36;
     pub const STATUS: usize = 40;
     /// 40-byte layout (525-530): pRightsRequested@24, flags@32, status@36.
-    /// The ABI file gives only the total; this layout is the 535 one minus
+    /// The headers we read give only the total; this layout is the 535 one minus
     /// `paramsSize` (documented interpretation, see the crate docs).
     pub const LEGACY_FLAGS: usize = 32;
     pub const LEGACY_STATUS: usize = 36;
@@ -330,7 +330,7 @@ pub mod nvos33 {
     pub const FD: usize = 48;
 }
 
-/// NVOS34 (RM_UNMAP_MEMORY). Not in the ABI file: from `nvos.h`
+/// NVOS34 (RM_UNMAP_MEMORY). From `nvos.h`
 /// (hClient, hDevice, hMemory, NvP64 pLinearAddress, status, flags).
 pub mod nvos34 {
     pub const H_CLIENT: usize = 0;
@@ -350,7 +350,7 @@ pub mod nvos46 {
     pub const STATUS: usize = 56;
 }
 
-/// NVOS47 (RM_UNMAP_MEMORY_DMA). Not in the ABI file: from `nvos.h`
+/// NVOS47 (RM_UNMAP_MEMORY_DMA). From `nvos.h`
 /// (hClient, hDevice, hDma, hMemory, flags, u64 dmaOffset, u64 size, status).
 pub mod nvos47 {
     pub const H_CLIENT: usize = 0;
@@ -358,7 +358,7 @@ pub mod nvos47 {
     pub const STATUS: usize = 40;
 }
 
-/// NVOS39 (RM_ALLOC_CONTEXT_DMA2). Not in the ABI file: from `nvos.h`
+/// NVOS39 (RM_ALLOC_CONTEXT_DMA2). From `nvos.h`
 /// (hObjectParent, hSubDevice, hObjectNew, hClass, flags, selector, hMemory,
 /// u64 offset, u64 limit, status).
 pub mod nvos39 {
@@ -504,22 +504,22 @@ pub mod status {
     pub const NV_ERR_INVALID_LIMIT: u32 = 0x2E;
     pub const NV_ERR_INVALID_OBJECT_HANDLE: u32 = 0x33;
     pub const NV_ERR_INVALID_OBJECT_PARENT: u32 = 0x36;
-    /// Not in the ABI file (`nvstatuscodes.h`): what the export/import
+    /// From `nvstatuscodes.h`: what the export/import
     /// controls answer for a bad fd or params.
     pub const NV_ERR_INVALID_PARAMETER: u32 = 0x3B;
     pub const NV_ERR_NO_MEMORY: u32 = 0x51;
     pub const NV_ERR_NOT_SUPPORTED: u32 = 0x56;
     pub const NV_ERR_OBJECT_NOT_FOUND: u32 = 0x57;
-    /// Not in the ABI file: index + numObjects past the export file's size.
+    /// index + numObjects past the export file's size.
     pub const NV_ERR_OUT_OF_RANGE: u32 = 0x5B;
-    /// Not in the ABI file: the export file already holds objects.
+    /// the export file already holds objects.
     pub const NV_ERR_STATE_IN_USE: u32 = 0x63;
     pub const NV_ERR_UVM_ADDRESS_IN_USE: u32 = 0x68;
 }
 
 /// nvidia-uvm commands (plain numbers, `_IOC_DIR` = NONE) and the byte
 /// offsets of their parameters. INITIALIZE/DEINITIALIZE and the base/length
-/// offsets are from the ABI file; the `rmStatus` offsets of the others are
+/// offsets are from docs/nvidia-abi.md; the `rmStatus` offsets of the others are
 /// from `kernel-open/nvidia-uvm/uvm_ioctl.h` (see the crate docs).
 pub mod uvm {
     pub const INITIALIZE: u32 = 0x3000_0001;

@@ -179,7 +179,7 @@ pub trait View {
     /// (GPU_GET_PIDS idType CLASS).
     fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32>;
     /// The driver's per-process video memory figure on `gpu` (private +
-    /// shared-owned, see NVIDIA-RM-ABI.md) for GPU_GET_PID_INFO
+    /// shared-owned, see docs/nvidia-abi.md) for GPU_GET_PID_INFO
     /// VIDEO_MEMORY_USAGE.
     fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64;
     /// Free video bytes of `gpu` (capacity - used).
@@ -964,7 +964,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
     let cfg = view.config();
     match cmd {
         // Unpublished layout: success with the buffer zeroed, which is what
-        // libcuda was measured to accept (REAL-NVIDIA.md). The one answer
+        // libcuda was measured to accept (docs/real-nvidia.md). The one answer
         // here not taken from a header.
         cmd::GSS_LEGACY_0X8159 => {
             p.fill(0);

@@ -11,7 +11,7 @@
 //!
 //! ## Memories, handles, references and charges
 //! The accounting follows `docs/gpu-accounting.md` (the rules) on top of
-//! `NVIDIA-RM-ABI.md` (the driver facts):
+//! `docs/nvidia-abi.md` (the driver facts):
 //! * A *memory* is created by a successful allocation of a memory class
 //!   (RM_ALLOC, RM_ALLOC_MEMORY, VID_HEAP ALLOC_SIZE / ALLOC_SIZE_RANGE /
 //!   ALLOC_OS_DESCRIPTOR). It has a GPU, a kind (video, host, EGM, or none for
@@ -397,7 +397,7 @@ fn is_memory_class(c: u32) -> bool {
 }
 
 /// `objectTypes` of IMPORT_OBJECTS_FROM_FD for a memory of class `c`.
-/// The ABI file lists the values; which class maps to which is our reading
+/// docs/nvidia-abi.md lists the values; which class maps to which is our reading
 /// (EGM and local physical are GPU-side memory; the others have no type).
 fn import_type(c: u32) -> u8 {
     match c {

@@ -1,5 +1,5 @@
 //! Byte-level tests of the driver state machine. Requests are built with the
-//! offsets of NVIDIA-RM-ABI.md written out as literals here (not with the
+//! offsets of docs/nvidia-abi.md written out as literals here (not with the
 //! constants of `abi.rs`), so a wrong constant there is caught.
 
 use std::cell::RefCell;

@@ -3,8 +3,8 @@
 //! Keling's tracer decodes the ioctls that processes make on fds opened from
 //! `<dir>/nvidiactl`, `<dir>/nvidiaN` and `<dir>/nvidia-uvm`. On machines
 //! without a GPU, `keling-nvsim mount DIR` provides those files, answers the
-//! ioctls at the ABI level of the real driver (facts from
-//! `/work/shared/NVIDIA-RM-ABI.md`), and keeps the ground truth the tracer's
+//! ioctls at the ABI level of the real driver (facts in
+//! `docs/nvidia-abi.md`), and keeps the ground truth the tracer's
 //! numbers are compared with in `DIR/nvsim-state.json`.
 //! `keling-gpu-workload` (`src/bin/keling-gpu-workload.rs`) is a CUDA-like
 //! process that drives it.
@@ -158,12 +158,12 @@
 //! NV_ERR_INVALID_LIMIT 0x2E (limit+1 overflows); NV_ERR_INVALID_OBJECT_HANDLE
 //! 0x33 (control/map on an unknown object); NV_ERR_INVALID_OBJECT_PARENT 0x36;
 //! NV_ERR_INVALID_PARAMETER 0x3B (export/import: fd not an nvidiactl file of
-//! the caller, no or wrong table, bad type/flags; not in the ABI file);
+//! the caller, no or wrong table, bad type/flags);
 //! NV_ERR_NO_MEMORY 0x51; NV_ERR_NOT_SUPPORTED 0x56 (RM_SHARE, FINN params,
 //! other VID_HEAP functions, exporting a non-memory object, a DUP of a
 //! client); NV_ERR_OBJECT_NOT_FOUND 0x57 (free/dup/export of an unknown
 //! handle, as resserv's `clientGetResourceRef`); NV_ERR_OUT_OF_RANGE 0x5B and
-//! NV_ERR_STATE_IN_USE 0x63 (export tables; not in the ABI file);
+//! NV_ERR_STATE_IN_USE 0x63 (export tables);
 //! NV_ERR_UVM_ADDRESS_IN_USE 0x68 (overlapping UVM external range).
 //!
 //! ## What is not simulated
