@@ -27,8 +27,8 @@ pub struct StatusArgs {
     /// Print the decision-latency histograms instead, in this format.
     #[arg(long, value_enum, value_name = "FORMAT", conflicts_with = "task")]
     pub export: Option<ExportFormat>,
-    /// List this many archived (finished) tasks, the last to finish first, at
-    /// most 1000 (default 50; every live task is always listed).
+    /// List the N archived (finished) tasks that finished last, at most 1000
+    /// (default 50; every live task is always listed; all by id).
     #[arg(long, value_name = "N", conflicts_with_all = ["task", "export"])]
     pub archived: Option<usize>,
     /// Skip this many of the archived tasks that finished last (the next page).

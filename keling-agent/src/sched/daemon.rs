@@ -797,8 +797,9 @@ impl Daemon {
 
     /// What `keling status` shows to `caller` (its tasks marked as its own):
     /// every live task, and the archived ones of `page` (those that finished
-    /// last, after skipping `page.skip`), all sorted by id; at most [`STATUS_ARCHIVED_MAX`]: its size and the time it takes are bounded
-    /// by the live tasks and the archive's cap, whatever ran before.
+    /// last, after skipping `page.skip`; at most [`STATUS_ARCHIVED_MAX`]), all
+    /// sorted by id. Its size and the time it takes are bounded by the live tasks
+    /// and the archive's cap, whatever ran before.
     pub fn status_page(&self, caller: Option<u32>, page: StatusPage) -> StatusReply {
         let now = self.host.now_ns();
         let views = self.sched.live_tasks();
