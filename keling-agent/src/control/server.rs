@@ -358,22 +358,61 @@ async fn serve(
         let Some(reply) = reply else {
             return; // every reply sent
         };
-        let mut line = match serde_json::to_vec(&reply) {
-            Ok(l) => l,
-            Err(e) => {
-                log::warn!("control socket: a reply did not serialise: {e}");
-                serde_json::to_vec(&Reply::Error(ReplyError::new(
-                    ErrorKind::Internal,
-                    format!("internal error: {e}"),
-                )))
-                .unwrap_or_default()
-            }
-        };
-        line.push(b'\n');
+        let line = encode_for_client(reply).await;
         match tokio::time::timeout(WRITE_DEADLINE, write_half.write_all(&line)).await {
             Ok(Ok(())) => {}
             _ => return, // gone or not reading: drop it
         }
+    }
+}
+
+/// The length of each reply encoded and the thread that encoded it (for the
+/// test that large replies are encoded off the loop's thread).
+#[cfg(test)]
+static ENCODED_ON: std::sync::Mutex<Vec<(usize, std::thread::ThreadId)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// One reply as the line a client reads.
+fn encode(reply: &Reply) -> Vec<u8> {
+    let mut line = match serde_json::to_vec(reply) {
+        Ok(l) => l,
+        Err(e) => {
+            log::warn!("control socket: a reply did not serialise: {e}");
+            serde_json::to_vec(&Reply::Error(ReplyError::new(
+                ErrorKind::Internal,
+                format!("internal error: {e}"),
+            )))
+            .unwrap_or_default()
+        }
+    };
+    line.push(b'\n');
+    #[cfg(test)]
+    ENCODED_ON
+        .lock()
+        .unwrap()
+        .push((line.len(), std::thread::current().id()));
+    line
+}
+
+/// [`encode`], off the event loop's thread for the replies that can be large
+/// (status, a task's history, an export): the loop runs in the real-time class
+/// and the blocking pool's threads do not (its class is reset on fork), so
+/// writing out a big reply never holds up a decision. The small ones (a notice,
+/// an exit code) are encoded in place: a thread hand-off would cost more.
+async fn encode_for_client(reply: Reply) -> Vec<u8> {
+    if matches!(
+        reply,
+        Reply::Status(_) | Reply::History(_) | Reply::Export(_)
+    ) {
+        match tokio::task::spawn_blocking(move || encode(&reply)).await {
+            Ok(line) => line,
+            Err(e) => encode(&Reply::Error(ReplyError::new(
+                ErrorKind::Internal,
+                format!("internal error: {e}"),
+            ))),
+        }
+    } else {
+        encode(&reply)
     }
 }
 
@@ -544,6 +583,27 @@ mod tests {
     use tokio::io::AsyncBufReadExt;
 
     use super::*;
+
+    /// A large reply (here a 4 MB export) is encoded on another thread than the
+    /// loop's, to the same line.
+    #[tokio::test]
+    async fn large_replies_are_encoded_off_the_loop_thread() {
+        let loop_thread = std::thread::current().id();
+        let big = Reply::Export("x".repeat((4 << 20) + 7));
+        let line = encode_for_client(big.clone()).await;
+        let encoders: Vec<std::thread::ThreadId> = ENCODED_ON
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(len, _)| *len == line.len())
+            .map(|(_, thread)| *thread)
+            .collect();
+        assert_eq!(encoders.len(), 1, "{encoders:?}");
+        assert_ne!(encoders[0], loop_thread, "encoded on the loop thread");
+        assert_eq!(line, encode(&big));
+        let small = encode_for_client(Reply::ExitCode(3)).await;
+        assert_eq!(small, b"{\"exit_code\":3}\n");
+    }
 
     /// What `tests/tests/chaos.rs` once timed ("status within 100 ms with 100
     /// silent clients connected"), as what it stands for: a complete request
