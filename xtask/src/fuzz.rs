@@ -124,9 +124,10 @@ fn run_target(target: &'static str, seconds: u64) -> anyhow::Result<Outcome> {
         }
         // libFuzzer's progress lines are many: keep the summary and anything bad.
         let progress = line.starts_with('#')
-            && [" pulse ", " NEW ", " REDUCE ", " RELOAD "]
-                .iter()
-                .any(|w| line.contains(w));
+            && line
+                .split_whitespace()
+                .nth(1)
+                .is_some_and(|w| ["pulse", "NEW", "REDUCE", "RELOAD"].contains(&w));
         let dictionary = line.contains("# Uses: ")
             || line.contains("recommended dictionary")
             || line.contains("NEW_FUNC[");
