@@ -100,10 +100,10 @@ fuzz_target!(|data: &[u8]| {
                 let in_data = input.take(in_len).to_vec();
                 // A named descriptor resolves to one of the open files, or none.
                 let mut fds = BTreeMap::new();
-                if let Some(fd) = driver.named_fd(file, cmd, arg, &in_data, &mem) {
-                    if fd % 2 == 0 {
-                        fds.insert(fd, 10 + (fd as u64) % 6);
-                    }
+                if let Some(fd) = driver.named_fd(file, cmd, arg, &in_data, &mem)
+                    && fd % 2 == 0
+                {
+                    fds.insert(fd, 10 + (fd as u64) % 6);
                 }
                 let _ = driver.ioctl_fds(fh, file, pid, cmd, arg, &in_data, out_len, &mem, &fds);
             }
