@@ -136,6 +136,15 @@ fn run_target(target: &'static str, seconds: u64) -> anyhow::Result<Outcome> {
         }
     }
     let status = child.wait()?;
+    // The scratch files the targets keep for the process's life (named by its pid).
+    let pid = child.id();
+    for name in ["input_log", "sched_log"] {
+        let _ = std::fs::remove_file(format!("/dev/shm/keling-fuzz-{name}-{pid}"));
+        let _ =
+            std::fs::remove_file(std::env::temp_dir().join(format!("keling-fuzz-{name}-{pid}")));
+    }
+    let _ =
+        std::fs::remove_dir_all(std::env::temp_dir().join(format!("keling-fuzz-control-{pid}")));
     // libFuzzer also saves slow-unit-* (slower than -report_slow_units): worth a
     // look, not a failure; a hang is a timeout-*.
     let crashes: Vec<PathBuf> = files_in(&artifacts)
