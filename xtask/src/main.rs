@@ -4,6 +4,7 @@
 //! same command works on a fresh machine and costs nothing on a prepared one.
 mod bench;
 mod demo;
+mod fuzz;
 mod setup;
 
 use std::{
@@ -57,6 +58,18 @@ enum Cmd {
         /// Run the bundle on this host (it must have an NVIDIA GPU and PyTorch).
         #[arg(long)]
         local: bool,
+    },
+    /// Fuzz the parsers of outside input (libFuzzer, nightly, AddressSanitizer):
+    /// each target for SECONDS; fails on a crash, saving its input under
+    /// fuzz/artifacts/TARGET/.
+    Fuzz {
+        /// How long each target runs.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Run only this target (control_request, config_toml, ring_record,
+        /// input_log, sched_log, interval_log, nvsim_ioctl).
+        #[arg(long)]
+        target: Option<String>,
     },
     /// Measure probe overhead and ring-buffer throughput, as ratios from one run.
     Bench {
@@ -362,6 +375,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Test { no_lint, args } => cmd_test(no_lint, args),
         Cmd::Clippy => cmd_clippy(),
         Cmd::GpuCheck { local } => gpu_check(local),
+        Cmd::Fuzz { seconds, target } => fuzz::fuzz(seconds, target),
         Cmd::Bench { rounds } => {
             let dir = build(true)?;
             bench::bench(&dir, rounds)

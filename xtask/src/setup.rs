@@ -11,8 +11,9 @@ use crate::run;
 const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages the tests and tools need: FUSE for the simulated driver,
-/// `promtool` (package `prometheus`) and curl for the `/metrics` tests.
-const DEBIAN_PACKAGES: &[&str] = &["fuse3", "prometheus", "curl"];
+/// `promtool` (package `prometheus`) and curl for the `/metrics` tests, and a
+/// C++ compiler for libFuzzer (`cargo xtask fuzz`; libfuzzer-sys builds it).
+const DEBIAN_PACKAGES: &[&str] = &["fuse3", "prometheus", "curl", "g++"];
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;

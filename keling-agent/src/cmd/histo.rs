@@ -95,7 +95,10 @@ pub fn histo(args: HistoArgs) -> anyhow::Result<i32> {
         }
         HistoCommand::Tune(a) => {
             let log = load(&a.file)?;
-            let report = tune_report(&log.series());
+            let series = log
+                .series()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
+            let report = tune_report(&series);
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
                 return Ok(0);

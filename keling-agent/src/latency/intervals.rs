@@ -380,6 +380,10 @@ fn parse_tag(tag: Option<&str>) -> Result<(Stage, Option<String>), String> {
     Ok((stage, action))
 }
 
+/// The most decisions [`ReadLog::series`] expands (16 bytes each: 160 MB), more
+/// than a day of an agent deciding a hundred times a second.
+pub const MAX_SERIES_DECISIONS: u64 = 10_000_000;
+
 /// Reads an interval log (the hdrhistogram crate's `IntervalLogIterator` parses it).
 /// Every count is kept; values keep the histograms' precision. Errors name the line.
 pub fn read(input: &[u8]) -> Result<ReadLog, ReadError> {
@@ -477,8 +481,23 @@ impl ReadLog {
     /// interval's decisions are spread evenly over it, in a fixed pseudo-random order of
     /// their values. With intervals of 1 s or less (the models recompute at most once a
     /// second) this is what the live models saw, to the histograms' precision.
-    pub fn series(&self) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
+    ///
+    /// A log holding more than [`MAX_SERIES_DECISIONS`] is an error: a histogram's
+    /// counts are the file's word, and a few hundred bytes can claim billions.
+    pub fn series(&self) -> Result<Vec<(u64, u64)>, String> {
+        let total = self
+            .intervals
+            .iter()
+            .map(|iv| iv.end_to_end.len())
+            .fold(0u64, u64::saturating_add);
+        if total > MAX_SERIES_DECISIONS {
+            return Err(format!(
+                "the log's intervals hold {total} decisions; tuning replays at most \
+                 {MAX_SERIES_DECISIONS}: give it fewer intervals (each is a `#[Keling interval` \
+                 comment and the lines after it)"
+            ));
+        }
+        let mut out = Vec::with_capacity(total as usize);
         let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
         for iv in &self.intervals {
             let mut values: Vec<u64> = Vec::with_capacity(iv.end_to_end.len() as usize);
@@ -501,7 +520,7 @@ impl ReadLog {
                 out.push((ts as u64, v));
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -746,7 +765,7 @@ mod tests {
             assert_eq!(String::from_utf8(a).unwrap(), String::from_utf8(c).unwrap());
         }
         // The series has every decision, in the log's time range.
-        let series = back.series();
+        let series = back.series().unwrap();
         assert_eq!(series.len() as u64, r.decisions());
         let base = 1_764_589_102_123_000_000u64;
         assert!(
@@ -754,6 +773,20 @@ mod tests {
                 .iter()
                 .all(|&(t, _)| t >= base - 1000 && t <= base + 5 * S)
         );
+    }
+
+    /// Found by `cargo xtask fuzz --target interval_log` (its checksums then made
+    /// valid: fuzz builds skip zlib's): 1.5 kB whose histograms claim 10.6 M
+    /// decisions made `series` (`keling histo tune`) expand them all, 5 s and
+    /// 800 MB here; a count of 2^60 would abort. Past the cap it is refused.
+    #[test]
+    fn a_log_claiming_more_decisions_than_tune_replays_is_refused() {
+        let bytes = include_bytes!("../../tests/fuzz-regressions/interval_log-huge-counts");
+        let log = read(bytes).unwrap();
+        let claimed: u64 = log.intervals.iter().map(|i| i.end_to_end.len()).sum();
+        assert!(claimed > MAX_SERIES_DECISIONS, "{claimed}");
+        let e = log.series().unwrap_err();
+        assert!(e.contains(&format!("hold {claimed} decisions")), "{e}");
     }
 
     #[test]
