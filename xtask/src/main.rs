@@ -5,6 +5,7 @@
 mod bench;
 mod demo;
 mod setup;
+mod soak;
 
 use std::{
     io::{BufRead, BufReader},
@@ -64,6 +65,23 @@ enum Cmd {
         /// over them; decisions always run 1100 freeze/thaw cycles per host condition).
         #[arg(long, default_value_t = 15)]
         rounds: usize,
+    },
+    /// Drive the agent at random (launches, exits, kills, allocations, frees) against
+    /// the simulated driver; check its figures against the simulator's at every
+    /// checkpoint; report RSS, fds and map entries over time (root).
+    Soak {
+        /// How long to run, minutes.
+        #[arg(long, default_value_t = 5.0)]
+        minutes: f64,
+        /// The RNG's seed (default: from the clock; printed, to repeat a run).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Seconds of random work between checkpoints.
+        #[arg(long, default_value_t = 20)]
+        checkpoint_s: u64,
+        /// Soak the optimised release build (default: the debug build the tests use).
+        #[arg(long)]
+        release: bool,
     },
 }
 
@@ -366,6 +384,12 @@ fn main() -> anyhow::Result<()> {
             let dir = build(true)?;
             bench::bench(&dir, rounds)
         }
+        Cmd::Soak {
+            minutes,
+            seed,
+            checkpoint_s,
+            release,
+        } => soak::soak(&build(release)?, minutes, seed, checkpoint_s),
     }
 }
 
