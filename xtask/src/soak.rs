@@ -38,6 +38,10 @@ use serde_json::Value;
 
 use crate::demo::{Simulator, cgroup2_mount, end_demo_tasks};
 
+/// The heading of the soak's section of BENCHMARKS.md, which `cargo xtask bench`
+/// keeps when it rewrites the file.
+pub const BENCHMARKS_HEADING: &str = "## Soak";
+
 /// The simulated machine: small GPUs, so that memory runs short now and then.
 const GPUS: u32 = 2;
 const MEM_PER_GPU: u64 = 1 << 30;
@@ -169,7 +173,7 @@ pub fn soak(
              (sudo -E cargo xtask soak)"
         );
     }
-    if !(minutes > 0.0) {
+    if minutes.is_nan() || minutes <= 0.0 {
         bail!("--minutes must be above 0 (got {minutes})");
     }
     let seed = seed.unwrap_or_else(|| {
@@ -435,11 +439,11 @@ fn launch(
             .arg(pause);
     }
     c.args(["--iterations", &iterations.to_string()]);
-    Ok(c.stdin(Stdio::null())
+    c.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log.try_clone()?)
         .spawn()
-        .context("start keling launch")?)
+        .context("start keling launch")
 }
 
 fn status(bin_dir: &Path, socket: &Path) -> Result<Value, String> {
@@ -489,7 +493,6 @@ fn check(
     agent_pid: u32,
     seen: &mut Seen,
 ) -> Vec<String> {
-    let mut problems = Vec::new();
     let state: Value = match std::fs::read_to_string(sim_dir.join("nvsim-state.json"))
         .map_err(|e| e.to_string())
         .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
@@ -505,6 +508,47 @@ fn check(
         Ok(s) => s,
         Err(e) => return vec![e],
     };
+    compare(&state, &metrics, &status, &task_cgroups(agent_pid), seen)
+}
+
+/// The task cgroups of agent `agent_pid` (`task-<agent pid>-<task id>`): (task
+/// id, name, whether `cgroup.events` says `frozen 1`).
+fn task_cgroups(agent_pid: u32) -> Vec<(Option<u64>, String, bool)> {
+    let Some(cg) = cgroup2_mount() else {
+        return Vec::new();
+    };
+    let prefix = format!("task-{agent_pid}-");
+    std::fs::read_dir(cg.join("keling"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.strip_prefix(&prefix)?.parse().ok();
+            let frozen = std::fs::read_to_string(e.path().join("cgroup.events"))
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l == "frozen 1");
+            Some((id, name, frozen))
+        })
+        .collect()
+}
+
+/// One `/metrics` sample: name, labels, value.
+type MetricSample = (String, BTreeMap<String, String>, u64);
+type Samples = [MetricSample];
+
+/// The disagreements between the simulator's `state`, the agent's `/metrics`
+/// samples and `keling status --json`, and the frozen task cgroups whose task is
+/// not PREEMPTED.
+fn compare(
+    state: &Value,
+    metrics: &Samples,
+    status: &Value,
+    cgroups: &[(Option<u64>, String, bool)],
+    seen: &mut Seen,
+) -> Vec<String> {
+    let mut problems = Vec::new();
     // (pid, gpu) -> [video, peak, host, allocs, frees], the simulator's.
     let mut truth: BTreeMap<(u64, u64), [u64; 5]> = BTreeMap::new();
     for p in state["processes"].as_array().into_iter().flatten() {
@@ -523,7 +567,7 @@ fn check(
     // The same from /metrics.
     let mut ours: BTreeMap<(u64, u64), [u64; 5]> = BTreeMap::new();
     let mut gpus_ours: BTreeMap<(u64, String), u64> = BTreeMap::new();
-    for (name, labels, v) in &metrics {
+    for (name, labels, v) in metrics {
         let num = |k: &str| labels.get(k).and_then(|s| s.parse::<u64>().ok());
         if name == "keling_gpu_memory_bytes" {
             if let (Some(g), Some(m)) = (num("gpu"), labels.get("memory")) {
@@ -619,36 +663,19 @@ fn check(
         }
     }
     // The kernel's freezer: a frozen task cgroup's task must be PREEMPTED.
-    if let Some(cg) = cgroup2_mount() {
-        let prefix = format!("task-{agent_pid}-");
-        for e in std::fs::read_dir(cg.join("keling"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_prefix(&prefix) else {
-                continue;
-            };
-            let frozen = std::fs::read_to_string(e.path().join("cgroup.events"))
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l == "frozen 1");
-            let state = id
-                .parse::<u64>()
-                .ok()
-                .and_then(|id| live_tasks.get(&id))
-                .map_or("not live", String::as_str);
-            if frozen && state != "PREEMPTED" {
-                problems.push(format!("cgroup {name} is frozen, its task is {state}"));
-            }
+    for (id, name, frozen) in cgroups {
+        let state = id
+            .and_then(|id| live_tasks.get(&id))
+            .map_or("not live", String::as_str);
+        if *frozen && state != "PREEMPTED" {
+            problems.push(format!("cgroup {name} is frozen, its task is {state}"));
         }
     }
     problems
 }
 
 /// `/metrics`, as (name, labels, value) of each sample.
-fn scrape(port: u16) -> anyhow::Result<Vec<(String, BTreeMap<String, String>, u64)>> {
+fn scrape(port: u16) -> anyhow::Result<Vec<MetricSample>> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
@@ -893,7 +920,166 @@ fn report(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_labels, slope};
+    use std::collections::BTreeMap;
+
+    use serde_json::{Value, json};
+
+    use super::{Seen, compare, parse_labels, slope};
+
+    /// The simulator with pid 100 holding 8 MiB video and 1 MiB host on GPU 1
+    /// (3 allocations, 1 free, peak 12 MiB), and pid 101 gone, all freed.
+    fn state() -> Value {
+        json!({
+            "gpus": [
+                {"index": 0, "used_bytes": 0, "host_bytes": 0},
+                {"index": 1, "used_bytes": 8 << 20, "host_bytes": 1 << 20}
+            ],
+            "processes": [
+                {"pid": 100, "gpus": [{"gpu": 1, "bytes": 8 << 20, "peak_bytes": 12 << 20,
+                    "host_bytes": 1 << 20, "allocs": 3, "frees": 1}]},
+                {"pid": 101, "gpus": [{"gpu": 0, "bytes": 0, "peak_bytes": 4 << 20,
+                    "host_bytes": 0, "allocs": 1, "frees": 1}]}
+            ],
+            "clients": [{"handle": 1, "objects": 4}]
+        })
+    }
+
+    /// What /metrics says when it agrees with [`state`] (pid 101 has left it).
+    fn metrics() -> Vec<(String, BTreeMap<String, String>, u64)> {
+        let l = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let p = [("pid", "100"), ("comm", "w"), ("task", "7"), ("gpu", "1")];
+        let with = |m: &str| {
+            let mut v = p.to_vec();
+            v.push(("memory", m));
+            l(&v)
+        };
+        vec![
+            (
+                "keling_process_gpu_memory_bytes".into(),
+                with("video"),
+                8 << 20,
+            ),
+            (
+                "keling_process_gpu_memory_bytes".into(),
+                with("host"),
+                1 << 20,
+            ),
+            (
+                "keling_process_gpu_memory_peak_bytes".into(),
+                with("video"),
+                12 << 20,
+            ),
+            (
+                "keling_process_gpu_memory_peak_bytes".into(),
+                with("host"),
+                1 << 20,
+            ),
+            ("keling_process_gpu_allocations_total".into(), l(&p), 3),
+            ("keling_process_gpu_frees_total".into(), l(&p), 1),
+            (
+                "keling_gpu_memory_bytes".into(),
+                l(&[("gpu", "1"), ("memory", "video")]),
+                8 << 20,
+            ),
+            (
+                "keling_gpu_memory_bytes".into(),
+                l(&[("gpu", "1"), ("memory", "host")]),
+                1 << 20,
+            ),
+            (
+                "keling_gpu_memory_bytes".into(),
+                l(&[("gpu", "0"), ("memory", "video")]),
+                0,
+            ),
+        ]
+    }
+
+    fn status() -> Value {
+        json!({"tasks": [
+            {"id": 7, "pid": 100, "state": "RUNNING", "mem_bytes_per_gpu": {"1": 8 << 20}},
+            {"id": 8, "pid": 102, "state": "PREEMPTED", "mem_bytes_per_gpu": {}},
+            {"id": 6, "pid": 101, "state": "COMPLETED", "mem_bytes_per_gpu": {"0": 1}}
+        ]})
+    }
+
+    fn problems(
+        state: &Value,
+        metrics: &[(String, BTreeMap<String, String>, u64)],
+        status: &Value,
+        cgroups: &[(Option<u64>, String, bool)],
+    ) -> Vec<String> {
+        compare(state, metrics, status, cgroups, &mut Seen::default())
+    }
+
+    #[test]
+    fn agreement_is_no_problem() {
+        let cgroups = [
+            (Some(7), "task-1-7".to_string(), false),
+            (Some(8), "task-1-8".to_string(), true),
+        ];
+        let mut seen = Seen::default();
+        assert_eq!(
+            compare(&state(), &metrics(), &status(), &cgroups, &mut seen),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            (seen.compared, seen.sim_bytes, seen.sim_objects),
+            (1, 8 << 20, 5)
+        );
+    }
+
+    #[test]
+    fn each_difference_is_reported() {
+        // A process figure differs (allocations).
+        let mut m = metrics();
+        m[4].2 = 4;
+        let p = problems(&state(), &m, &status(), &[]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("pid 100 gpu 1"), "{p:?}");
+        // A process holding memory is missing from /metrics (and so is its GPU's use).
+        let m: Vec<_> = metrics()
+            .into_iter()
+            .filter(|(n, l, _)| !n.starts_with("keling_process") || l["pid"] != "100")
+            .collect();
+        let p = problems(&state(), &m, &status(), &[]);
+        assert!(p.iter().any(|p| p.contains("lacks pid 100 gpu 1")), "{p:?}");
+        // A GPU's total differs.
+        let mut m = metrics();
+        m[7].2 = 2 << 20;
+        let p = problems(&state(), &m, &status(), &[]);
+        assert_eq!(
+            p,
+            vec!["GPU 1 host bytes: keling 2097152, simulator 1048576"]
+        );
+        // A live task's memory differs from its process's.
+        let mut s = status();
+        s["tasks"][0]["mem_bytes_per_gpu"] = json!({"1": 4 << 20});
+        let p = problems(&state(), &metrics(), &s, &[]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("task 7"), "{p:?}");
+        // A frozen cgroup whose task runs, or has ended, or is no task of ours.
+        for (id, st) in [
+            (Some(7), "RUNNING"),
+            (Some(6), "not live"),
+            (None, "not live"),
+        ] {
+            let p = problems(
+                &state(),
+                &metrics(),
+                &status(),
+                &[(id, "task-1-x".to_string(), true)],
+            );
+            assert_eq!(
+                p,
+                vec![format!("cgroup task-1-x is frozen, its task is {st}")]
+            );
+        }
+    }
 
     #[test]
     fn slope_is_least_squares() {
