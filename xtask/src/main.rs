@@ -82,6 +82,10 @@ enum Cmd {
         /// Soak the optimised release build (default: the debug build the tests use).
         #[arg(long)]
         release: bool,
+        /// Use the binaries in DIR as they are (keling, keling-nvsim,
+        /// keling-gpu-workload) instead of building them.
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<PathBuf>,
     },
 }
 
@@ -389,7 +393,14 @@ fn main() -> anyhow::Result<()> {
             seed,
             checkpoint_s,
             release,
-        } => soak::soak(&build(release)?, minutes, seed, checkpoint_s),
+            bin_dir,
+        } => {
+            let dir = match bin_dir {
+                Some(d) => d,
+                None => build(release)?,
+            };
+            soak::soak(&dir, minutes, seed, checkpoint_s)
+        }
     }
 }
 
