@@ -340,6 +340,7 @@ fn drive(bin_dir: &Path, minutes: f64, seed: u64, checkpoint_s: u64) -> anyhow::
         eprintln!("soak: logs kept in {}", kept.display());
     }
     let cleanup = Instant::now();
+    let agent_pid = agent.pid;
     drop(launchers);
     drop(agent);
     drop(sim);
@@ -348,6 +349,14 @@ fn drive(bin_dir: &Path, minutes: f64, seed: u64, checkpoint_s: u64) -> anyhow::
         "soak: cleaned up (launchers, agent, task cgroups, simulator) in {:.1} s",
         cleanup.elapsed().as_secs_f64()
     );
+    // Nothing of the agent's may be left behind, frozen or not.
+    let left = task_cgroups(agent_pid);
+    if !left.is_empty() && failure.is_none() {
+        failure = Some(format!(
+            "task cgroups left after the agent stopped (name, frozen): {:?}",
+            left.iter().map(|(_, n, f)| (n, f)).collect::<Vec<_>>()
+        ));
+    }
     match failure {
         Some(f) => bail!("{f}"),
         None => {
