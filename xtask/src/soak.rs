@@ -144,6 +144,8 @@ struct Sample {
     rss_kib: u64,
     fds: u64,
     map_entries: u64,
+    /// Entries per hash map, by name.
+    maps: BTreeMap<String, u64>,
     tasks_live: usize,
     settle_ms: u128,
     /// The simulator's video bytes in use on all GPUs, MiB.
@@ -272,11 +274,13 @@ fn drive(bin_dir: &Path, minutes: f64, seed: u64, checkpoint_s: u64) -> anyhow::
             }
             std::thread::sleep(Duration::from_millis(100));
         };
+        let maps = map_entries(agent.pid);
         let sample = Sample {
             at_s: start.elapsed().as_secs_f64(),
             rss_kib: rss_kib(agent.pid),
             fds: fd_count(agent.pid),
-            map_entries: map_entries(agent.pid).values().sum(),
+            map_entries: maps.values().sum(),
+            maps,
             tasks_live: launchers.0.len(),
             settle_ms: settle.elapsed().as_millis(),
             sim_mib: seen.sim_bytes >> 20,
@@ -317,14 +321,7 @@ fn drive(bin_dir: &Path, minutes: f64, seed: u64, checkpoint_s: u64) -> anyhow::
         let key = code.map_or("signal".to_string(), |c| format!("exit {c}"));
         *counts.exits.entry(key).or_default() += 1;
     }
-    report(
-        &samples,
-        &counts,
-        seed,
-        minutes,
-        checkpoint_s,
-        &map_entries(agent.pid),
-    );
+    report(&samples, &counts, seed, minutes, checkpoint_s);
     // Keep the logs of a failed run for a look (the agent's, the launches').
     if failure.is_some() {
         let kept = crate::root().join("target/soak-failed");
@@ -766,7 +763,7 @@ fn bpf(cmd: libc::c_int, attr: &mut [u8; 128]) -> libc::c_long {
 const BPF_MAP_GET_NEXT_KEY: libc::c_int = 4;
 const BPF_MAP_GET_FD_BY_ID: libc::c_int = 14;
 
-/// The entries of each hash-like map the agent holds open, by "name (id)".
+/// The entries of each hash-like map the agent holds open, by name.
 /// Arrays, per-CPU arrays and ring buffers have fixed sizes and are left out.
 fn map_entries(pid: u32) -> BTreeMap<String, u64> {
     // BPF_MAP_TYPE_HASH, PERCPU_HASH, LRU_HASH, LRU_PERCPU_HASH, LPM_TRIE, HASH_OF_MAPS.
@@ -799,7 +796,7 @@ fn map_entries(pid: u32) -> BTreeMap<String, u64> {
         };
         if HASHES.contains(&ty) && ids.insert(id) {
             let (name, n) = count_map(id, key_size as usize);
-            out.insert(format!("{name} ({id})"), n);
+            *out.entry(name).or_default() += n;
         }
     }
     out
@@ -867,14 +864,7 @@ fn slope(points: &[(f64, f64)]) -> f64 {
     if sxx == 0.0 { 0.0 } else { sxy / sxx }
 }
 
-fn report(
-    samples: &[Sample],
-    counts: &Counts,
-    seed: u64,
-    minutes: f64,
-    checkpoint_s: u64,
-    maps: &BTreeMap<String, u64>,
-) {
+fn report(samples: &[Sample], counts: &Counts, seed: u64, minutes: f64, checkpoint_s: u64) {
     println!("\nsoak: seed {seed}, --minutes {minutes}, --checkpoint-s {checkpoint_s}");
     println!(
         "{:>4} {:>8} {:>10} {:>6} {:>12} {:>6} {:>8} {:>8} {:>8} {:>10}",
@@ -924,7 +914,15 @@ fn report(
         "tasks: {} launched, {} killed by the soak; launch exits: {:?}",
         counts.launched, counts.killed, counts.exits
     );
-    println!("hash maps at the end (entries): {maps:?}");
+    let names: BTreeSet<&String> = samples.iter().flat_map(|s| s.maps.keys()).collect();
+    for name in names {
+        let at = |s: &Sample| s.maps.get(name).copied().unwrap_or(0);
+        println!(
+            "  map {name}: {} entries at the end, {:+.1}/h",
+            samples.last().map_or(0, at),
+            per_hour(&at)
+        );
+    }
 }
 
 #[cfg(test)]
