@@ -66,27 +66,9 @@ enum Cmd {
         #[arg(long, default_value_t = 15)]
         rounds: usize,
     },
-    /// Drive the agent at random (launches, exits, kills, allocations, frees) against
-    /// the simulated driver; check its figures against the simulator's at every
-    /// checkpoint; report RSS, fds and map entries over time (root).
-    Soak {
-        /// How long to run, minutes.
-        #[arg(long, default_value_t = 5.0)]
-        minutes: f64,
-        /// The RNG's seed (default: from the clock; printed, to repeat a run).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Seconds of random work between checkpoints.
-        #[arg(long, default_value_t = 20)]
-        checkpoint_s: u64,
-        /// Soak the optimised release build (default: the debug build the tests use).
-        #[arg(long)]
-        release: bool,
-        /// Use the binaries in DIR as they are (keling, keling-nvsim,
-        /// keling-gpu-workload) instead of building them.
-        #[arg(long, value_name = "DIR")]
-        bin_dir: Option<PathBuf>,
-    },
+    /// Drive the agent at random against the simulated driver, checking it at every
+    /// checkpoint; RSS, fds and map entries over time (root).
+    Soak(soak::Args),
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -388,19 +370,7 @@ fn main() -> anyhow::Result<()> {
             let dir = build(true)?;
             bench::bench(&dir, rounds)
         }
-        Cmd::Soak {
-            minutes,
-            seed,
-            checkpoint_s,
-            release,
-            bin_dir,
-        } => {
-            let dir = match bin_dir {
-                Some(d) => d,
-                None => build(release)?,
-            };
-            soak::soak(&dir, minutes, seed, checkpoint_s)
-        }
+        Cmd::Soak(args) => soak::soak(args, build),
     }
 }
 

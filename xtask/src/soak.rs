@@ -163,12 +163,41 @@ struct Counts {
     exits: BTreeMap<String, u64>,
 }
 
-pub fn soak(
-    bin_dir: &Path,
+/// `cargo xtask soak`'s options.
+#[derive(clap::Args)]
+pub struct Args {
+    /// How long to run, minutes.
+    #[arg(long, default_value_t = 5.0)]
     minutes: f64,
+    /// The RNG's seed (default: from the clock; printed, to repeat a run).
+    #[arg(long)]
     seed: Option<u64>,
+    /// Seconds of random work between checkpoints.
+    #[arg(long, default_value_t = 20)]
     checkpoint_s: u64,
-) -> anyhow::Result<()> {
+    /// Soak the optimised release build (default: the debug build the tests use).
+    #[arg(long)]
+    release: bool,
+    /// Use the binaries in DIR as they are (keling, keling-nvsim,
+    /// keling-gpu-workload) instead of building them.
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
+}
+
+/// Runs the soak with the binaries `build(release)` makes (or `--bin-dir`'s).
+pub fn soak(args: Args, build: fn(bool) -> anyhow::Result<PathBuf>) -> anyhow::Result<()> {
+    let Args {
+        minutes,
+        seed,
+        checkpoint_s,
+        release,
+        bin_dir,
+    } = args;
+    let bin_dir = match bin_dir {
+        Some(d) => d,
+        None => build(release)?,
+    };
+    let bin_dir = bin_dir.as_path();
     if !crate::is_root() {
         bail!(
             "the soak mounts a FUSE filesystem, loads eBPF and makes cgroups: run it as root \
