@@ -1578,6 +1578,14 @@ fn write_report(report: &Report, rounds: usize, took: Duration) -> anyhow::Resul
     md += "\nRerun: `sudo cargo xtask bench` (`--rounds N`; `KELING_BENCH_ONLY=PART,...` for some parts alone: \
            calls, switches, ring, decision, replay, agent).\n";
     let md_path: PathBuf = root.join("BENCHMARKS.md");
+    // The soak's section (`cargo xtask soak`, written by hand from its output) stays.
+    if let Some(soak) = std::fs::read_to_string(&md_path)
+        .ok()
+        .and_then(|old| Some(old[old.find(crate::soak::BENCHMARKS_HEADING)?..].to_string()))
+    {
+        md += "\n";
+        md += &soak;
+    }
     std::fs::write(&md_path, md)?;
     let mut json = report.json.clone();
     json.insert("machine".into(), json!(machine));

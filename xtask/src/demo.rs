@@ -21,20 +21,30 @@ pub(crate) const DEMO_MEM_PER_GPU: u64 = 16 << 30;
 /// A mounted simulator, unmounted (SIGTERM by pid, `umount -l` as a fallback) on drop.
 pub(crate) struct Simulator {
     child: Child,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 impl Simulator {
     pub(crate) fn mount(bin: &Path, dir: &Path) -> anyhow::Result<Self> {
+        Self::mount_with(bin, dir, DEMO_GPUS, DEMO_MEM_PER_GPU)
+    }
+
+    /// Mounts `gpus` simulated GPUs of `mem_per_gpu` bytes each at `dir`.
+    pub(crate) fn mount_with(
+        bin: &Path,
+        dir: &Path,
+        gpus: u32,
+        mem_per_gpu: u64,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut child = Command::new(bin)
             .arg("mount")
             .arg(dir)
             .args([
                 "--gpus",
-                &DEMO_GPUS.to_string(),
+                &gpus.to_string(),
                 "--mem-per-gpu",
-                &DEMO_MEM_PER_GPU.to_string(),
+                &mem_per_gpu.to_string(),
                 "--foreground",
                 "--force",
             ])

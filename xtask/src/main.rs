@@ -6,6 +6,7 @@ mod bench;
 mod demo;
 mod fuzz;
 mod setup;
+mod soak;
 
 use std::{
     io::{BufRead, BufReader},
@@ -78,6 +79,9 @@ enum Cmd {
         #[arg(long, default_value_t = 15)]
         rounds: usize,
     },
+    /// Drive the agent at random against the simulated driver, checking it at every
+    /// checkpoint; RSS, fds and map entries over time (root).
+    Soak(soak::Args),
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -380,6 +384,7 @@ fn main() -> anyhow::Result<()> {
             let dir = build(true)?;
             bench::bench(&dir, rounds)
         }
+        Cmd::Soak(args) => soak::soak(args, build),
     }
 }
 
