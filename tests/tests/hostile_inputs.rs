@@ -329,3 +329,82 @@ fn a_socket_path_that_is_not_a_socket_is_refused_not_deleted() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep\n");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every line the agent sends on one connection for `request`, until it closes.
+fn all_replies(socket: &std::path::Path, request: &str) -> Vec<String> {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    s.write_all(b"\n").unwrap();
+    BufReader::new(s).lines().map_while(Result::ok).collect()
+}
+
+/// A launch request for `argv` in `cwd`, with `priority` and `env` as JSON.
+fn launch_line(argv: &str, cwd: &str, priority: &str, env: &str) -> String {
+    format!(
+        "{{\"launch\":{{\"argv\":{argv},\"cwd\":\"{cwd}\",\"priority\":{priority},\"gpu\":null,\
+         \"max_duration_ms\":null,\"grace_ms\":null,\"mem_quota_bytes\":null,\"hard_kill\":null,\
+         \"expected_runtime_ms\":null,\"env\":{env}}}}}"
+    )
+}
+
+/// The smaller ones of defect 6, over the socket itself: a priority of 16 or
+/// 255 is refused with the range (it was clamped to 15), an environment entry
+/// without `=` or with a NUL is refused by name (it was dropped), and a launch
+/// that fails to start is told only its error (`placed` came first). Each
+/// refusal starts nothing: no cgroup is made.
+#[test]
+fn out_of_range_priorities_bad_env_entries_and_failed_starts_are_told_plainly() {
+    let Some(fx) = Fixture::scheduler(
+        "out_of_range_priorities_bad_env_entries_and_failed_starts_are_told_plainly",
+        &["--gpus", "1"],
+    ) else {
+        return;
+    };
+    let agent = Agent::start(fx.sim(), &[]);
+    for p in ["16", "255"] {
+        let said = all_replies(
+            &agent.socket,
+            &launch_line("[\"true\"]", "/", p, "[\"PATH=/usr/bin:/bin\"]"),
+        );
+        assert_eq!(said.len(), 1, "priority {p}: {said:?}");
+        assert!(
+            said[0].contains("\"invalid\"")
+                && said[0].contains(&format!("priority {p} is out of range"))
+                && said[0].contains("0 (highest) to 15"),
+            "priority {p}: {said:?}"
+        );
+    }
+    for (entry, why) in [
+        ("NO_EQUALS", "has no `=`"),
+        ("A=b\\u0000c", "contains a NUL byte"),
+    ] {
+        let said = all_replies(
+            &agent.socket,
+            &launch_line(
+                "[\"true\"]",
+                "/",
+                "null",
+                &format!("[\"PATH=/usr/bin:/bin\",\"{entry}\"]"),
+            ),
+        );
+        assert_eq!(said.len(), 1, "{entry}: {said:?}");
+        assert!(
+            said[0].contains("\"invalid\"") && said[0].contains(why),
+            "{entry}: {said:?}"
+        );
+    }
+    let said = all_replies(
+        &agent.socket,
+        &launch_line("[\"true\"]", "/no/such/dir", "null", "null"),
+    );
+    assert_eq!(said.len(), 1, "only the error: {said:?}");
+    assert!(
+        said[0].contains("\"start_failed\"")
+            && said[0].contains("cannot enter the working directory /no/such/dir"),
+        "{said:?}"
+    );
+    wait_for("no cgroup left", Duration::from_secs(5), || {
+        cgroups_of(&agent).is_empty()
+    });
+}
