@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 
 use super::human;
 use crate::control::{
-    DEFAULT_SOCKET, ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
+    ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
     client::Connection,
 };
 
@@ -59,9 +59,10 @@ pub struct LaunchArgs {
     /// have more than 3 s left).
     #[arg(long, value_name = "MS")]
     pub expected_runtime_ms: Option<u64>,
-    /// The agent's control socket.
-    #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
-    pub socket: PathBuf,
+    /// The agent's control socket (default: the instance's, `/run/keling/keling.sock`
+    /// or `/run/keling/NAME/keling.sock` with `--instance NAME`).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Print none of Keling's notices (errors still are); the exit code is the
     /// command's either way.
     #[arg(long, short)]
@@ -145,6 +146,7 @@ fn forward_signals(mut to_agent: UnixStream, quiet: bool) {
 
 /// `keling launch`: runs CMD as a managed task; returns its exit code.
 pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
+    let socket = (args.socket.clone()).unwrap_or_else(|| crate::instance::current().socket());
     let gpu = match args.gpu.as_str() {
         "auto" => None,
         g => Some(
@@ -169,7 +171,7 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
         env: Some(environment()),
         notify_preempt: args.notify_preempt && !args.quiet,
     });
-    let mut conn = Connection::request(&args.socket, &req, &[0, 1, 2])?;
+    let mut conn = Connection::request(&socket, &req, &[0, 1, 2])?;
     forward_signals(conn.sender().context("clone the connection")?, args.quiet);
     loop {
         match conn.next_reply()? {
