@@ -10,12 +10,14 @@ use keling_tests::{
 };
 use serde_json::Value;
 
+/// An agent of `instance` (with /metrics on a free port: two agents cannot both
+/// have the default one).
 fn start_agent(sim: &Nvsim, instance: &str) -> Agent {
     Agent::start_with(
         sim,
         AgentOptions {
             status_interval_s: Some(0),
-            ..AgentOptions::args(&["--instance", instance])
+            ..AgentOptions::args(&["--instance", instance, "--metrics-addr", "127.0.0.1:0"])
         },
     )
 }

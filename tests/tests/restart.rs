@@ -2,9 +2,10 @@
 //! the task goes on, and its `keling launch` client says so and exits with its
 //! own code (not 1, as any other failure).
 use std::{
-    io::Read,
+    io::{BufRead, BufReader},
     process::{Command, Stdio},
-    time::Duration,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use keling_tests::{
@@ -49,6 +50,19 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
             .spawn()
             .unwrap(),
     );
+    // The task has the client's standard error too: read it as it comes (it
+    // stays open while the task runs).
+    let said = Arc::new(Mutex::new(String::new()));
+    let lines = BufReader::new(client.0.stderr.take().unwrap()).lines();
+    let keep = said.clone();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("launch: {l}");
+            let mut s = keep.lock().unwrap();
+            s.push_str(&l);
+            s.push('\n');
+        }
+    });
     let pid = task_pid(&agent, &p);
     // The agent stops, by pid, as systemd stops it.
     agent.signal(libc::SIGTERM);
@@ -60,14 +74,12 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
         status = client.0.try_wait().unwrap();
         status.is_some()
     });
-    let mut said = String::new();
-    client
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut said)
-        .unwrap();
+    // What it said before it exited reaches the reader at once.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !said.lock().unwrap().contains("goes on") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let said = said.lock().unwrap().clone();
     assert_eq!(
         status.unwrap().code(),
         Some(EXIT_AGENT_GONE),
