@@ -52,6 +52,9 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         for name in self.0 {
             cleanup_cgroups_in(&format!("keling-{name}"));
+            // The instance's run directory (its lock file stays, as the
+            // default instance's does, when nobody removes it).
+            let _ = std::fs::remove_dir_all(format!("/run/keling/{name}"));
         }
     }
 }

@@ -86,7 +86,9 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
         "the client's exit code; it said: {said}"
     );
     assert!(
-        said.contains(&format!("as pid {pid}")) && said.contains("goes on"),
+        said.contains(&format!(
+            "the task goes on, no longer scheduled by Keling, as pid {pid}"
+        )),
         "the client says the task goes on and under which pid: {said}"
     );
     // And it does.

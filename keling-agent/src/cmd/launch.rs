@@ -62,13 +62,16 @@ fn agent_gone(launched: Option<&Launched>) -> anyhow::Result<i32> {
     match launched {
         Some(l) if l.runs() => {
             eprintln!(
-                "{PREFIX}the agent went away (stopped or restarted) while task {} ran: the task                  goes on, no longer scheduled by Keling, as pid {} (its exit code cannot be                  told here; `kill {}` ends it); exit code {EXIT_AGENT_GONE}",
+                "{PREFIX}the agent went away (stopped or restarted) while task {} ran: the task \
+                 goes on, no longer scheduled by Keling, as pid {} (its exit code cannot be \
+                 told here; `kill {}` ends it); exit code {EXIT_AGENT_GONE}",
                 l.task, l.pid, l.pid
             );
             Ok(EXIT_AGENT_GONE)
         }
         Some(l) => bail!(
-            "the agent closed the connection before it said how task {} (pid {}) ended, and              that process is gone: its exit code is unknown",
+            "the agent closed the connection before it said how task {} (pid {}) ended, and \
+             that process is gone: its exit code is unknown",
             l.task,
             l.pid
         ),
