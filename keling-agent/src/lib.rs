@@ -17,6 +17,7 @@
 //! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
 //! | [`replay`] | reading the input and scheduling logs back, exact and what-if replay through `keling-sched`, the synthetic workload, replay metrics | read a clock (the command times it) |
 //! | [`report`] | the HTML report: queueing-delay heatmaps, root-cause findings, task timelines, latency histogram (SVG) | read anything but the logs it is given |
+//! | [`instance`] | which agent instance this process serves, and every path derived from it (cgroup root, run directory, socket, lock) | do I/O |
 //! | [`defaults`] | every default value the command line shows | |
 //!
 //! The scheduler core is the separate crate `keling-sched` (no I/O, no clock); the
@@ -27,6 +28,7 @@ pub mod control;
 pub mod defaults;
 pub mod event;
 pub mod gpu;
+pub mod instance;
 pub mod latency;
 pub mod metrics;
 pub mod model;

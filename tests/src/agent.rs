@@ -24,7 +24,21 @@ pub fn cgroup2() -> Option<PathBuf> {
 
 /// The task cgroups under `<cgroup2>/keling`.
 pub fn task_cgroups() -> Vec<PathBuf> {
-    let Some(root) = cgroup2().map(|c| c.join("keling")) else {
+    task_cgroups_in("keling")
+}
+
+/// The cgroup root of an agent instance: `keling` (the default one) or
+/// `keling-NAME` (`--instance NAME`).
+pub fn instance_root(instance: Option<&str>) -> String {
+    match instance {
+        None => "keling".into(),
+        Some(n) => format!("keling-{n}"),
+    }
+}
+
+/// The task cgroups under `<cgroup2>/ROOT`.
+pub fn task_cgroups_in(root: &str) -> Vec<PathBuf> {
+    let Some(root) = cgroup2().map(|c| c.join(root)) else {
         return Vec::new();
     };
     std::fs::read_dir(root)
@@ -40,7 +54,12 @@ pub fn task_cgroups() -> Vec<PathBuf> {
 /// root itself if that left it empty (an agent killed with SIGKILL cannot remove
 /// it; an agent still running makes it again for its next task).
 pub fn cleanup_cgroups() {
-    for dir in task_cgroups() {
+    cleanup_cgroups_in("keling");
+}
+
+/// [`cleanup_cgroups`] for the cgroup root `<cgroup2>/ROOT` ([`instance_root`]).
+pub fn cleanup_cgroups_in(root: &str) {
+    for dir in task_cgroups_in(root) {
         let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
         let _ = std::fs::write(dir.join("cgroup.kill"), "1");
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -48,8 +67,8 @@ pub fn cleanup_cgroups() {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    if let Some(root) = cgroup2() {
-        let _ = std::fs::remove_dir(root.join("keling"));
+    if let Some(cg) = cgroup2() {
+        let _ = std::fs::remove_dir(cg.join(root));
     }
 }
 
@@ -62,6 +81,8 @@ pub struct Agent {
     pub socket: PathBuf,
     pub sched_log: PathBuf,
     stderr: Arc<Mutex<Vec<String>>>,
+    /// `--instance NAME` among its arguments, if any.
+    pub instance: Option<String>,
 }
 
 /// How to start an agent.
@@ -158,6 +179,11 @@ impl Agent {
                         keep.lock().unwrap().push(l);
                     }
                 });
+                let instance = opts
+                    .args
+                    .iter()
+                    .position(|a| a == "--instance")
+                    .and_then(|i| opts.args.get(i + 1).cloned());
                 return Ok(Agent {
                     child: Some(child),
                     dir,
@@ -165,6 +191,7 @@ impl Agent {
                     socket,
                     sched_log,
                     stderr,
+                    instance,
                 });
             }
         }
@@ -298,7 +325,7 @@ impl Drop for Agent {
             let _ = child.kill();
             let _ = child.wait();
         }
-        cleanup_cgroups();
+        cleanup_cgroups_in(&instance_root(self.instance.as_deref()));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

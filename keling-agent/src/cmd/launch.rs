@@ -26,12 +26,58 @@ use anyhow::{Context, bail};
 
 use super::human;
 use crate::control::{
-    DEFAULT_SOCKET, ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
+    ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
     client::Connection,
 };
 
 /// What starts every line Keling itself prints on a launch's standard error.
 pub const PREFIX: &str = "keling: ";
+
+/// `keling launch`'s exit code when the agent went away (stopped, restarted,
+/// killed) while the task still runs: the task goes on, unmanaged, and its exit
+/// code cannot be told (EX_TEMPFAIL; a task's own codes are its, 1 is Keling's
+/// other errors).
+pub const EXIT_AGENT_GONE: i32 = 75;
+
+/// The task this client launched: its id and root process (pid and start time,
+/// read when the agent said it was accepted).
+struct Launched {
+    task: u64,
+    pid: u32,
+    start_ticks: Option<u64>,
+}
+
+impl Launched {
+    /// Whether the task's root process still runs (the same process: same start
+    /// time).
+    fn runs(&self) -> bool {
+        let now = crate::os::proc::start_ticks(self.pid);
+        now.is_some() && now == self.start_ticks
+    }
+}
+
+/// The connection closed before the task ended: what happened, in words, and
+/// the exit code.
+fn agent_gone(launched: Option<&Launched>) -> anyhow::Result<i32> {
+    match launched {
+        Some(l) if l.runs() => {
+            eprintln!(
+                "{PREFIX}the agent went away (stopped or restarted) while task {} ran: the task \
+                 goes on, no longer scheduled by Keling, as pid {} (its exit code cannot be \
+                 told here; `kill {}` ends it); exit code {EXIT_AGENT_GONE}",
+                l.task, l.pid, l.pid
+            );
+            Ok(EXIT_AGENT_GONE)
+        }
+        Some(l) => bail!(
+            "the agent closed the connection before it said how task {} (pid {}) ended, and \
+             that process is gone: its exit code is unknown",
+            l.task,
+            l.pid
+        ),
+        None => bail!("the agent closed the connection before the task ended (did it stop?)"),
+    }
+}
 
 #[derive(Debug, clap::Args)]
 pub struct LaunchArgs {
@@ -59,9 +105,10 @@ pub struct LaunchArgs {
     /// have more than 3 s left).
     #[arg(long, value_name = "MS")]
     pub expected_runtime_ms: Option<u64>,
-    /// The agent's control socket.
-    #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
-    pub socket: PathBuf,
+    /// The agent's control socket (default: the instance's, `/run/keling/keling.sock`
+    /// or `/run/keling/NAME/keling.sock` with `--instance NAME`).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Print none of Keling's notices (errors still are); the exit code is the
     /// command's either way.
     #[arg(long, short)]
@@ -145,6 +192,7 @@ fn forward_signals(mut to_agent: UnixStream, quiet: bool) {
 
 /// `keling launch`: runs CMD as a managed task; returns its exit code.
 pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
+    let socket = (args.socket.clone()).unwrap_or_else(|| crate::instance::current().socket());
     let gpu = match args.gpu.as_str() {
         "auto" => None,
         g => Some(
@@ -169,11 +217,18 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
         env: Some(environment()),
         notify_preempt: args.notify_preempt && !args.quiet,
     });
-    let mut conn = Connection::request(&args.socket, &req, &[0, 1, 2])?;
+    let mut conn = Connection::request(&socket, &req, &[0, 1, 2])?;
     forward_signals(conn.sender().context("clone the connection")?, args.quiet);
+    let mut launched = None;
     loop {
-        match conn.next_reply()? {
-            None => bail!("the agent closed the connection before the task ended (did it stop?)"),
+        let reply = match conn.next_reply() {
+            Ok(r) => r,
+            // A reset, as an agent that dies may leave: the same as a close.
+            Err(e) if launched.is_some() && e.downcast_ref::<std::io::Error>().is_some() => None,
+            Err(e) => return Err(e),
+        };
+        match reply {
+            None => return agent_gone(launched.as_ref()),
             Some(Reply::ExitCode(code)) => return Ok(code),
             Some(Reply::Error(err)) => match err.kind {
                 ErrorKind::Invalid | ErrorKind::Refused | ErrorKind::NotPermitted => {
@@ -185,6 +240,11 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
             },
             Some(Reply::Accepted(a)) => {
                 log::debug!("launched as task {} on GPU {:?}", a.task, a.gpu);
+                launched = Some(Launched {
+                    task: a.task,
+                    pid: a.pid,
+                    start_ticks: crate::os::proc::start_ticks(a.pid),
+                });
             }
             Some(Reply::Notice(n)) if !args.quiet => {
                 // One write per line, so it never interleaves with the task's own

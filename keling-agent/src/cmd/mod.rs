@@ -25,6 +25,13 @@ struct Cli {
     /// info, debug, trace); RUST_LOG overrides it.
     #[arg(long, global = true, default_value = "info", value_name = "LEVEL")]
     log_level: String,
+    /// The agent instance to run or talk to: its own cgroup root
+    /// (`<cgroup2>/keling-NAME`), run directory (`/run/keling/NAME`: socket, lock,
+    /// stopped list, boost and task records). Default: the one instance
+    /// (`<cgroup2>/keling`, `/run/keling`). 1-32 letters, digits, `_` or `-`.
+    #[arg(long, global = true, value_name = "NAME",
+          value_parser = crate::instance::parse_name)]
+    instance: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -84,6 +91,12 @@ pub fn main() -> i32 {
         .format_timestamp(None)
         .format_target(false)
         .init();
+    if let Err(e) =
+        crate::instance::Instance::new(cli.instance.as_deref()).and_then(crate::instance::select)
+    {
+        eprintln!("keling: error: --instance {e}");
+        return 2;
+    }
     let result = match cli.command {
         Command::Trace(args) => trace::trace(args),
         Command::Run(args) => run::run(args),

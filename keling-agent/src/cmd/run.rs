@@ -19,7 +19,7 @@ use tokio::{
 use crate::{
     bpf::{LoadOptions, Probes, programs::Feature},
     cmd::replay::BindingArg,
-    control::{self, server},
+    control::server,
     defaults,
     event::{EventStream, decode::Event},
     gpu::{env::GpuArgs, stats::GpuAccounting},
@@ -65,8 +65,10 @@ pub struct RunArgs {
     pub gpu_capacity: Vec<GpuInfo>,
     /// The control socket `keling launch` and `keling status` use (root and the
     /// members of the config's `[access] group`, default `keling`).
-    #[arg(long, default_value = control::DEFAULT_SOCKET, value_name = "PATH")]
-    pub socket: PathBuf,
+    /// Default: the instance's (`/run/keling/keling.sock`, or
+    /// `/run/keling/NAME/keling.sock` with `--instance NAME`).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Write one JSON line per task state transition here.
     #[arg(long, value_name = "FILE")]
     pub sched_log: Option<PathBuf>,
@@ -141,9 +143,10 @@ pub struct RunArgs {
     #[arg(long = "no-freeze-boost", action = clap::ArgAction::SetFalse)]
     pub freeze_boost: bool,
     /// Only one agent runs at a time: it holds this lock (a second one exits at once
-    /// and touches nothing).
-    #[arg(long, default_value = defaults::LOCK_FILE, value_name = "PATH")]
-    pub lock: PathBuf,
+    /// and touches nothing). Default: the instance's (`/run/keling/keling.lock`, or
+    /// `/run/keling/NAME/keling.lock` with `--instance NAME`).
+    #[arg(long, value_name = "PATH")]
+    pub lock: Option<PathBuf>,
     /// Finished tasks stay in `keling status` this long, s.
     #[arg(long, default_value_t = defaults::ARCHIVE_RETENTION_S, value_name = "SECS")]
     pub archive_retention_s: u64,
@@ -369,7 +372,7 @@ fn bind_socket(path: &Path, access: &AccessPolicy) -> anyhow::Result<UnixListene
         (0o700, 0o600)
     };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let ours = !dir.exists() || dir == Path::new(control::DEFAULT_SOCKET).parent().unwrap();
+        let ours = !dir.exists() || dir == crate::instance::current().run_dir();
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         if ours {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))?;
@@ -424,7 +427,7 @@ fn admit(access: &AccessPolicy) -> server::Admit {
     })
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
     let failsafe_settings = supervisor::Settings {
         watchdog: Duration::from_millis(args.watchdog_ms.max(1)),
         rt_priority: args.actuator_priority,
@@ -439,7 +442,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     check_metrics_addr(args.metrics_addr, args.metrics_public)?;
     crate::os::check_privileges()?;
     // One agent at a time: taken before anything that touches the host.
-    let _lock = match InstanceLock::acquire(&args.lock) {
+    let instance = crate::instance::current();
+    let lock_path = args.lock.clone().unwrap_or_else(|| instance.lock());
+    let socket = args.socket.take().unwrap_or_else(|| instance.socket());
+    let _lock = match InstanceLock::acquire(&lock_path) {
         Ok(lock) => lock,
         Err(e @ LockError::Held { .. }) => anyhow::bail!(
             "{e}: one agent runs at a time. This one stopped before touching anything \
@@ -584,7 +590,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             None => None,
         };
         let (request_tx, mut requests) = mpsc::channel(64);
-        server::spawn(bind_socket(&args.socket, &access)?, request_tx, admit(&access));
+        server::spawn(bind_socket(&socket, &access)?, request_tx, admit(&access));
         let mut events = EventStream::new(probes.take_events()?)?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
@@ -612,7 +618,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         eprintln!(
             "{} probes attached, watching every process; control socket {}{outputs} (Ctrl-C to stop)",
             keling_common::lines::AGENT_READY,
-            args.socket.display()
+            socket.display()
         );
         // Nothing in here ends the agent but a signal to stop, or a fail-safe that
         // cannot be restarted: every other error is reported and survived.
@@ -705,10 +711,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
         drop(scrape_tx);
         // Only the socket: a file someone put in its place stays.
-        if std::fs::symlink_metadata(&args.socket)
+        if std::fs::symlink_metadata(&socket)
             .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
         {
-            let _ = std::fs::remove_file(&args.socket);
+            let _ = std::fs::remove_file(&socket);
         }
         eprintln!("{} (stopped)", status_report(&probes, started, &c, events.decode_errors));
         drop(daemon);

@@ -10,8 +10,8 @@ use anyhow::bail;
 
 use super::human;
 use crate::control::{
-    DEFAULT_SOCKET, ExportFormat, Reply, Request, STATUS_ARCHIVED_DEFAULT, STATUS_ARCHIVED_MAX,
-    StatusPage, StatusReply, TaskHistory, TaskRef, TaskStatus, Waiting, client::Connection,
+    ExportFormat, Reply, Request, STATUS_ARCHIVED_DEFAULT, STATUS_ARCHIVED_MAX, StatusPage,
+    StatusReply, TaskHistory, TaskRef, TaskStatus, Waiting, client::Connection,
 };
 
 #[derive(Debug, clap::Args)]
@@ -37,9 +37,10 @@ pub struct StatusArgs {
     /// List as many archived tasks as one reply holds (the last 1000 to finish).
     #[arg(long, conflicts_with_all = ["archived", "task", "export"])]
     pub all: bool,
-    /// The agent's control socket.
-    #[arg(long, default_value = DEFAULT_SOCKET, value_name = "PATH")]
-    pub socket: PathBuf,
+    /// The agent's control socket (default: the instance's, `/run/keling/keling.sock`
+    /// or `/run/keling/NAME/keling.sock` with `--instance NAME`).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Wait up to this long for an agent that is starting to answer (scripts that
     /// start `keling run` and then use it), s; 0: ask once.
     #[arg(long, default_value_t = 0, value_name = "SECS")]
@@ -68,6 +69,7 @@ With TASK: {task: (as above), arrived_ns, transitions: [{event_id, task, name, p
   end_to_end_ns, timeout_ns, late}], transitions_dropped, decisions_dropped}";
 
 pub fn status(args: StatusArgs) -> anyhow::Result<i32> {
+    let socket = (args.socket.clone()).unwrap_or_else(|| crate::instance::current().socket());
     let archived = if args.all {
         Some(STATUS_ARCHIVED_MAX)
     } else {
@@ -88,7 +90,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<i32> {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.wait);
     let reply = loop {
-        match Connection::request(&args.socket, &request, &[]) {
+        match Connection::request(&socket, &request, &[]) {
             Ok(c) => break c.one()?,
             // Not listening yet (no socket, or one nobody accepts on).
             Err(_) if std::time::Instant::now() < deadline => {

@@ -1,7 +1,9 @@
-//! `keling thaw --all`: what the fail-safe does, by hand.
+//! `keling thaw --all`: what the fail-safe does, by hand, for one instance
+//! (`--instance NAME`; default: the default one).
 #[derive(Debug, clap::Args)]
 pub struct ThawArgs {
-    /// Everything Keling froze or stopped (the only mode).
+    /// Everything the instance's agent froze or stopped (the only mode): only the
+    /// cgroups under its root and its stopped list, never another instance's.
     #[arg(long, required = true)]
     all: bool,
 }

@@ -42,7 +42,7 @@ pub const PRIORITY: u32 = 1;
 /// Where the agent records, per task cgroup, the threads it has raised and how
 /// they were (one file per cgroup, named as it; empty while nothing is raised).
 pub fn record_dir() -> PathBuf {
-    PathBuf::from("/run/keling/boosted")
+    crate::instance::current().boost_dir()
 }
 
 /// The fair classes' base time slice (`sysctl_sched_base_slice`), in ns; 0

@@ -1,4 +1,5 @@
-//! cgroup v2 actuators: one cgroup per launched task under `<cgroup2>/keling`, frozen,
+//! cgroup v2 actuators: one cgroup per launched task under the instance's root
+//! (`<cgroup2>/keling`, or `<cgroup2>/keling-NAME`: [`crate::instance`]), frozen,
 //! thawed and killed through `cgroup.freeze` / `cgroup.kill`, and confirmed by
 //! `cgroup.events` (`frozen 1`, `populated 0`), which the kernel notifies with
 //! POLLPRI.
@@ -44,11 +45,12 @@ pub fn cgroup2_mount() -> anyhow::Result<PathBuf> {
 }
 
 impl CgroupRoot {
-    /// `<cgroup2>/keling`, created if needed.
+    /// The instance's root (`<cgroup2>/keling`, or `<cgroup2>/keling-NAME`),
+    /// created if needed.
     pub fn open() -> anyhow::Result<Self> {
         let mount = cgroup2_mount()?;
         let root = Self {
-            dir: mount.join("keling"),
+            dir: mount.join(crate::instance::current().cgroup_name()),
             mount,
         };
         root.make()?;
@@ -77,7 +79,7 @@ impl CgroupRoot {
     /// Only if it exists (for `thaw --all` and the fail-safe: never create).
     pub fn existing() -> Option<Self> {
         let mount = cgroup2_mount().ok()?;
-        let dir = mount.join("keling");
+        let dir = mount.join(crate::instance::current().cgroup_name());
         dir.is_dir().then_some(Self { mount, dir })
     }
 
@@ -334,7 +336,7 @@ fn parse_events(text: &str) -> Events {
 /// line each, START being the process's start time in clock ticks (a pid alone
 /// may have been reused by the time the list is read).
 pub fn stopped_list_path() -> PathBuf {
-    PathBuf::from("/run/keling/stopped")
+    crate::instance::current().stopped_list()
 }
 
 /// A process Keling stopped: its pid and start time.

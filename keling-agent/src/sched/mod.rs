@@ -18,5 +18,6 @@ pub mod launch;
 pub mod log;
 pub mod members;
 pub mod notify;
+pub mod records;
 pub mod supervisor;
 pub mod worker;

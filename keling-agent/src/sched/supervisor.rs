@@ -85,6 +85,8 @@ pub fn spawn(settings: Settings) -> anyhow::Result<FailSafe> {
         "--actuator-priority",
         &settings.rt_priority.to_string(),
     ])
+    // The same instance: it thaws only what this agent froze.
+    .args(crate::instance::current().args())
     .stdin(Stdio::null())
     .stdout(Stdio::null());
     // SAFETY: only async-signal-safe system calls between fork and exec.
