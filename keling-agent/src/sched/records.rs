@@ -1,9 +1,17 @@
 //! Task records: one small file per launched task in the instance's run
-//! directory (`/run/keling[/NAME]/tasks/task-ID`), written when it is launched and
-//! removed when it ends, so that an agent that starts while a previous run's tasks
-//! still run can find them again: who owns each, its priority, budget, GPU and
-//! limits, its root process (pid and start time: a pid alone may have been
-//! reused) and its cgroup.
+//! directory (`/run/keling[/NAME]/tasks/task-ID`), to be written when it is
+//! launched and removed when it ends, so that an agent that starts while a
+//! previous run's tasks still run can find them again: who owns each, its
+//! priority, budget, GPU and limits, its root process (pid and start time: a pid
+//! alone may have been reused) and its cgroup.
+//!
+//! **Not wired yet.** The format, the writer and the hostile-input reader are
+//! here and unit-tested; the daemon does not write records at launch nor read
+//! them at start, so a restarted agent does not take running tasks back
+//! (docs/limits.md says so). What remains: write at launch and remove at the
+//! end, re-register each live record's task before serving (cgroup actuator,
+//! same spec, ids after the highest), an `attach` request for `keling launch`
+//! to reconnect to its task, and the task's GPU memory from before the restart.
 //!
 //! A record is hostile input when it is read: the directory must be root's (the
 //! agent's own uid) and writable by nobody else; each file is opened without
