@@ -8,6 +8,7 @@ use std::{
 
 use keling_tests::{
     ChildGuard, Fixture, Nvsim, converge, gpu_workload_bin, keling_figures, tempdir, trace,
+    truth_figures,
 };
 use serde_json::Value;
 
@@ -1236,4 +1237,52 @@ fn a_file_that_outlives_many_clients_keeps_room_for_new_ones() {
         3,
         "the 3 live clients, no freed one: {released:?}"
     );
+}
+
+/// Issue 32, defect 3: a process exits holding far more NVIDIA fds than Keling's
+/// per-process table (and its table of orphaned files) holds: 120 nvidiactl files,
+/// each with a client and 1 MiB on GPU 0. Every file's release is found, and
+/// Keling's per-process and per-GPU figures come back to exactly the simulator's,
+/// 0: no memory stays charged to the dead process.
+#[test]
+fn a_process_exiting_with_a_hundred_and_twenty_nvidia_fds_leaves_no_ghost() {
+    let Some(fx) = Fixture::gpu(
+        "a_process_exiting_with_a_hundred_and_twenty_nvidia_fds_leaves_no_ghost",
+        &["--gpus", "1"],
+    ) else {
+        return;
+    };
+    let sim = fx.sim();
+    let out_path = fx.dir.join("trace.jsonl");
+    let TracedWorkload {
+        mut keling,
+        mut snapshots,
+        mut to_wl,
+        from_wl,
+    } = TracedWorkload::start(
+        sim,
+        &out_path,
+        &["--scenario", "fd-flood", "--fds", "120", "--checkpoints"],
+    );
+    expect_checkpoint(&from_wl, 1);
+    let s = settled_snapshot(sim, &mut snapshots, "120 files with 1 MiB each");
+    let pid = s["processes"][0]["pid"].as_u64().unwrap();
+    let each = held(&s, pid) / 120;
+    assert!(each >= 1 << 20 && held(&s, pid) == 120 * each, "{s}");
+    to_wl.write_all(b"\n").unwrap();
+    assert!(keling.0.wait().unwrap().success());
+    let lines = trace_lines(&out_path);
+    let summary = lines.last().unwrap();
+    // The simulator's ground truth after the exit: nothing held by anyone.
+    converge(sim, &keling_figures(summary), Duration::from_secs(3)).unwrap();
+    assert!(truth_figures(&sim.state()).is_empty());
+    assert_eq!(held(summary, pid), 0, "{summary}");
+    for g in summary["gpus"].as_array().into_iter().flatten() {
+        assert_eq!(g["bytes"], 0, "GPU total after the exit: {g}");
+    }
+    let releases = lines
+        .iter()
+        .filter(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
+        .count();
+    assert_eq!(releases, 120, "every file's release was seen");
 }

@@ -5,7 +5,7 @@
 //!                     [--checkpoint-every K]
 //!                     [--scenario random|basic|hostile|oom|share|busy|
 //!                                 pass-server|pass-client|pass-holder|many-fds|
-//!                                 many-clients]
+//!                                 many-clients|fd-flood [--fds N]]
 //!                     [--socket PATH]
 //! ```
 //! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
@@ -149,7 +149,7 @@ struct Cli {
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
     /// random (default), basic, hostile, oom, share, busy, compute, pass-server,
-    /// pass-client, pass-holder, many-fds, many-clients.
+    /// pass-client, pass-holder, many-fds, many-clients, fd-flood.
     #[arg(long, default_value = "random")]
     scenario: String,
     /// random: draw no "child killed by SIGKILL mid-work" step (a kill can land
@@ -188,6 +188,9 @@ struct Cli {
     /// pass-server / pass-client: the unix socket the nvidiactl fd travels over.
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// fd-flood: how many nvidiactl fds to open, each with 1 MiB.
+    #[arg(long, default_value_t = 100)]
+    fds: u32,
 }
 
 // ----- process-wide helpers ----------------------------------------------
@@ -3439,6 +3442,18 @@ fn many_clients(env: &Env, cp: &mut Checkpoints) {
     cp.emit();
 }
 
+/// `--fds` nvidiactl fds (openat), on each a client, a device and 1 MiB of video
+/// memory on GPU 0 (checkpoint 1); then it exits holding them all, so every
+/// file is released by the exit.
+fn fd_flood(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
+    for _ in 0..cli.fds {
+        let ctl = env.open("nvidiactl", false);
+        let (c, d) = env.session(ctl, 0);
+        env.alloc_local(ctl, c, d, MIB);
+    }
+    cp.emit();
+}
+
 fn main() {
     let cli = Cli::parse();
     let env = Env::discover(&cli.dev_dir);
@@ -3475,6 +3490,7 @@ fn main() {
         "pass-holder" => pass_holder(&cli, &mut cp),
         "many-fds" => many_fds(&env, &mut cp),
         "many-clients" => many_clients(&env, &mut cp),
+        "fd-flood" => fd_flood(&env, &cli, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }
