@@ -64,8 +64,10 @@ pub const MEM_HANDLES: usize = 8;
 pub const BATCH_OBJECTS: usize = 8;
 /// Simulated-driver files the agent can list.
 pub const MAX_SIM_FILES: u32 = 256;
-/// Files whose last known fd went while the kernel still counted references Keling
-/// does not know of (`ORPHANS`), re-checked until released.
+/// Slots of the orphaned-file sweep's working set (`ORPHANS`): files whose last
+/// known fd went while the kernel still counted references Keling does not know
+/// of, and files past a process's fd table, re-checked until released. Any number
+/// more wait their turn in `ORPHAN_BACKLOG` (up to [`MAX_FILES`]).
 pub const ORPHAN_SLOTS: u32 = 64;
 /// Open NVIDIA files tracked at once (`FILES`).
 pub const MAX_FILES: u32 = 65536;
@@ -159,7 +161,7 @@ pub mod undecoded {
 pub mod table_full {
     /// A process's NVIDIA fd table (`FD_SLOTS`).
     pub const FD_TABLE: u32 = 0;
-    /// The orphaned-file table (`ORPHAN_SLOTS`).
+    /// The orphaned files watched (`MAX_FILES`: the slots and their backlog).
     pub const ORPHANS: u32 = 1;
     /// A CPU's queue of deferred work.
     pub const WORK_QUEUE: u32 = 2;
@@ -395,14 +397,27 @@ pub struct OrphanSlot {
 }
 
 /// `ORPHAN_SWEEP[0]`: where the sweep of `ORPHANS` stands. The sweep checks slot
-/// `checked % ORPHAN_SLOTS` and adds one to `checked`, so a reader that sees
-/// `checked` grow by `2 * ORPHAN_SLOTS` knows every orphan was checked after it
-/// looked. `occupied`: slots in use (the sweep runs only while some are).
+/// `checked % ORPHAN_SLOTS` and adds one to `checked`; a slot whose orphan is still
+/// held hands it to the back of the backlog and takes the one in front, so a
+/// reader that sees `checked` grow by [`OrphanSweep::full_round`] knows every
+/// orphan was checked after it looked. `occupied`: orphans watched, in slots and
+/// in the backlog (the sweep runs only while some are); `backlog`: those waiting
+/// for a slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OrphanSweep {
     pub checked: u64,
     pub occupied: u64,
+    pub backlog: u64,
+}
+
+impl OrphanSweep {
+    /// Checks after which every orphan watched now has been checked at least once
+    /// more: two rounds of the slots, each taking up to one backlog entry, and one
+    /// round more for those taken last.
+    pub fn full_round(&self) -> u64 {
+        2 * self.occupied.max(u64::from(ORPHAN_SLOTS)) + u64::from(ORPHAN_SLOTS)
+    }
 }
 
 /// Key of `SIM_FILES`: a simulated-driver file's identity.

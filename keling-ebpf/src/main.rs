@@ -244,6 +244,16 @@ fn count_table_full(pid: u32, site: u32) {
     count_undecoded(pid, table_full_at(site));
 }
 
+/// Counts a full table at `site` only (`TABLE_FULL_AT`), held against no process:
+/// for a table whose overflow Keling covers another way, so the books stay exact.
+#[inline(always)]
+fn count_table_site(site: u32) {
+    if let Some(c) = TABLE_FULL_AT.get_ptr_mut(site) {
+        // SAFETY: per-CPU slot.
+        unsafe { *c += 1 };
+    }
+}
+
 /// Writes `event` to the ring buffer and wakes the agent, or counts it as dropped.
 /// For events a decision may hang on (process lifecycle, GPU memory).
 #[inline(always)]

@@ -368,9 +368,7 @@ impl Probes {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let now = self.orphan_sweep()?;
-            if now.occupied == 0
-                || now.checked >= start.checked + 2 * u64::from(keling_common::ORPHAN_SLOTS)
-            {
+            if now.occupied == 0 || now.checked >= start.checked + start.full_round() {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
