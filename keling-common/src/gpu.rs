@@ -50,8 +50,14 @@ pub mod device_file {
     pub const NONE: u32 = u32::MAX;
 }
 
-/// Most NVIDIA fds tracked per process.
-pub const FD_SLOTS: usize = 16;
+/// NVIDIA fds tracked per process in its own table (`PROC_FDS`). NVIDIA's libcuda
+/// 535 holds 3 + 3 per GPU after cuInit and the device queries (nvidiactl, 2
+/// nvidia-uvm, 3 of each nvidiaN: 27 with 8 GPUs, measured with
+/// `keling-cuda-probe` in `keling-nvsim sandbox`, docs/gpu-accounting.md), and
+/// a context opens more. Fds past the table are not lost: their files are watched
+/// host-wide by the orphan sweep (`ORPHAN_SLOTS`), so the books stay exact; the
+/// table only makes the common case cheap (a slot is judged at the close itself).
+pub const FD_SLOTS: usize = 32;
 /// Most clients tracked per open file.
 pub const FILE_CLIENTS: usize = 8;
 /// Most objects an export file holds (positions 0..FILE_EXPORTS).

@@ -1129,7 +1129,7 @@ fn a_file_released_outside_the_trace_is_found() {
     assert_eq!(teardown["bytes"], 10 << 20, "{teardown}");
 }
 
-/// More NVIDIA fds than Keling's per-process table holds (20 against 16): the
+/// More NVIDIA fds than Keling's per-process table holds (40 against 32): the
 /// overflow is counted where it happened (`table_full_at.fd_table`), never
 /// silently, and the figures stay exact (accounting is by file): every call on
 /// the extra fds is decoded, and the release of their files, by close or at exit,
@@ -1154,11 +1154,11 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
     } = TracedWorkload::start(sim, &out_path, &["--scenario", "many-fds", "--checkpoints"]);
     expect_checkpoint(&from_wl, 1);
     // (The driver rounds each 1 MiB up to its page size: the simulator says how much.)
-    let s = settled_snapshot(sim, &mut snapshots, "20 files with 1 MiB each");
+    let s = settled_snapshot(sim, &mut snapshots, "40 files with 1 MiB each");
     let p = &s["processes"][0];
     let pid = p["pid"].as_u64().unwrap();
-    let each = held(&s, pid) / 20;
-    assert!(each >= 1 << 20 && held(&s, pid) == 20 * each, "{s}");
+    let each = held(&s, pid) / 40;
+    assert!(each >= 1 << 20 && held(&s, pid) == 40 * each, "{s}");
     assert_eq!(
         p["undecoded"].as_u64().unwrap_or(0),
         0,
@@ -1167,7 +1167,7 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
     to_wl.write_all(b"\n").unwrap();
     expect_checkpoint(&from_wl, 2);
     let s = settled_snapshot(sim, &mut snapshots, "six files closed, two past the table");
-    assert_eq!(held(&s, pid), 14 * each, "{s}");
+    assert_eq!(held(&s, pid), 34 * each, "{s}");
     to_wl.write_all(b"\n").unwrap();
     assert!(keling.0.wait().unwrap().success());
     let lines = trace_lines(&out_path);
@@ -1178,9 +1178,9 @@ fn more_fds_than_the_table_holds_are_counted_and_stay_exact() {
         .iter()
         .filter(|t| t["type"] == "gpu_teardown" && t["reason"] == "file_released")
         .count();
-    assert_eq!(releases, 20, "every file's release was seen");
+    assert_eq!(releases, 40, "every file's release was seen");
     assert!(
-        summary["table_full_at"]["fd_table"].as_u64().unwrap_or(0) >= 4,
+        summary["table_full_at"]["fd_table"].as_u64().unwrap_or(0) >= 8,
         "the summary says which table was full: {}",
         summary["table_full_at"]
     );

@@ -3402,21 +3402,21 @@ fn pass_holder(cli: &Cli, cp: &mut Checkpoints) {
     drop(stream);
 }
 
-/// More NVIDIA fds than Keling's per-process table holds (20, opened with openat):
-/// on each a client, a device and 1 MiB of video memory. Checkpoints: 1 all
-/// allocated; 2 the 12th to 18th fds closed (releasing their files: four held
-/// by Keling's table, two beyond it); then it exits holding the rest, two beyond
-/// the table among them (their release at exit tears them down).
+/// More NVIDIA fds than Keling's per-process table holds (40 against 32, opened
+/// with openat): on each a client, a device and 1 MiB of video memory.
+/// Checkpoints: 1 all allocated; 2 the 29th to 34th fds closed (releasing their
+/// files: four held by Keling's table, two beyond it); then it exits holding the
+/// rest, six beyond the table among them (their release at exit tears them down).
 fn many_fds(env: &Env, cp: &mut Checkpoints) {
     let mut fds = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..40 {
         let ctl = env.open("nvidiactl", false);
         let (c, d) = env.session(ctl, 0);
         env.alloc_local(ctl, c, d, MIB);
         fds.push(ctl);
     }
     cp.emit();
-    for fd in fds.drain(12..18) {
+    for fd in fds.drain(28..34) {
         close(fd);
     }
     cp.emit();
