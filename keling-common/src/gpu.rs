@@ -101,6 +101,7 @@ pub const MAP_TOTALS: &str = "TOTALS";
 pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_TABLE_FULL_AT: &str = "TABLE_FULL_AT";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
+pub const MAP_TABLE_FULL_PID: &str = "TABLE_FULL_PID";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
 pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
 pub const MAP_CALL_COUNTS: &str = "CALL_COUNTS";
