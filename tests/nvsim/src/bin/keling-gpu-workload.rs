@@ -188,6 +188,11 @@ struct Cli {
     /// pass-server / pass-client: the unix socket the nvidiactl fd travels over.
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// busy: before its allocation, this many more clients on its nvidiactl file,
+    /// each with a device and 1 MiB (past 7, more than Keling's table of an open
+    /// file's clients holds).
+    #[arg(long, default_value_t = 0)]
+    clients: u32,
     /// fd-flood: how many nvidiactl fds to open, each with 1 MiB.
     #[arg(long, default_value_t = 100)]
     fds: u32,
@@ -3274,6 +3279,10 @@ fn busy(env: &Env, cli: &Cli) {
     });
     let ctl = env.open("nvidiactl", false);
     let (c, d) = env.session(ctl, gpu);
+    for _ in 0..cli.clients {
+        let (c, d) = env.session(ctl, gpu);
+        env.alloc_local(ctl, c, d, MIB);
+    }
     if cli.alloc_mib > 0 {
         loop {
             let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
