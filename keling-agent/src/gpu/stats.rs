@@ -174,6 +174,26 @@ mod tests {
 
     use super::*;
 
+    /// A process whose books met a full table carries the count (and says so in
+    /// JSON); one whose did not has no such field.
+    #[test]
+    fn full_tables_are_shown_per_process_only_when_met() {
+        let mut acc = GpuAccounting::default();
+        let t = Totals {
+            bytes: 4096,
+            ..Totals::default()
+        };
+        acc.totals.insert((7, keling_common::ALL_GPUS), t);
+        acc.totals.insert((8, keling_common::ALL_GPUS), t);
+        acc.table_full_per_pid.insert(7, 2);
+        let (procs, _) = gpu_stats(&acc);
+        assert_eq!(procs[&7].table_full, 2);
+        assert_eq!(procs[&8].table_full, 0);
+        let json = |pid| serde_json::to_value(&procs[&pid]).unwrap();
+        assert_eq!(json(7)["table_full"], 2);
+        assert!(json(8).get("table_full").is_none());
+    }
+
     #[test]
     fn call_counts_split_by_kind() {
         let c = CallCounts::from_kernel(
