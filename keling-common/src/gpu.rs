@@ -50,8 +50,14 @@ pub mod device_file {
     pub const NONE: u32 = u32::MAX;
 }
 
-/// Most NVIDIA fds tracked per process.
-pub const FD_SLOTS: usize = 16;
+/// NVIDIA fds tracked per process in its own table (`PROC_FDS`). NVIDIA's libcuda
+/// 535 holds 3 + 3 per GPU after cuInit and the device queries (nvidiactl, 2
+/// nvidia-uvm, 3 of each nvidiaN: 27 with 8 GPUs, measured with
+/// `keling-cuda-probe` in `keling-nvsim sandbox`, docs/gpu-accounting.md), and
+/// a context opens more. Fds past the table are not lost: their files are watched
+/// host-wide by the orphan sweep (`ORPHAN_SLOTS`), so the books stay exact; the
+/// table only makes the common case cheap (a slot is judged at the close itself).
+pub const FD_SLOTS: usize = 32;
 /// Most clients tracked per open file.
 pub const FILE_CLIENTS: usize = 8;
 /// Most objects an export file holds (positions 0..FILE_EXPORTS).
@@ -64,8 +70,10 @@ pub const MEM_HANDLES: usize = 8;
 pub const BATCH_OBJECTS: usize = 8;
 /// Simulated-driver files the agent can list.
 pub const MAX_SIM_FILES: u32 = 256;
-/// Files whose last known fd went while the kernel still counted references Keling
-/// does not know of (`ORPHANS`), re-checked until released.
+/// Slots of the orphaned-file sweep's working set (`ORPHANS`): files whose last
+/// known fd went while the kernel still counted references Keling does not know
+/// of, and files past a process's fd table, re-checked until released. Any number
+/// more wait their turn in `ORPHAN_BACKLOG` (up to [`MAX_FILES`]).
 pub const ORPHAN_SLOTS: u32 = 64;
 /// Open NVIDIA files tracked at once (`FILES`).
 pub const MAX_FILES: u32 = 65536;
@@ -93,6 +101,7 @@ pub const MAP_TOTALS: &str = "TOTALS";
 pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_TABLE_FULL_AT: &str = "TABLE_FULL_AT";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
+pub const MAP_TABLE_FULL_PID: &str = "TABLE_FULL_PID";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
 pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
 pub const MAP_CALL_COUNTS: &str = "CALL_COUNTS";
@@ -159,7 +168,7 @@ pub mod undecoded {
 pub mod table_full {
     /// A process's NVIDIA fd table (`FD_SLOTS`).
     pub const FD_TABLE: u32 = 0;
-    /// The orphaned-file table (`ORPHAN_SLOTS`).
+    /// The orphaned files watched (`MAX_FILES`: the slots and their backlog).
     pub const ORPHANS: u32 = 1;
     /// A CPU's queue of deferred work.
     pub const WORK_QUEUE: u32 = 2;
@@ -395,14 +404,27 @@ pub struct OrphanSlot {
 }
 
 /// `ORPHAN_SWEEP[0]`: where the sweep of `ORPHANS` stands. The sweep checks slot
-/// `checked % ORPHAN_SLOTS` and adds one to `checked`, so a reader that sees
-/// `checked` grow by `2 * ORPHAN_SLOTS` knows every orphan was checked after it
-/// looked. `occupied`: slots in use (the sweep runs only while some are).
+/// `checked % ORPHAN_SLOTS` and adds one to `checked`; a slot whose orphan is still
+/// held hands it to the back of the backlog and takes the one in front, so a
+/// reader that sees `checked` grow by [`OrphanSweep::full_round`] knows every
+/// orphan was checked after it looked. `occupied`: orphans watched, in slots and
+/// in the backlog (the sweep runs only while some are); `backlog`: those waiting
+/// for a slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OrphanSweep {
     pub checked: u64,
     pub occupied: u64,
+    pub backlog: u64,
+}
+
+impl OrphanSweep {
+    /// Checks after which every orphan watched now has been checked at least once
+    /// more: two rounds of the slots, each taking up to one backlog entry, and one
+    /// round more for those taken last.
+    pub fn full_round(&self) -> u64 {
+        2 * self.occupied.max(u64::from(ORPHAN_SLOTS)) + u64::from(ORPHAN_SLOTS)
+    }
 }
 
 /// Key of `SIM_FILES`: a simulated-driver file's identity.

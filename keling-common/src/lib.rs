@@ -126,7 +126,7 @@ mod layout_tests {
             frees: u64]);
         no_padding!(SimFileKey, 16, [dev: u32, _reserved: u32, ino: u64]);
         no_padding!(OrphanSlot, 16, [file: u64, inode: u64]);
-        no_padding!(OrphanSweep, 16, [checked: u64, occupied: u64]);
+        no_padding!(OrphanSweep, 24, [checked: u64, occupied: u64, backlog: u64]);
     }
 
     #[test]

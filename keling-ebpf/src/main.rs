@@ -37,6 +37,10 @@ static UNDECODED_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_
 /// Of `undecoded::TABLE_FULL`: which table, per CPU and `table_full` site.
 #[map]
 static TABLE_FULL_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(table_full::COUNT, 0);
+/// Per process: how often a table Keling needed for its books was full (its GPU
+/// memory figure may be wrong from then on; the agent takes no quota decision on it).
+#[map]
+static TABLE_FULL_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
 
 /// Tracked processes: pid -> who asked.
 #[map]
@@ -228,6 +232,9 @@ fn count_undecoded(pid: u32, reason: u32) {
             0
         }
     };
+    if reason & 0xff == undecoded::TABLE_FULL {
+        count_unsure(pid);
+    }
 }
 
 /// `undecoded::TABLE_FULL` with the table that was full (`site`: a `table_full`
@@ -242,6 +249,30 @@ const fn table_full_at(site: u32) -> u32 {
 #[inline(always)]
 fn count_table_full(pid: u32, site: u32) {
     count_undecoded(pid, table_full_at(site));
+}
+
+/// `pid`'s books may be wrong from now on (`TABLE_FULL_PID`).
+#[inline(never)]
+fn count_unsure(pid: u32) {
+    match TABLE_FULL_PID.get_ptr_mut(pid) {
+        // SAFETY: an aligned map value, updated atomically.
+        Some(p) => unsafe {
+            atomic_add(p, 1);
+        },
+        None => {
+            let _ = TABLE_FULL_PID.insert(pid, 1u64, 0);
+        }
+    }
+}
+
+/// Counts a full table at `site` only (`TABLE_FULL_AT`), held against no process:
+/// for a table whose overflow Keling covers another way, so the books stay exact.
+#[inline(always)]
+fn count_table_site(site: u32) {
+    if let Some(c) = TABLE_FULL_AT.get_ptr_mut(site) {
+        // SAFETY: per-CPU slot.
+        unsafe { *c += 1 };
+    }
 }
 
 /// Writes `event` to the ring buffer and wakes the agent, or counts it as dropped.

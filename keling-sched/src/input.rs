@@ -117,6 +117,15 @@ pub enum Input {
         /// When.
         ts_ns: u64,
     },
+    /// A table the kernel needed for the task's GPU memory books was full: its
+    /// memory figure may be wrong from now on (memory released and never seen
+    /// go, or memory never seen come), so no quota decision is taken on it.
+    MemUnsure {
+        /// The task.
+        id: TaskId,
+        /// When the agent learnt it.
+        ts_ns: u64,
+    },
     /// The action was not confirmed within the timeout model's deadline.
     TimedOut {
         /// The task.
@@ -141,6 +150,7 @@ impl Input {
             | Input::Exit { ts_ns, .. }
             | Input::Tick { ts_ns }
             | Input::Confirmed { ts_ns, .. }
+            | Input::MemUnsure { ts_ns, .. }
             | Input::TimedOut { ts_ns, .. } => *ts_ns,
         }
     }
@@ -156,6 +166,7 @@ impl Input {
             | Input::AllocFailed { id, .. }
             | Input::Exit { id, .. }
             | Input::Confirmed { id, .. }
+            | Input::MemUnsure { id, .. }
             | Input::TimedOut { id, .. } => Some(*id),
             Input::Tick { .. } => None,
         }
@@ -205,6 +216,7 @@ mod tests {
                 action: ActionKind::Stop,
                 ts_ns: u64::MAX,
             },
+            Input::MemUnsure { id: 7, ts_ns: 11 },
         ]
     }
 
@@ -238,6 +250,7 @@ mod tests {
             r#"{"Tick":{"ts_ns":8}}"#,
             r#"{"Confirmed":{"id":7,"action":"Freeze","ts_ns":9}}"#,
             r#"{"TimedOut":{"id":7,"action":"Stop","ts_ns":18446744073709551615}}"#,
+            r#"{"MemUnsure":{"id":7,"ts_ns":11}}"#,
         ];
         let inputs = every_variant(a_spec());
         assert_eq!(inputs.len(), expected.len());

@@ -140,6 +140,11 @@ impl Scheduler {
             Input::Tick { .. } => self.archive_finished(&mut out),
             Input::Confirmed { id, action, .. } => self.on_confirmed(*id, *action, &mut out),
             Input::TimedOut { id, action, .. } => self.on_timed_out(*id, *action, &mut out),
+            Input::MemUnsure { id, .. } => {
+                if let Some(task) = self.live_task_mut(*id) {
+                    task.mem_unsure = true;
+                }
+            }
         }
         self.apply_time_rules(&mut out);
         let bound_now = self.bind_queued(&mut out);
@@ -336,10 +341,12 @@ impl Scheduler {
         };
         let held = task.mem_bytes.entry(gpu).or_insert(0);
         *held = held.saturating_add(bytes);
-        let over_quota = task
-            .spec
-            .mem_quota_bytes
-            .is_some_and(|quota| task.total_mem() > u128::from(quota));
+        // A figure Keling knows may be wrong is no ground for ending a task.
+        let over_quota = !task.mem_unsure
+            && task
+                .spec
+                .mem_quota_bytes
+                .is_some_and(|quota| task.total_mem() > u128::from(quota));
         if over_quota {
             begin_ending(id, task, Reason::OverQuota, false, now, kill_grace_ms, out);
         }

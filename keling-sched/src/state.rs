@@ -147,6 +147,10 @@ pub struct TaskView {
     pub gpu: Option<u32>,
     /// Memory held now, per GPU index.
     pub mem_bytes: BTreeMap<u32, u64>,
+    /// `mem_bytes` may be wrong: a table the kernel needed for the task's books
+    /// was full ([`crate::Input::MemUnsure`]); its quota is not enforced on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mem_unsure: bool,
     /// Time spent holding a slot (`Running`, not yielded).
     pub on_gpu_ns: u64,
     /// `on_gpu_ns` in whole ms.
@@ -325,6 +329,7 @@ mod tests {
             state: Running,
             gpu: Some(0),
             mem_bytes: [(0, 2 << 30)].into(),
+            mem_unsure: false,
             on_gpu_ns: 1_000,
             on_gpu_ms: 0,
             wants_gpu: true,

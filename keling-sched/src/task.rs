@@ -46,6 +46,10 @@ pub(crate) struct Task {
     /// `None` while it waits unbound (late binding); once bound it never changes.
     pub(crate) gpu: Option<u32>,
     pub(crate) mem_bytes: BTreeMap<u32, u64>,
+    /// A table the kernel needed for this task's books was full
+    /// ([`crate::Input::MemUnsure`]): `mem_bytes` may be wrong, and is not held
+    /// against its quota.
+    pub(crate) mem_unsure: bool,
     pub(crate) arrived_ns: u64,
     /// Where its expected runtime counts from: arrival, or when late binding
     /// bound it (a task held before exec has not started).
@@ -84,6 +88,7 @@ impl Task {
             state: TaskState::Pending,
             gpu,
             mem_bytes: BTreeMap::new(),
+            mem_unsure: false,
             arrived_ns: now_ns,
             expected_from_ns: now_ns,
             started_ns: None,
@@ -203,6 +208,7 @@ impl Task {
             state: self.state,
             gpu: self.gpu,
             mem_bytes: self.mem_bytes.clone(),
+            mem_unsure: self.mem_unsure,
             on_gpu_ns: self.on_gpu_ns,
             on_gpu_ms: self.on_gpu_ns / NS_PER_MS,
             wants_gpu: self.wants_gpu,

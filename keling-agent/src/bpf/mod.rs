@@ -15,9 +15,9 @@ use aya::{
 use keling_common::{
     DROP_COUNTERS, FD_SLOTS, FILE_UNRESOLVED, FdSlot, GLOBAL_CONFIG, MAP_CALL_COUNTS,
     MAP_CALLS_UNCOUNTED, MAP_DROPS, MAP_EVENTS, MAP_ORPHAN_SWEEP, MAP_PROC_FDS, MAP_SIM_FILES,
-    MAP_TABLE_FULL_AT, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS, MAP_UNDECODED,
-    MAP_UNDECODED_PID, OrphanSweep, ProbeConfig, ProcFds, SimFileKey, TotalKey, Totals,
-    TrackedProcess, nvidia, undecoded,
+    MAP_TABLE_FULL_AT, MAP_TABLE_FULL_PID, MAP_TOTALS, MAP_TRACKED_PIDS, MAP_TRACKED_TIDS,
+    MAP_UNDECODED, MAP_UNDECODED_PID, OrphanSweep, ProbeConfig, ProcFds, SimFileKey, TotalKey,
+    Totals, TrackedProcess, nvidia, undecoded,
 };
 
 use self::{
@@ -368,9 +368,7 @@ impl Probes {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let now = self.orphan_sweep()?;
-            if now.occupied == 0
-                || now.checked >= start.checked + 2 * u64::from(keling_common::ORPHAN_SLOTS)
-            {
+            if now.occupied == 0 || now.checked >= start.checked + start.full_round() {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
@@ -707,7 +705,24 @@ impl Probes {
         for site in 0..keling_common::table_full::COUNT {
             acc.table_full_at.push(per_site.get(&site, 0)?.iter().sum());
         }
+        acc.table_full_per_pid = self.table_full_pids()?;
         Ok(acc)
+    }
+
+    /// Per process, how often a table its books needed was full (its GPU memory
+    /// figure may be wrong since). Empty, one syscall, on a host where none was.
+    pub fn table_full_pids(&self) -> anyhow::Result<BTreeMap<u32, u64>> {
+        let map: HashMap<_, u32, u64> = HashMap::try_from(
+            self.ebpf
+                .map(MAP_TABLE_FULL_PID)
+                .context("TABLE_FULL_PID")?,
+        )?;
+        let mut out = BTreeMap::new();
+        for entry in map.iter() {
+            let (pid, n) = entry?;
+            out.insert(pid, n);
+        }
+        Ok(out)
     }
 
     /// The calls the followed processes made, by escape, UVM command and control,

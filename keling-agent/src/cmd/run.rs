@@ -622,6 +622,9 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         );
         // Nothing in here ends the agent but a signal to stop, or a fail-safe that
         // cannot be restarted: every other error is reported and survived.
+        // Per process, the kernel's count of full tables its books needed, as last
+        // told to the daemon.
+        let mut books_seen: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
         let result = loop {
             failsafe.heartbeat();
             if daemon.needs_clock() {
@@ -634,10 +637,12 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
                     if let Err(e) = ready {
                         log::warn!("event ring buffer: {e}");
                     }
-                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
+                    check_books(&probes, &mut daemon, &mut books_seen);
+                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics, &probes, &mut books_seen));
                 }
                 _ = tokio::time::sleep_until(next_tick) => {
-                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
+                    check_books(&probes, &mut daemon, &mut books_seen);
+                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics, &probes, &mut books_seen));
                     daemon.tick();
                     let period = if daemon.needs_clock() {
                         defaults::RUN_TICK_MS
@@ -664,7 +669,8 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
                 Some(wake) = wake_rx.recv() => {
                     if matches!(wake, Wake::Exited(_)) {
                         // The trace's exit event (with the code) is handled first.
-                        events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics));
+                        check_books(&probes, &mut daemon, &mut books_seen);
+                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics, &probes, &mut books_seen));
                     }
                     daemon.woken(wake);
                 }
@@ -723,9 +729,51 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
     })
 }
 
+/// Tells the daemon of every process whose books the kernel found a table full for
+/// since the last look (`TABLE_FULL_PID`). Read before each batch of events, so
+/// that an allocation the batch holds is judged knowing the figure may be wrong.
+fn check_books(
+    probes: &Probes,
+    daemon: &mut Daemon,
+    seen: &mut std::collections::HashMap<u32, u64>,
+) {
+    let now = match probes.table_full_pids() {
+        Ok(now) => now,
+        Err(e) => {
+            log::debug!("full tables per process unavailable: {e:#}");
+            return;
+        }
+    };
+    for (pid, n) in now {
+        if seen.insert(pid, n) != Some(n) {
+            daemon.books_unsure(pid);
+        }
+    }
+}
+
 /// One decoded event: counted, handed to the scheduler, and an exit noted for `/metrics`.
-fn ingest(e: &Event, c: &mut Counters, daemon: &mut Daemon, metrics: &mut Metrics) {
+/// Memory that would take a task over its quota is judged after one more look at
+/// the full tables: the kernel counted any before it sent the event, so the core
+/// knows whether the figure may be wrong before it decides.
+fn ingest(
+    e: &Event,
+    c: &mut Counters,
+    daemon: &mut Daemon,
+    metrics: &mut Metrics,
+    probes: &Probes,
+    books_seen: &mut std::collections::HashMap<u32, u64>,
+) {
     c.count(e);
+    let charged = match e {
+        Event::GpuAlloc(a) => Some((a.header.pid, a.bytes)),
+        Event::GpuCharge(m) => Some((m.to_pid, m.bytes)),
+        _ => None,
+    };
+    if let Some((pid, bytes)) = charged
+        && daemon.would_pass_quota(pid, bytes)
+    {
+        check_books(probes, daemon, books_seen);
+    }
     if let Event::Exit(x) = e
         && x.group_dead != 0
     {

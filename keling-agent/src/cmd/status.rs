@@ -53,7 +53,7 @@ const JSON_FIELDS: &str = "\
   caller_uid                the uid asking (SO_PEERCRED)
   tasks[]: id, pid, name, uid, mine (the caller's), priority, class, state
     (PENDING, RUNNING, PREEMPTED, COMPLETED, FAILED, ARCHIVED), state_for_ms, gpu,
-    mem_bytes, mem_bytes_per_gpu, elapsed_ms, on_gpu_ms, wants_gpu, yielded, in_flight
+    mem_bytes, mem_bytes_per_gpu, mem_unsure (only when true), elapsed_ms, on_gpu_ms, wants_gpu, yielded, in_flight
     (Freeze, Thaw, Stop or null), cgroup, ending_reason, exit_code,
     waiting (PREEMPTED only): {reason, behind: [{task, name, priority}], for_ms}
     queued (late binding; unbound tasks only, state PENDING): {id, position (1:
@@ -152,6 +152,9 @@ fn note(t: &TaskStatus) -> String {
     }
     if t.yielded {
         parts.push("idle: yielded its slot, not frozen".into());
+    }
+    if t.mem_unsure {
+        parts.push("GPU memory figure unsure (a kernel table was full): quota not enforced".into());
     }
     match t.in_flight {
         Some(keling_sched::ActionKind::Freeze | keling_sched::ActionKind::Stop) => {
@@ -410,6 +413,7 @@ mod tests {
             gpu: Some(0),
             mem_bytes: 0,
             mem_bytes_per_gpu: BTreeMap::new(),
+            mem_unsure: false,
             on_gpu_ms: 0,
             elapsed_ms: 0,
             wants_gpu: true,

@@ -372,6 +372,10 @@ pub struct TaskStatus {
     /// GPU memory held, all GPUs.
     pub mem_bytes: u64,
     pub mem_bytes_per_gpu: BTreeMap<u32, u64>,
+    /// `mem_bytes` may be wrong: a kernel table Keling needed for the task's books
+    /// was full. Its quota is not enforced on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mem_unsure: bool,
     pub on_gpu_ms: u64,
     pub elapsed_ms: u64,
     pub wants_gpu: bool,

@@ -20,6 +20,13 @@ pub struct GpuAccounting {
     pub undecoded_per_reason: Vec<u64>,
     /// Of the `table_full` ones: which table (see `keling_common::table_full`).
     pub table_full_at: Vec<u64>,
+    /// Per process: how often a table its books needed was full (`TABLE_FULL_PID`):
+    /// its figure may be wrong.
+    pub table_full_per_pid: BTreeMap<u32, u64>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One process's GPU memory, from the kernel's accounting maps.
@@ -42,6 +49,11 @@ pub struct GpuProcessStats {
     pub gpu_frees: u64,
     /// Calls that could not be decoded with certainty.
     pub undecoded: u64,
+    /// How often a table Keling needed for this process's books was full: when
+    /// not 0, its figures may be wrong (memory released unseen stays charged, or
+    /// memory never seen is missing), and no quota decision is taken on them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub table_full: u64,
     /// The process has exited but the driver still holds memory it allocated,
     /// through an open file another process keeps (a forked child, a dup).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -109,6 +121,9 @@ pub fn gpu_stats(acc: &GpuAccounting) -> (BTreeMap<u32, GpuProcessStats>, Vec<Gp
     for (&pid, &n) in &acc.undecoded_per_pid {
         procs.entry(pid).or_default().undecoded = n;
     }
+    for (&pid, &n) in &acc.table_full_per_pid {
+        procs.entry(pid).or_default().table_full = n;
+    }
     (procs, devices)
 }
 
@@ -158,6 +173,26 @@ mod tests {
     use keling_common::{call_key, nvidia::escape};
 
     use super::*;
+
+    /// A process whose books met a full table carries the count (and says so in
+    /// JSON); one whose did not has no such field.
+    #[test]
+    fn full_tables_are_shown_per_process_only_when_met() {
+        let mut acc = GpuAccounting::default();
+        let t = Totals {
+            bytes: 4096,
+            ..Totals::default()
+        };
+        acc.totals.insert((7, keling_common::ALL_GPUS), t);
+        acc.totals.insert((8, keling_common::ALL_GPUS), t);
+        acc.table_full_per_pid.insert(7, 2);
+        let (procs, _) = gpu_stats(&acc);
+        assert_eq!(procs[&7].table_full, 2);
+        assert_eq!(procs[&8].table_full, 0);
+        let json = |pid| serde_json::to_value(&procs[&pid]).unwrap();
+        assert_eq!(json(7)["table_full"], 2);
+        assert!(json(8).get("table_full").is_none());
+    }
 
     #[test]
     fn call_counts_split_by_kind() {

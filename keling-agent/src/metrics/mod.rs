@@ -10,6 +10,8 @@
 //! | `process_gpu_allocations_total` | counter | pid, comm, task, user, gpu |
 //! | `process_gpu_frees_total` | counter | pid, comm, task, user, gpu |
 //! | `process_undecoded_ioctls_total` | counter | pid, comm, task, user |
+//! | `process_gpu_memory_unsure` | gauge | pid, comm, task, user (1: a kernel table its books needed was full, its figures may be wrong and no quota is enforced on them; only such processes) |
+//! | `table_full_total` | counter | table (each of `keling_common::table_full::NAMES`) |
 //! | `gpu_capacity_bytes` | gauge | gpu (GPUs whose capacity is known) |
 //! | `gpu_memory_bytes`, `gpu_memory_peak_bytes` | gauge | gpu, memory |
 //! | `ringbuf_events_total`, `ringbuf_dropped_events_total`, `ringbuf_undecodable_events_total` | counter | |
@@ -168,6 +170,7 @@ struct ProcessSeries {
     labels: Vec<(&'static str, String)>,
     gpus: Vec<GpuDeviceStats>,
     undecoded: u64,
+    table_full: u64,
 }
 
 /// Everything one scrape shows, owned (a prometheus-client collector must be).
@@ -179,6 +182,8 @@ pub struct Snapshot {
     events: u64,
     drops: u64,
     decode_errors: u64,
+    /// Per `table_full` site: how often that kernel table was full.
+    table_full_at: Vec<u64>,
     tasks_by_state: BTreeMap<String, u64>,
     latency: LatencyFamilies,
 }
@@ -234,6 +239,7 @@ impl Metrics {
         };
         let (procs, devices) = gpu_stats(acc);
         snap.devices = devices;
+        snap.table_full_at = acc.table_full_at.clone();
         let pids: Vec<u32> = procs.keys().copied().collect();
         self.table.refresh(&pids, src.now_ns);
         for (pid, p) in procs {
@@ -254,6 +260,7 @@ impl Metrics {
                 labels,
                 gpus: p.gpus,
                 undecoded: p.undecoded,
+                table_full: p.table_full,
             });
         }
         snap
@@ -307,8 +314,8 @@ fn scalar(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::R
 
 impl Snapshot {
     fn encode_into(&self, enc: &mut DescriptorEncoder) -> fmt::Result {
-        let (mut mem, mut peak, mut allocs, mut frees, mut undecoded) =
-            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut mem, mut peak, mut allocs, mut frees, mut undecoded, mut unsure) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         for p in &self.processes {
             for g in &p.gpus {
                 let gl = with(&p.labels, &[("gpu", g.gpu.to_string())]);
@@ -322,6 +329,9 @@ impl Snapshot {
                 frees.push((gl, g.frees));
             }
             undecoded.push((p.labels.clone(), p.undecoded));
+            if p.table_full > 0 {
+                unsure.push((p.labels.clone(), 1));
+            }
         }
         use MetricType::{Counter, Gauge};
         family(
@@ -358,6 +368,30 @@ impl Snapshot {
             "NVIDIA ioctls of a process that could not be decoded with certainty (counted, never guessed).",
             Counter,
             &undecoded,
+        )?;
+        family(
+            enc,
+            "keling_process_gpu_memory_unsure",
+            "1 for a process whose GPU memory figures may be wrong: a kernel table Keling needed for its books was full. No quota is enforced on such a figure.",
+            Gauge,
+            &unsure,
+        )?;
+        let sites: Vec<(Labels, u64)> = keling_common::table_full::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                (
+                    vec![("table", (*name).to_owned())],
+                    self.table_full_at.get(i).copied().unwrap_or(0),
+                )
+            })
+            .collect();
+        family(
+            enc,
+            "keling_table_full",
+            "Times a fixed kernel table of Keling's was full, by table (fd_table: an fd past a process's table, watched by the orphan sweep, no loss; the others: the books of the process may be wrong).",
+            Counter,
+            &sites,
         )?;
         let gpu = |g: u32| vec![("gpu", g.to_string())];
         family(

@@ -662,6 +662,41 @@ impl Daemon {
         }
     }
 
+    /// Whether `bytes` more for `pid` would take its task over its memory quota
+    /// (the agent then looks at the kernel's full tables first: [`Self::books_unsure`]).
+    pub fn would_pass_quota(&self, pid: u32, bytes: u64) -> bool {
+        let Some(t) = self.members.task_of(pid).and_then(|id| self.sched.task(id)) else {
+            return false;
+        };
+        let held: u128 = t.mem_bytes.values().map(|&b| u128::from(b)).sum();
+        !t.mem_unsure
+            && t.spec
+                .mem_quota_bytes
+                .is_some_and(|q| held + u128::from(bytes) > u128::from(q))
+    }
+
+    /// The kernel found a table it needed for `pid`'s GPU memory books full: the
+    /// figure of its task may be wrong, and the core is told so (no quota decision
+    /// on it).
+    pub fn books_unsure(&mut self, pid: u32) {
+        let Some(id) = self.members.task_of(pid) else {
+            return;
+        };
+        if self.sched.task(id).is_none_or(|t| t.mem_unsure) {
+            return;
+        }
+        log::warn!(
+            "task {id}: a kernel table Keling needed for the GPU memory books of pid {pid} \
+             was full; its memory figure may be wrong, and its quota is not enforced"
+        );
+        let received_ns = self.host.now_ns();
+        let input = Input::MemUnsure {
+            id,
+            ts_ns: received_ns,
+        };
+        self.step(&input, Cause::of(&input, received_ns));
+    }
+
     /// Checks which process belongs to which task against the truth (see
     /// [`Members::reconcile`]). Run every second and when the kernel reports lost
     /// events.
@@ -882,6 +917,7 @@ impl Daemon {
             gpu: t.gpu,
             mem_bytes: t.mem_bytes.values().sum(),
             mem_bytes_per_gpu: t.mem_bytes.clone(),
+            mem_unsure: t.mem_unsure,
             on_gpu_ms: t.on_gpu_ms,
             elapsed_ms: end.saturating_sub(t.arrived_ns) / 1_000_000,
             wants_gpu: t.wants_gpu,

@@ -156,6 +156,7 @@ mod tests {
             state,
             gpu: Some(gpu),
             mem_bytes: Default::default(),
+            mem_unsure: false,
             on_gpu_ns: 0,
             on_gpu_ms: 0,
             wants_gpu: true,

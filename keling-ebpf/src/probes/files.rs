@@ -36,8 +36,9 @@ use keling_common::{
 };
 
 use super::deferred::{self, Work};
+use super::orphans;
 use crate::{
-    atomic_add, btf_load, count_table_full, current_ids, emit, header, is_tracked_pid, kread,
+    atomic_add, btf_load, count_table_site, current_ids, emit, header, is_tracked_pid, kread,
     syscall_arg as arg, syscall_ret as ret, track,
 };
 
@@ -328,12 +329,19 @@ pub fn add_fd(fd: i32, device: u32, file: u64, how: u32, src_fd: i32) {
         }
     }
     if free >= FD_SLOTS {
-        // The process has more NVIDIA fds than its table holds: the count says so
-        // (the agent reads it per process), and the file, once clients live on it,
-        // is watched by the orphan sweep, which sees its release wherever it
-        // happens. Its calls are still decoded: accounting is by file.
-        count_table_full(pid, table_full::FD_TABLE);
-        queue_orphan(pid, tid, file);
+        // The process has more NVIDIA fds than its table holds. The file is
+        // watched host-wide from now on by the orphan sweep (which holds any
+        // number, orphans.rs), so its release, at a close, exec, exit or in
+        // another process, is found from the kernel's own count of its
+        // references: the books stay exact. Its calls are still decoded:
+        // accounting is by file. The count says where (`table_full_at`), once
+        // per file; it is no loss, so it is not held against the process.
+        let watched = orphans::is_orphan(file);
+        if !watched {
+            count_table_site(table_full::FD_TABLE);
+            let _ = file_info(file, device, pid);
+            queue_orphan(pid, tid, file);
+        }
         if how == open_how::FIRST_USE {
             // Every call on such an fd comes here: report it once, at its open.
             return;

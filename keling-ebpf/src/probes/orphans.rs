@@ -14,13 +14,24 @@
 //! files are `SLAB_TYPESAFE_BY_RCU`, so the memory stays a `struct file`), is
 //! released. Its release is reported with pid 0: no process Keling watches did it.
 //!
+//! Any number of orphans is watched: the slots are the sweep's working set, and
+//! the rest wait in `ORPHAN_BACKLOG`, a host-wide queue as large as `FILES`. A
+//! slot whose orphan is still held passes it to the back of the backlog and takes
+//! the one in front, so every orphan comes round in turn; a slot that empties
+//! takes the next. `ORPHAN_SET` holds every watched file once, whichever it is in.
+//! The files of a process that has more NVIDIA fds than its table holds are
+//! watched here from their first fd past the table (files.rs), so their release
+//! at close, exec, exit or in another process is found from the kernel's own
+//! count, however many there are. Only a full backlog (65536 files) is a full
+//! table here, and it is counted.
+//!
 //! The orphan check and the sweep are deferred work (`keling_orphan`,
 //! `keling_sweep` in work.rs); this module holds what they do.
 use aya_ebpf::{
     macros::map,
-    maps::{Array, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, Queue},
 };
-use keling_common::{FD_SLOTS, ORPHAN_SLOTS, OrphanSlot, OrphanSweep, table_full};
+use keling_common::{FD_SLOTS, MAX_FILES, ORPHAN_SLOTS, OrphanSlot, OrphanSweep, table_full};
 
 use super::deferred::{self, Work};
 use super::files::{FILES, PROC_FDS, file_refs, queue_release};
@@ -37,6 +48,22 @@ static ORPHAN_LAST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// at every context switch]. See [`NEWEST_WATCH_NS`].
 #[map]
 static ORPHAN_NEWEST: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+
+/// Every file watched as an orphan, in a slot or in the backlog (the value is
+/// unused): a file is watched once however often it is queued.
+#[map]
+static ORPHAN_SET: HashMap<u64, u32> = HashMap::with_max_entries(MAX_FILES, 0);
+/// Orphans waiting for a slot (see the module's doc).
+#[map]
+static ORPHAN_BACKLOG: Queue<OrphanSlot> = Queue::with_max_entries(MAX_FILES, 0);
+
+const BPF_NOEXIST: u64 = 1;
+
+/// Whether `file` is watched as an orphan.
+#[inline(always)]
+pub fn is_orphan(file: u64) -> bool {
+    ORPHAN_SET.get_ptr(file).is_some()
+}
 
 /// A slot's `file` while its claimer writes the rest (no file is at this address).
 const CLAIMING: u64 = u64::MAX;
@@ -123,15 +150,14 @@ pub fn add_orphan(pid: u32, file: u64) {
             }
         }
     }
-    for i in 0..ORPHAN_SLOTS {
-        let Some(slot) = ORPHANS.get_ptr(i) else {
-            return;
-        };
-        // SAFETY: a map value pointer.
-        if unsafe { core::ptr::read_volatile(&(*slot).file) } == file {
-            return;
+    if ORPHAN_SET.insert(file, 0, BPF_NOEXIST).is_err() {
+        // Watched already, or the set is full (then it is counted).
+        if !is_orphan(file) {
+            count_table_full(pid, table_full::ORPHANS);
         }
+        return;
     }
+    let inode = inode_of(file);
     // Claim the first empty slot. Another CPU may claim it between the read and
     // the compare-and-swap (another process closing an fd at the same moment):
     // then the next empty one is tried. The slot is held as CLAIMING while its
@@ -150,7 +176,7 @@ pub fn add_orphan(pid: u32, file: u64) {
             {
                 continue;
             }
-            (*slot).inode = inode_of(file);
+            (*slot).inode = inode;
             atomic_cas(&mut (*slot).file, CLAIMING, file);
         }
         claimed = i;
@@ -160,7 +186,17 @@ pub fn add_orphan(pid: u32, file: u64) {
         return;
     };
     if claimed == ORPHAN_SLOTS {
-        count_table_full(pid, table_full::ORPHANS);
+        // Every slot is in use: it waits its turn in the backlog.
+        if ORPHAN_BACKLOG.push(OrphanSlot { file, inode }, 0).is_err() {
+            let _ = ORPHAN_SET.remove(file);
+            count_table_full(pid, table_full::ORPHANS);
+            return;
+        }
+        // SAFETY: a map value pointer, changed only atomically.
+        unsafe {
+            atomic_add(&mut (*sweep).backlog, 1);
+            atomic_add(&mut (*sweep).occupied, 1);
+        }
         return;
     }
     // SAFETY: a map value pointer, changed only atomically.
@@ -193,21 +229,31 @@ pub fn sweep() {
     }
 }
 
-/// Releases the orphan in slot `i` if its file is gone or released.
-#[inline(always)]
+/// Releases the orphan in slot `i` if its file is gone or released; a slot still
+/// held passes its orphan to the backlog for the next in line, an empty one takes
+/// the next.
+#[inline(never)]
 fn check(i: u32) {
     let (Some(sweep), Some(slot)) = (ORPHAN_SWEEP.get_ptr_mut(0), ORPHANS.get_ptr_mut(i)) else {
         return;
     };
     // SAFETY: a map value pointer.
     let (file, inode) = unsafe { (core::ptr::read_volatile(&(*slot).file), (*slot).inode) };
-    if file == 0 || file == CLAIMING {
+    if file == CLAIMING {
+        return;
+    }
+    if file == 0 {
+        take_next(sweep, slot, 0);
         return;
     }
     // Released through a known fd meanwhile, or still held.
     let gone = FILES.get_ptr(file).is_none();
     let released = !gone && (file_refs(file) == 0 || inode_of(file) != inode);
     if !gone && !released {
+        // SAFETY: a map value pointer; a racy read of a counter is fine here.
+        if unsafe { core::ptr::read_volatile(&(*sweep).backlog) } != 0 {
+            take_next(sweep, slot, file);
+        }
         return;
     }
     // SAFETY: map value pointers; whoever empties the slot does the release.
@@ -217,7 +263,47 @@ fn check(i: u32) {
         }
         atomic_add(&mut (*sweep).occupied, u64::MAX);
     }
+    let _ = ORPHAN_SET.remove(file);
     if released {
         queue_release(0, 0, file);
+    }
+    take_next(sweep, slot, 0);
+}
+
+/// Puts the orphan at the front of the backlog into `slot`, whose orphan is
+/// `file` (0: empty): a held orphan goes to the back of the backlog first.
+#[inline(always)]
+fn take_next(sweep: *mut OrphanSweep, slot: *mut OrphanSlot, file: u64) {
+    // SAFETY: map value pointers; the slot is held as CLAIMING while it changes,
+    // and only its claimer changes it then.
+    unsafe {
+        if core::ptr::read_volatile(&(*sweep).backlog) == 0
+            || !atomic_cas(&mut (*slot).file, file, CLAIMING).1
+        {
+            return;
+        }
+        if file != 0 {
+            let held = OrphanSlot {
+                file,
+                inode: (*slot).inode,
+            };
+            if ORPHAN_BACKLOG.push(held, 0).is_err() {
+                atomic_cas(&mut (*slot).file, CLAIMING, file);
+                return;
+            }
+            atomic_add(&mut (*sweep).backlog, 1);
+        }
+        match ORPHAN_BACKLOG.pop() {
+            Ok(Some(next)) => {
+                atomic_add(&mut (*sweep).backlog, u64::MAX);
+                (*slot).inode = next.inode;
+                atomic_cas(&mut (*slot).file, CLAIMING, next.file);
+            }
+            // Another CPU took the last one meanwhile (or the queue was busy):
+            // the orphan pushed above is in the backlog or another slot.
+            _ => {
+                atomic_cas(&mut (*slot).file, CLAIMING, 0);
+            }
+        }
     }
 }

@@ -141,3 +141,29 @@ fn allocation_over_quota_terminates_then_kills() {
     let out = h.exit(1, 0);
     assert_eq!(moves(&out), vec![(1, Running, Failed, "over_quota")]);
 }
+
+/// Issue 32: once the kernel says a table it needed for the task's books was full
+/// (`MemUnsure`), the figure may be wrong (a ghost of memory released unseen), and
+/// an allocation that takes it over the quota ends nothing; the figure still
+/// counts, and the view says it is unsure.
+#[test]
+fn an_unsure_figure_is_not_held_against_the_quota() {
+    let mut h = Harness::new(config(1, 1));
+    h.arrive(TaskSpec {
+        mem_quota_bytes: Some(4 * GIB),
+        ..spec(1, 5)
+    });
+    assert_eq!(h.alloc(1, 0, 3 * GIB), Output::default());
+    assert!(!h.view(1).mem_unsure);
+    let ts_ns = h.ts_ns;
+    assert_eq!(h.step(Input::MemUnsure { id: 1, ts_ns }), Output::default());
+    assert_eq!(
+        h.alloc(1, 0, 2 * GIB),
+        Output::default(),
+        "over, but unsure"
+    );
+    let view = h.view(1);
+    assert!(view.mem_unsure);
+    assert_eq!(view.mem_bytes[&0], 5 * GIB);
+    assert_eq!(view.ending_reason, None);
+}

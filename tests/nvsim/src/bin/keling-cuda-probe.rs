@@ -5,7 +5,9 @@
 //! cuInit, cuDriverGetVersion, cuDeviceGetCount and, for every device,
 //! cuDeviceGet, cuDeviceGetName, cuDeviceTotalMem_v2, cuDeviceGetPCIBusId and
 //! cuDeviceGetAttribute for the attributes below, and prints one JSON object on
-//! stdout. Exits 0 when every call returned CUDA_SUCCESS; otherwise the object
+//! stdout, with how many NVIDIA device files it holds open after cuInit
+//! (`nvidia_fds_after_init`) and after the device queries (`nvidia_fds`, and by
+//! file in `nvidia_fds_by_file`): what sizes Keling's per-process fd table. Exits 0 when every call returned CUDA_SUCCESS; otherwise the object
 //! names the first failing call and its CUresult, and the exit code is 1.
 //!
 //! ```json
@@ -33,6 +35,24 @@ type CuDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
 type CuDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
 type CuDeviceTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
 type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+
+/// This process's open fds on NVIDIA device files (`/dev/nvidia*`), by file name.
+fn nvidia_fds() -> std::collections::BTreeMap<String, u64> {
+    let mut by_file = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(target) = std::fs::read_link(e.path())
+            && let Some(name) = target.to_str().and_then(|t| t.strip_prefix("/dev/"))
+            && name.starts_with("nvidia")
+        {
+            *by_file.entry(name.to_owned()).or_insert(0) += 1;
+        }
+    }
+    by_file
+}
 
 /// Prints the failure object and exits 1.
 fn fail(call: &str, code: c_int, so_far: &serde_json::Value) -> ! {
@@ -102,6 +122,7 @@ fn main() {
     if r != 0 {
         fail("cuInit", r, &out);
     }
+    out["nvidia_fds_after_init"] = nvidia_fds().values().sum::<u64>().into();
     let mut v: c_int = 0;
     // SAFETY: a libcuda entry point with out-pointers to live locals and
     // the lengths of their buffers.
@@ -173,5 +194,8 @@ fn main() {
         }));
     }
     out["devices"] = devices.into();
+    let by_file = nvidia_fds();
+    out["nvidia_fds"] = by_file.values().sum::<u64>().into();
+    out["nvidia_fds_by_file"] = serde_json::json!(by_file);
     println!("{out}");
 }

@@ -5,7 +5,7 @@
 //!                     [--checkpoint-every K]
 //!                     [--scenario random|basic|hostile|oom|share|busy|churn|
 //!                                 pass-server|pass-client|pass-holder|many-fds|
-//!                                 many-clients]
+//!                                 many-clients|fd-flood [--fds N]]
 //!                     [--socket PATH]
 //! ```
 //! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
@@ -149,7 +149,7 @@ struct Cli {
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
     /// random (default), basic, hostile, oom, share, busy, churn, compute, pass-server,
-    /// pass-client, pass-holder, many-fds, many-clients.
+    /// pass-client, pass-holder, many-fds, many-clients, fd-flood.
     #[arg(long, default_value = "random")]
     scenario: String,
     /// random: draw no "child killed by SIGKILL mid-work" step (a kill can land
@@ -192,6 +192,14 @@ struct Cli {
     /// so the memory figures hold still for a checkpoint.
     #[arg(long)]
     pause_file: Option<PathBuf>,
+    /// busy: before its allocation, this many more clients on its nvidiactl file,
+    /// each with a device and 1 MiB (past 7, more than Keling's table of an open
+    /// file's clients holds).
+    #[arg(long, default_value_t = 0)]
+    clients: u32,
+    /// fd-flood: how many nvidiactl fds to open, each with 1 MiB.
+    #[arg(long, default_value_t = 100)]
+    fds: u32,
 }
 
 // ----- process-wide helpers ----------------------------------------------
@@ -3275,6 +3283,10 @@ fn busy(env: &Env, cli: &Cli) {
     });
     let ctl = env.open("nvidiactl", false);
     let (c, d) = env.session(ctl, gpu);
+    for _ in 0..cli.clients {
+        let (c, d) = env.session(ctl, gpu);
+        env.alloc_local(ctl, c, d, MIB);
+    }
     if cli.alloc_mib > 0 {
         loop {
             let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
@@ -3458,21 +3470,21 @@ fn pass_holder(cli: &Cli, cp: &mut Checkpoints) {
     drop(stream);
 }
 
-/// More NVIDIA fds than Keling's per-process table holds (20, opened with openat):
-/// on each a client, a device and 1 MiB of video memory. Checkpoints: 1 all
-/// allocated; 2 the 12th to 18th fds closed (releasing their files: four held
-/// by Keling's table, two beyond it); then it exits holding the rest, two beyond
-/// the table among them (their release at exit tears them down).
+/// More NVIDIA fds than Keling's per-process table holds (40 against 32, opened
+/// with openat): on each a client, a device and 1 MiB of video memory.
+/// Checkpoints: 1 all allocated; 2 the 29th to 34th fds closed (releasing their
+/// files: four held by Keling's table, two beyond it); then it exits holding the
+/// rest, six beyond the table among them (their release at exit tears them down).
 fn many_fds(env: &Env, cp: &mut Checkpoints) {
     let mut fds = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..40 {
         let ctl = env.open("nvidiactl", false);
         let (c, d) = env.session(ctl, 0);
         env.alloc_local(ctl, c, d, MIB);
         fds.push(ctl);
     }
     cp.emit();
-    for fd in fds.drain(12..18) {
+    for fd in fds.drain(28..34) {
         close(fd);
     }
     cp.emit();
@@ -3495,6 +3507,33 @@ fn many_clients(env: &Env, cp: &mut Checkpoints) {
     }
     cp.emit();
     close(ctl);
+    cp.emit();
+}
+
+/// A child opens `--fds` nvidiactl fds (openat), on each a client, a device and
+/// 1 MiB of video memory on GPU 0 (checkpoint 1, the child's); then the child
+/// exits holding them all, so every file is released by its exit, and the parent,
+/// which never had them, waits for it (checkpoint 2) and exits after.
+fn fd_flood(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
+    let fds = cli.fds;
+    let on = cp.on;
+    let child = fork_child(|| {
+        for _ in 0..fds {
+            let ctl = env.open("nvidiactl", false);
+            let (c, d) = env.session(ctl, 0);
+            env.alloc_local(ctl, c, d, MIB);
+        }
+        let mut own = Checkpoints {
+            on,
+            every: 0,
+            steps: 0,
+            n: 0,
+        };
+        own.emit();
+        0
+    });
+    expect_exit0("fd-flood child", wait(child));
+    cp.n = 1;
     cp.emit();
 }
 
@@ -3535,6 +3574,7 @@ fn main() {
         "pass-holder" => pass_holder(&cli, &mut cp),
         "many-fds" => many_fds(&env, &mut cp),
         "many-clients" => many_clients(&env, &mut cp),
+        "fd-flood" => fd_flood(&env, &cli, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }
