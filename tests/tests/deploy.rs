@@ -222,16 +222,26 @@ fn daemonset_is_privileged_with_host_pids_and_the_mounts_the_agent_needs() {
     // status` on the host reaches the agent, and one agent runs per node).
     let (_, _, run_type) = mount_of("/run/keling");
     assert_eq!(run_type.as_deref(), Some("DirectoryOrCreate"));
+    // The default instance (no `--instance`): socket and lock default to
+    // /run/keling/keling.sock and /run/keling/keling.lock when not given.
     assert!(
-        m.get_one::<PathBuf>("socket")
-            .unwrap()
-            .starts_with("/run/keling")
+        !args.iter().any(|a| a.starts_with("--instance")),
+        "{args:?}"
     );
-    assert!(
-        m.get_one::<PathBuf>("lock")
-            .unwrap()
-            .starts_with("/run/keling")
-    );
+    for (flag, default) in [
+        ("socket", "/run/keling/keling.sock"),
+        ("lock", "/run/keling/keling.lock"),
+    ] {
+        let path = m
+            .get_one::<PathBuf>(flag)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(default));
+        assert!(
+            path.starts_with("/run/keling"),
+            "--{flag} {}",
+            path.display()
+        );
+    }
     // Logs on the host, for replay and report.
     let (logs_at, _, _) = mount_of("/var/log/keling");
     for flag in ["sched_log", "input_log"] {
