@@ -219,6 +219,24 @@ impl Agent {
         alloc_mib: u64,
         progress: &Path,
     ) -> ChildGuard {
+        let (iterations, alloc_mib) = (iterations.to_string(), alloc_mib.to_string());
+        self.launch_busy(
+            opts,
+            sim,
+            &["--iterations", &iterations, "--alloc-mib", &alloc_mib],
+            progress,
+        )
+    }
+
+    /// `keling launch OPTS -- keling-gpu-workload busy WORKLOAD_ARGS`, its
+    /// progress written to `progress`.
+    pub fn launch_busy(
+        &self,
+        opts: &[&str],
+        sim: &Nvsim,
+        workload_args: &[&str],
+        progress: &Path,
+    ) -> ChildGuard {
         ChildGuard(
             Command::new(keling_bin())
                 .arg("launch")
@@ -228,12 +246,7 @@ impl Agent {
                 .arg("--")
                 .arg(gpu_workload_bin())
                 .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
-                .args([
-                    "--iterations",
-                    &iterations.to_string(),
-                    "--alloc-mib",
-                    &alloc_mib.to_string(),
-                ])
+                .args(workload_args)
                 .arg("--progress")
                 .arg(progress)
                 .spawn()

@@ -4,16 +4,12 @@
 //! pin to one GPU does not keep a job from being preempted on the GPU it works on.
 //! The truth is the kernel's (`cgroup.events`, exit statuses) and the simulator's
 //! (`nvsim-state.json`), not Keling's own view.
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use keling_tests::{
-    ChildGuard, Fixture, Nvsim,
+    Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
-    gpu_workload_bin, keling_bin,
+    keling_bin,
 };
 use serde_json::Value;
 
@@ -24,32 +20,6 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
             status_interval_s: Some(0),
             ..AgentOptions::args(extra)
         },
-    )
-}
-
-/// `keling launch OPTS -- keling-gpu-workload busy WORKLOAD_ARGS`.
-fn launch(
-    agent: &Agent,
-    opts: &[&str],
-    sim: &Nvsim,
-    workload: &[&str],
-    progress: &Path,
-) -> ChildGuard {
-    ChildGuard(
-        Command::new(keling_bin())
-            .arg("launch")
-            .arg("--socket")
-            .arg(&agent.socket)
-            .args(opts)
-            .arg("--")
-            .arg(gpu_workload_bin())
-            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
-            .args(workload)
-            .arg("--progress")
-            .arg(progress)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
     )
 }
 
@@ -89,8 +59,7 @@ fn a_claimed_runtime_does_not_buy_immunity_from_eviction() {
     let sim = fx.sim();
     let agent = start_agent(sim, &[]);
     let (pl, ph) = (fx.dir.join("low"), fx.dir.join("high"));
-    let mut low = launch(
-        &agent,
+    let mut low = agent.launch_busy(
         &[
             "--priority",
             "15",
@@ -109,8 +78,7 @@ fn a_claimed_runtime_does_not_buy_immunity_from_eviction() {
         Duration::from_secs(20),
         || sim_held(sim, pid_low, 0) >= 700 << 20,
     );
-    let mut high = launch(
-        &agent,
+    let mut high = agent.launch_busy(
         &["--priority", "3", "--gpu", "0"],
         sim,
         &["--iterations", "50", "--alloc-mib", "600"],
@@ -159,8 +127,7 @@ fn a_job_pinned_to_one_gpu_is_preempted_on_the_gpu_it_works_on() {
     let sim = fx.sim();
     let agent = start_agent(sim, &[]);
     let (pl, ph) = (fx.dir.join("low"), fx.dir.join("high"));
-    let _low = launch(
-        &agent,
+    let _low = agent.launch_busy(
         &["--priority", "15", "--gpu", "1"],
         sim,
         &[
@@ -189,8 +156,7 @@ fn a_job_pinned_to_one_gpu_is_preempted_on_the_gpu_it_works_on() {
     assert_eq!(low["gpu"], 1, "it was pinned to GPU 1: {low}");
     let cg_low = Path::new(low["cgroup"].as_str().unwrap()).to_path_buf();
     assert!(!frozen(&cg_low));
-    let mut high = launch(
-        &agent,
+    let mut high = agent.launch_busy(
         &["--priority", "3", "--gpu", "0"],
         sim,
         &["--iterations", "300", "--alloc-mib", "0"],
