@@ -647,33 +647,33 @@ impl Scheduler {
                 .iter()
                 .map(|(&g, ids)| (g, self.rank_gpu(g, ids, bound_now, &rotated, &blocked)))
                 .collect();
-            let holds_everywhere = |id: &TaskId| {
-                ranked
-                    .values()
-                    .filter(|ids| ids.contains(id))
-                    .all(|ids| ids.iter().take(slots).any(|h| h == id))
-            };
-            let undecided: Vec<TaskId> = several
+            // Tasks beyond the slots of some GPU they use: all the others
+            // hold everywhere. One walk per GPU, so a round costs the ranking.
+            let beyond: BTreeSet<TaskId> = ranked
+                .values()
+                .flat_map(|ids| ids.iter().skip(slots).copied())
+                .collect();
+            let undecided: BTreeSet<TaskId> = several
                 .iter()
                 .copied()
-                .filter(|id| !blocked.contains(id) && !holds_everywhere(id))
+                .filter(|id| !blocked.contains(id) && beyond.contains(id))
                 .collect();
             if undecided.is_empty() {
                 break;
             }
-            let sure = |id: &TaskId| !several.contains(id) || holds_everywhere(id);
-            let surely_blocked: Vec<TaskId> = undecided
-                .iter()
-                .copied()
-                .filter(|id| {
-                    ranked.values().any(|ids| {
-                        let Some(at) = ids.iter().position(|x| x == id) else {
-                            return false;
-                        };
-                        ids[..at].iter().filter(|x| sure(x)).count() >= slots
-                    })
-                })
-                .collect();
+            let sure = |id: &TaskId| !several.contains(id) || !beyond.contains(id);
+            let mut surely_blocked: BTreeSet<TaskId> = BTreeSet::new();
+            for ids in ranked.values() {
+                let mut sure_ahead = 0;
+                for id in ids {
+                    if sure_ahead >= slots && undecided.contains(id) {
+                        surely_blocked.insert(*id);
+                    }
+                    if sure(id) {
+                        sure_ahead += 1;
+                    }
+                }
+            }
             if surely_blocked.is_empty() {
                 let policy = self.policy;
                 let last = undecided
