@@ -745,8 +745,10 @@ fn check_books(
         }
     };
     for (pid, n) in now {
-        if seen.insert(pid, n) != Some(n) {
-            daemon.books_unsure(pid);
+        // Remembered only once told to the process's task: a child that filled a
+        // table before its fork reached the daemon is told again next time.
+        if seen.get(&pid) != Some(&n) && daemon.books_unsure(pid) {
+            seen.insert(pid, n);
         }
     }
 }

@@ -677,13 +677,14 @@ impl Daemon {
 
     /// The kernel found a table it needed for `pid`'s GPU memory books full: the
     /// figure of its task may be wrong, and the core is told so (no quota decision
-    /// on it).
-    pub fn books_unsure(&mut self, pid: u32) {
+    /// on it). False when `pid` belongs to no task (yet: a child whose fork is
+    /// still in the ring buffer), so that the caller asks again.
+    pub fn books_unsure(&mut self, pid: u32) -> bool {
         let Some(id) = self.members.task_of(pid) else {
-            return;
+            return false;
         };
         if self.sched.task(id).is_none_or(|t| t.mem_unsure) {
-            return;
+            return true;
         }
         log::warn!(
             "task {id}: a kernel table Keling needed for the GPU memory books of pid {pid} \
@@ -695,6 +696,7 @@ impl Daemon {
             ts_ns: received_ns,
         };
         self.step(&input, Cause::of(&input, received_ns));
+        true
     }
 
     /// Checks which process belongs to which task against the truth (see
