@@ -369,6 +369,10 @@ impl Probes {
         loop {
             let now = self.orphan_sweep()?;
             if now.occupied == 0 || now.checked >= start.checked + start.full_round() {
+                // What the sweep found released is torn down as deferred work on
+                // the CPU that found it: have every CPU switch so that it is done
+                // before the caller reads the figures.
+                tokio::task::spawn_blocking(crate::os::switch_on_every_cpu).await?;
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {

@@ -34,6 +34,53 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 /// `CLOCK_MONOTONIC` in ns: the clock behind the kernel's `bpf_ktime_get_ns`, so
 /// agent times and event times can be subtracted.
+/// Makes every CPU this process may run on switch tasks a few times: a
+/// short-lived thread pinned to each sleeps 1 ms there, three times. The probes do their deferred work
+/// (a released file's teardown, the orphan sweep) at a CPU's next context
+/// switch, so work queued on an idle CPU waits for it; this is how a reader that
+/// wants final figures gets that work done now.
+pub fn switch_on_every_cpu() {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it.
+    let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the size is the set's own; pid 0 is this thread.
+    let ok =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) }
+            == 0;
+    if !ok {
+        return;
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: cpu is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &allowed) })
+        .collect();
+    let threads: Vec<_> = cpus
+        .into_iter()
+        .filter_map(|cpu| {
+            std::thread::Builder::new()
+                .name(format!("keling-cpu{cpu}"))
+                .spawn(move || {
+                    // SAFETY: a zeroed set, then one CPU below CPU_SETSIZE in it.
+                    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                    // SAFETY: as above.
+                    unsafe { libc::CPU_SET(cpu, &mut one) };
+                    // SAFETY: the set's own size; pid 0 is this new thread.
+                    let pinned = unsafe {
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one)
+                    } == 0;
+                    if pinned {
+                        for _ in 0..3 {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    }
+                })
+                .ok()
+        })
+        .collect();
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
 pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
