@@ -7,7 +7,7 @@
 //! traits of [`sources`], so the loop's behaviour tests drive it with no root
 //! and no kernel, against the daemon's fake host.
 //!
-//! Every kernel event goes through one path, [`Agent::drain`]: the full tables
+//! Every kernel event goes through one path, `Agent::drain`: the full tables
 //! first, then each event counted, noted for `/metrics` and handed to the daemon.
 use std::{
     collections::HashMap,
