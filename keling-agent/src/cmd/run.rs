@@ -108,7 +108,9 @@ pub struct RunArgs {
     /// `--hard-kill`) when at once it has run more than
     /// `--overload-session-ms` since it arrived, its GPU's memory in use peaked
     /// at `--overload-mem-pct` % of capacity or more during it, and at least
-    /// `--overload-waiting` tasks wait for that GPU.
+    /// `--overload-waiting` tasks wait for that GPU. Without this flag, the
+    /// config file's `[overload]` section (if any) turns it on with its own
+    /// thresholds.
     #[arg(long)]
     pub overload: bool,
     /// The overload rule's session threshold, ms (the article's 200).
@@ -406,11 +408,14 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         gpus,
         slots_per_gpu: args.slots,
         sharing: args.sharing.into(),
-        overload: args.overload.then_some(keling_sched::OverloadRule {
-            min_session_ms: args.overload_session_ms,
-            mem_peak_pct: args.overload_mem_pct,
-            min_waiting: args.overload_waiting,
-        }),
+        overload: args
+            .overload
+            .then_some(keling_sched::OverloadRule {
+                min_session_ms: args.overload_session_ms,
+                mem_peak_pct: args.overload_mem_pct,
+                min_waiting: args.overload_waiting,
+            })
+            .or_else(|| file_config.overload_rule()),
         idle_timeout_ms: args.idle_timeout_ms,
         default_max_duration_ms: args.max_duration_ms,
         default_grace_ms: args.grace_period_ms,
