@@ -34,6 +34,7 @@ use std::{
 use keling_common::nvidia::{ObjectKind, status};
 use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskState};
 
+use super::sharing::OutsideMemory;
 use super::{
     config::Config,
     history::Histories,
@@ -140,6 +141,8 @@ pub struct Daemon {
     /// Each task's transitions and decisions, for its owner (`keling status TASK`).
     histories: Histories,
     finished: Finished,
+    /// GPU memory of processes in no task, told to the core at each tick.
+    outside: OutsideMemory,
 }
 
 impl Daemon {
@@ -171,6 +174,7 @@ impl Daemon {
             last_prune_ns: 0,
             histories: Histories::default(),
             finished: Finished::default(),
+            outside: OutsideMemory::default(),
         }
     }
 
@@ -470,6 +474,7 @@ impl Daemon {
                 return;
             }
             Event::Exit(e) if e.group_dead != 0 => {
+                self.outside.exited(h.pid);
                 let status = ExitStatus::from_wait_status(e.exit_status);
                 if let Some(id) = self
                     .members
@@ -504,6 +509,8 @@ impl Daemon {
         for input in inputs {
             self.step(&input, Cause::of(&input, received_ns));
         }
+        self.outside
+            .on_event(event, |pid| self.members.task_of(pid));
         if let Some(id) = self.members.task_of(h.pid) {
             self.activity(id, h.ts_ns, received_ns);
         }
@@ -590,6 +597,9 @@ impl Daemon {
     pub fn tick(&mut self) {
         let now = self.host.now_ns();
         self.latency.tick(now);
+        for input in self.outside.changes(now) {
+            self.step_now(&input);
+        }
         self.step_now(&Input::Tick { ts_ns: now });
         let mut forgot = 0;
         if now.saturating_sub(self.last_prune_ns) >= 1_000_000_000 {

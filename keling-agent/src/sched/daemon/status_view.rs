@@ -98,6 +98,7 @@ impl StatusView<'_> {
                 load_balance_error: keling_sched::load_balance_error(&used),
             },
             archive,
+            gpus: crate::sched::sharing::gpu_memory(self.sched),
         }
     }
 
@@ -138,6 +139,8 @@ impl StatusView<'_> {
                 / 1_000_000,
             waiting: history::waiting(views, t, history, now),
             queued: self.sched.queued(t.spec.id),
+            wait_reason: self.sched.wait_reason(t.spec.id),
+            pinned_gpu: t.spec.gpu,
             ending_reason: t.ending_reason,
             exit_code: t.exit_code,
         }
