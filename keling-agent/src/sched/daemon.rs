@@ -145,6 +145,8 @@ pub struct Daemon {
     /// Each task's transitions and decisions, for its owner (`keling status TASK`).
     histories: Histories,
     finished: Finished,
+    /// Where launched tasks' records go, for the next agent (`restart`).
+    records: Option<std::path::PathBuf>,
 }
 
 impl Daemon {
@@ -176,6 +178,7 @@ impl Daemon {
             last_prune_ns: 0,
             histories: Histories::default(),
             finished: Finished::default(),
+            records: None,
         }
     }
 
@@ -284,6 +287,7 @@ impl Daemon {
                 // Its `placed` is told once the exec succeeded (notify.rs).
                 self.launches
                     .release(id, gpu, &mut self.clients, &mut *self.host);
+                self.record_task(id);
             }
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
@@ -442,6 +446,12 @@ impl Daemon {
                 }
             }
             Request::Signal(s) => reply.send(self.signal_request(&s, &peer)),
+            Request::Attach(req) => {
+                if let Err(e) = self.attach(&req, &peer, conn, &reply) {
+                    log::info!("attach by uid {} refused: {e}", peer.creds.uid);
+                    reply.send(Reply::Error(e));
+                }
+            }
             Request::Forward(signal) => self.forward(conn, signal),
         }
     }
@@ -571,11 +581,21 @@ impl Daemon {
         let Some(t) = self.members.get(id) else {
             return; // already ended (an adopted task's exit event came first)
         };
-        let status = if t.launched() {
+        let status = if t.launched() && t.our_child {
             // Our child: reap it for its status.
             self.host.reap(id)
         } else if let Some(s) = t.exit_seen {
             s
+        } else if t.launched() {
+            // Taken back from an earlier agent: not our child to reap.
+            let why = format!(
+                "task {id} (pid {}) ended, but it is not this agent's child (taken back after a \
+                 restart) and the trace lost its exit event: its exit status is unknown",
+                t.pid
+            );
+            log::warn!("{why}");
+            self.clients.exit_unknown(id, why);
+            ExitStatus::Exited(-1)
         } else {
             log::warn!(
                 "task {id} (pid {}) ended and the trace lost its exit event: exit status unknown",
@@ -604,6 +624,9 @@ impl Daemon {
         let ending_reason = self.sched.task(id).and_then(|t| t.ending_reason);
         self.clients.exited(id, status.code(), ending_reason);
         self.clients.settle(id);
+        if self.members.get(id).is_some_and(|t| t.launched()) {
+            self.unrecord(id);
+        }
         if let Some(conn) = self.members.remove(id).and_then(|t| t.conn) {
             self.conn_task.remove(&conn);
         }
@@ -1080,6 +1103,8 @@ fn memory_inputs(
     }
     out
 }
+
+pub mod restart;
 
 #[cfg(test)]
 mod behaviour;
