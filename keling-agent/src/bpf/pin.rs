@@ -77,6 +77,41 @@ fn on_bpffs(path: &Path) -> bool {
     r == 0 && st.f_type as i64 == BPF_FS_MAGIC
 }
 
+/// Mounts a bpf filesystem on `root` (where systemd mounts one at boot on most
+/// hosts; this one had none): only on an existing directory (not a link) of
+/// this uid that nobody else can write.
+fn mount_bpffs(root: &Path) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let missing = || {
+        anyhow::anyhow!(
+            "{} is not a bpf filesystem and cannot be made one (mount one: `mount -t bpf bpf {}`)",
+            root.display(),
+            root.display()
+        )
+    };
+    check_dir(root).map_err(|e| missing().context(e))?;
+    let c = std::ffi::CString::new(root.as_os_str().as_bytes()).map_err(|_| missing())?;
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let r = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            c.as_ptr(),
+            c"bpf".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            c"mode=0700".as_ptr().cast(),
+        )
+    };
+    if r != 0 || !on_bpffs(root) {
+        return Err(missing().context(std::io::Error::last_os_error()));
+    }
+    log::info!(
+        "mounted a bpf filesystem on {} (there was none) to keep the GPU memory books across \
+         a restart",
+        root.display()
+    );
+    Ok(())
+}
+
 /// Checks that `dir` is a directory (not a link) of this uid that nobody else
 /// can write.
 fn check_dir(dir: &Path) -> anyhow::Result<()> {
@@ -112,11 +147,7 @@ impl Pins {
     pub fn prepare(base: &Path, object: &[u8], keep: bool) -> anyhow::Result<Self> {
         let root = base.parent().unwrap_or(Path::new(BPFFS));
         if !on_bpffs(root) {
-            bail!(
-                "{} is not a bpf filesystem (mount one: `mount -t bpf bpf {}`)",
-                root.display(),
-                root.display()
-            );
+            mount_bpffs(root)?;
         }
         make_dir(base)?;
         let name = format!("obj-{:016x}", fnv1a(object));
@@ -186,7 +217,10 @@ mod tests {
     fn pins_go_only_on_a_bpf_filesystem() {
         let dir = std::env::temp_dir().join(format!("keling-pins-{}", std::process::id()));
         let err = Pins::prepare(&dir.join("keling"), b"x", true).unwrap_err();
-        assert!(err.to_string().contains("not a bpf filesystem"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("not a bpf filesystem"),
+            "{err:#}"
+        );
         assert!(!dir.exists(), "nothing made");
     }
 }
