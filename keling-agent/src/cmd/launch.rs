@@ -14,6 +14,12 @@
 //! why the task ended when Keling ended it, and with `--notify-preempt` each freeze
 //! and resume. The agent pushes them on the launch's connection as they happen
 //! ([`Notice`]); [`notice_line`] turns one into its line. `--quiet` prints none.
+//!
+//! When the agent goes away while the task runs (a restart), the client waits
+//! for the next one (`--reconnect-timeout`) and sends it `attach` for its task:
+//! the new agent took the task back from its record, and the client goes on as
+//! before. Otherwise it exits [`EXIT_AGENT_GONE`] (the task runs on unmanaged),
+//! or [`EXIT_STATUS_UNKNOWN`] when the task ended and how cannot be known.
 use std::{
     ffi::OsString,
     io::Write,

@@ -358,7 +358,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
     load.active_interval_ns = defaults::active_interval_ns(args.idle_timeout_ms);
     // Restart without loss (sched/daemon/restart.rs): an earlier run's tasks, its books.
     let records = restart::read_records(instance);
-    let pins = restart::pins(instance, !records.records.is_empty());
+    let pins = restart::pins(instance, restart::any_alive(&records));
     load.pin_dir = pins.as_ref().map(|p| p.dir.clone());
     let mut probes = Probes::load(&load)?;
     probes.adopt_existing_fds(None, true)?;

@@ -46,6 +46,23 @@ pub fn read_records(instance: &Instance) -> Found {
     }
 }
 
+/// Whether a task of `found` still runs (its recorded root process, same start
+/// time, still in its cgroup): only then are the kernel's books of the last run
+/// worth keeping.
+pub fn any_alive(found: &Found) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(mount) = crate::sched::cgroup::cgroup2_mount() else {
+        return false;
+    };
+    found.records.iter().any(|r| {
+        r.cgroup.strip_prefix(&mount).is_ok_and(|rel| {
+            let mut path = b"/".to_vec();
+            path.extend_from_slice(rel.as_os_str().as_bytes());
+            r.check_alive(&path).is_ok()
+        })
+    })
+}
+
 /// The pins of the GPU memory books for this run ([`Pins`]): kept from the last
 /// run when there are tasks to take back (`keep`). `None` (said why) when
 /// bpffs cannot hold them: the agent runs, and a restart loses the books.
@@ -230,6 +247,15 @@ impl Daemon {
                     continue;
                 }
             };
+            let mut spec = rec.spec;
+            let known: Vec<u32> = self.sched.config().gpus.iter().map(|g| g.index).collect();
+            if let Some(g) = spec.gpu.filter(|g| !known.is_empty() && !known.contains(g)) {
+                log::warn!(
+                    "task {id}: its record names GPU {g}, which this agent does not know \
+                     (GPUs {known:?}): placed anew"
+                );
+                spec.gpu = None;
+            }
             self.next_id = self.next_id.max(id + 1);
             self.members.insert(
                 id,
@@ -257,16 +283,13 @@ impl Daemon {
             log::info!(
                 "task {id} (pid {pid}, {}, uid {}, priority {}) taken back from an earlier agent \
                  ({} process(es) in {})",
-                rec.spec.name,
+                spec.name,
                 rec.uid,
-                rec.spec.priority,
+                spec.priority,
                 procs.len(),
                 rec.cgroup.display()
             );
-            self.step_now(&Input::Arrive {
-                spec: rec.spec,
-                ts_ns: now,
-            });
+            self.step_now(&Input::Arrive { spec, ts_ns: now });
             for (gpu, bytes) in memory(&procs) {
                 if bytes > 0 {
                     self.step_now(&Input::MemAlloc {
