@@ -297,7 +297,7 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
                     eprintln!("{PREFIX}{err}; exit code {EXIT_STATUS_UNKNOWN}");
                     return Ok(EXIT_STATUS_UNKNOWN);
                 }
-                ErrorKind::NotPermitted if attached => {
+                ErrorKind::NotPermitted | ErrorKind::Refused if attached => {
                     bail!("the agent refused to attach this client to its task again: {err}")
                 }
                 ErrorKind::Invalid | ErrorKind::Refused | ErrorKind::NotPermitted => {

@@ -89,6 +89,11 @@ impl Clients {
         }
     }
 
+    /// Whether task `id` has a client still owed its end.
+    pub fn has(&self, id: TaskId) -> bool {
+        self.0.contains_key(&id)
+    }
+
     /// The task was bound to `gpu` at its release (late binding): its `accepted`
     /// says so.
     pub fn bound(&mut self, id: TaskId, gpu: u32) {

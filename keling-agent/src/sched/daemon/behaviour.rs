@@ -880,6 +880,13 @@ async fn a_task_taken_back_from_its_record_is_scheduled_and_only_its_owner_attac
             pid: 4242
         })]
     );
+    // One client per task: a second attach is refused.
+    let (reply, mut rx) = Replier::for_test();
+    handle_as(&mut a, attach(), reply, user(1000));
+    match rx.drain().as_slice() {
+        [Reply::Error(e)] => assert_eq!(e.kind, ErrorKind::Refused, "{e}"),
+        other => panic!("a second attach answered {other:?}"),
+    }
     // New launches come after it; a higher priority on its GPU freezes it.
     let (high, _c) = a.running(0, Some(1));
     assert_eq!(high, 8);

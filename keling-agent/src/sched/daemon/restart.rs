@@ -365,10 +365,20 @@ impl Daemon {
                 ),
             ));
         }
+        if self.clients.has(req.task) {
+            return Err(ReplyError::new(
+                ErrorKind::Refused,
+                format!(
+                    "task {} has its launch client attached already: only one client follows a \
+                     task",
+                    req.task
+                ),
+            ));
+        }
         let (id, pid) = (req.task, t.pid);
         let gpu = self.sched.task(id).and_then(|v| v.gpu);
         if let Some(old) = self.members.get(id).and_then(|t| t.conn) {
-            self.conn_task.remove(&old);
+            self.conn_task.remove(&old); // its client is gone
         }
         self.members.set_conn(id, conn);
         self.conn_task.insert(conn, id);
