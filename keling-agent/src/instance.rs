@@ -107,6 +107,12 @@ impl Instance {
         self.run_dir().join("tasks")
     }
 
+    /// Where the GPU memory books' maps are pinned across a restart:
+    /// `/sys/fs/bpf/keling`, or `/sys/fs/bpf/keling-NAME` (`bpf::pin`).
+    pub fn bpf_dir(&self) -> PathBuf {
+        Path::new(crate::bpf::pin::BPFFS).join(self.cgroup_name())
+    }
+
     /// The arguments that name this instance to another `keling` command.
     pub fn args(&self) -> Vec<String> {
         match &self.name {

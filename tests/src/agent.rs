@@ -104,6 +104,9 @@ pub struct AgentOptions<'a> {
     /// sharing became the default get the model they were written for:
     /// [`SLOT_MODEL`], each flag unless `args` sets it.
     pub agent_defaults: bool,
+    /// `--socket` (default: one in the agent's own directory). A restart test
+    /// gives the next agent the socket of the one before.
+    pub socket: Option<PathBuf>,
 }
 
 /// What `keling run` did by default before memory sharing and late binding
@@ -148,7 +151,10 @@ impl Agent {
 
     fn try_start(sim: &Nvsim, opts: &AgentOptions) -> Result<Agent, String> {
         let dir = tempdir();
-        let socket = dir.join("keling.sock");
+        let socket = opts
+            .socket
+            .clone()
+            .unwrap_or_else(|| dir.join("keling.sock"));
         let sched_log = opts
             .sched_log
             .clone()

@@ -1,6 +1,8 @@
 //! The agent stops (an upgrade, a systemd restart) while a launched task runs:
-//! the task goes on, and its `keling launch` client says so and exits with its
-//! own code (not 1, as any other failure).
+//! the task goes on. With no agent coming back, its `keling launch` client says
+//! so and exits with its own code (not 1, as any other failure); when the next
+//! agent starts, it takes the task back (owner, priority, limits, GPU memory)
+//! and the client attaches to it again.
 use std::{
     io::{BufRead, BufReader},
     process::{Command, Stdio},
@@ -10,9 +12,10 @@ use std::{
 
 use keling_tests::{
     ChildGuard, Fixture,
-    agent::{Agent, AgentOptions, progress, task_pid, wait_for},
+    agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
     gpu_workload_bin, keling_bin,
 };
+use serde_json::Value;
 
 /// `keling launch`'s code when the agent went away and the task runs on
 /// (`keling_agent::cmd::launch::EXIT_AGENT_GONE`).
@@ -40,7 +43,7 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
             .arg("launch")
             .arg("--socket")
             .arg(&agent.socket)
-            .args(["--gpu", "0", "--"])
+            .args(["--gpu", "0", "--reconnect-timeout", "1", "--"])
             .arg(gpu_workload_bin())
             .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
             .args(["--iterations", "100000000", "--alloc-mib", "64"])
@@ -99,4 +102,179 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
     // SAFETY: the task's root process, a child of the stopped agent, by pid
     // (checked alive just now); the fixture removes its cgroup.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// The status entry of the task whose root is `pid`.
+fn task_of(status: &Value, pid: u32) -> Option<Value> {
+    status["tasks"]
+        .as_array()?
+        .iter()
+        .find(|t| t["pid"] == pid && t["state"] != "COMPLETED" && t["state"] != "FAILED")
+        .cloned()
+}
+
+/// The video memory the simulated driver charges to `pid`, all GPUs.
+fn sim_bytes(sim: &keling_tests::Nvsim, pid: u32) -> u64 {
+    keling_tests::truth_figures(&sim.state())
+        .iter()
+        .filter(|((p, _), _)| *p == u64::from(pid))
+        .map(|(_, f)| f[0])
+        .sum()
+}
+
+/// Issue 32, defect 7: the agent is stopped (`signal`: SIGTERM, as systemd does;
+/// SIGKILL, as a crash) while a launched task holding 128 MiB runs, and a new
+/// agent of the same instance starts. The task is taken back with its owner,
+/// priority, limits and 128 MiB (the simulator's truth), its client attaches
+/// again and gets its exit code, and the scheduler acts on it (a higher priority
+/// on its GPU freezes it).
+fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) {
+    const MIB: u64 = 1 << 20;
+    let Some(fx) = Fixture::scheduler(name, &["--gpus", "1"]) else {
+        return;
+    };
+    let sim = fx.sim();
+    let socket = fx.dir.join("keling.sock");
+    let options = || AgentOptions {
+        status_interval_s: Some(0),
+        socket: Some(socket.clone()),
+        ..AgentOptions::default()
+    };
+    let mut first = Agent::start_with(sim, options());
+    let p = fx.dir.join("progress");
+    let mut client = ChildGuard(
+        Command::new(keling_bin())
+            .arg("launch")
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--gpu",
+                "0",
+                "--priority",
+                "9",
+                "--max-duration-ms",
+                "600000",
+            ])
+            .args(["--mem-quota", "1073741824", "--notify-preempt", "--"])
+            .arg(gpu_workload_bin())
+            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+            .args(["--iterations", "100000000", "--alloc-mib", "128"])
+            .arg("--progress")
+            .arg(&p)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let said = Arc::new(Mutex::new(String::new()));
+    let lines = BufReader::new(client.0.stderr.take().unwrap()).lines();
+    let keep = said.clone();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("launch: {l}");
+            let mut s = keep.lock().unwrap();
+            s.push_str(&l);
+            s.push('\n');
+        }
+    });
+    let pid = task_pid(&first, &p);
+    wait_for("the task's 128 MiB", Duration::from_secs(10), || {
+        task_of(&first.status(), pid).is_some_and(|t| t["mem_bytes"] == 128 * MIB)
+    });
+    let id = task_of(&first.status(), pid).unwrap()["id"].clone();
+    first.signal(signal);
+    wait_for("the first agent to stop", Duration::from_secs(15), || {
+        !first.alive()
+    });
+    let second = Agent::start_with(sim, options());
+    let t = task_of(&second.status(), pid).expect("the task taken back, in the new agent's status");
+    let truth = sim_bytes(sim, pid);
+    assert_eq!(truth, 128 * MIB, "the simulator's truth");
+    assert_eq!(t["id"], id, "{t}");
+    assert_eq!(t["uid"], 0, "its owner: {t}");
+    assert_eq!(t["priority"], 9, "{t}");
+    assert_eq!(t["gpu"], 0, "{t}");
+    assert_eq!(
+        t["mem_bytes"], truth,
+        "its GPU memory, as the driver has it: {t}"
+    );
+    assert_eq!(
+        t["mem_unsure"], true,
+        "the gap while no agent ran is said: {t}"
+    );
+    // Its limits: the spec the new agent gave the core.
+    let arrive = std::fs::read_to_string(second.input_log())
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["Arrive"]["spec"]["pid"] == pid)
+        .expect("the task's arrival in the new agent's input log");
+    let spec = &arrive["Arrive"]["spec"];
+    assert_eq!(spec["max_duration_ms"], 600000, "{spec}");
+    assert_eq!(spec["mem_quota_bytes"], 1u64 << 30, "{spec}");
+    // Its client is back.
+    wait_for(
+        "the client to attach again",
+        Duration::from_secs(15),
+        || {
+            said.lock()
+                .unwrap()
+                .contains(&format!("attached again to task {id}"))
+        },
+    );
+    assert!(
+        client.0.try_wait().unwrap().is_none(),
+        "the client waits on"
+    );
+    // The scheduler acts on it: a higher priority on its GPU freezes it.
+    let cg = std::path::PathBuf::from(t["cgroup"].as_str().unwrap());
+    let ph = fx.dir.join("high");
+    let _high = second.launch(&["--priority", "0", "--gpu", "0"], sim, 100_000_000, 0, &ph);
+    let high_pid = task_pid(&second, &ph);
+    wait_for(
+        "the taken-back task frozen",
+        Duration::from_secs(10),
+        || frozen(&cg),
+    );
+    wait_for("its client told so", Duration::from_secs(10), || {
+        said.lock().unwrap().contains(&format!("task {id} frozen"))
+    });
+    // SAFETY: the high task's root process, by pid (its agent's child, alive).
+    unsafe { libc::kill(high_pid as i32, libc::SIGKILL) };
+    wait_for(
+        "the taken-back task resumed",
+        Duration::from_secs(10),
+        || !frozen(&cg),
+    );
+    // Its end reaches its client through the new agent: Ctrl-C forwarded.
+    // SAFETY: our own child, by pid.
+    unsafe { libc::kill(client.0.id() as i32, libc::SIGINT) };
+    let mut status = None;
+    wait_for("the client to exit", Duration::from_secs(15), || {
+        status = client.0.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(
+        status.unwrap().code(),
+        Some(128 + libc::SIGINT),
+        "the task's own exit code; the client said: {}",
+        said.lock().unwrap()
+    );
+    drop(second);
+    drop(first);
+}
+
+#[test]
+fn a_restarted_agent_takes_back_a_running_task_after_sigterm() {
+    a_restarted_agent_takes_back_a_running_task(
+        "a_restarted_agent_takes_back_a_running_task_after_sigterm",
+        libc::SIGTERM,
+    );
+}
+
+#[test]
+fn a_restarted_agent_takes_back_a_running_task_after_sigkill() {
+    a_restarted_agent_takes_back_a_running_task(
+        "a_restarted_agent_takes_back_a_running_task_after_sigkill",
+        libc::SIGKILL,
+    );
 }

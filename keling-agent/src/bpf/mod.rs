@@ -35,6 +35,7 @@ use crate::gpu::{
 };
 
 pub mod btf;
+pub mod pin;
 pub mod programs;
 pub mod tracefs;
 
@@ -97,6 +98,9 @@ pub struct LoadOptions {
     pub active_interval_ns: u32,
     /// Where NVIDIA ioctls are to be seen (`--ioctl-backend`).
     pub ioctl_backend: IoctlBackendChoice,
+    /// Pin the GPU memory books' maps ([`pin::PINNED`]) in this directory, and
+    /// load onto the ones pinned there already ([`pin::Pins`]).
+    pub pin_dir: Option<std::path::PathBuf>,
 }
 
 impl LoadOptions {
@@ -117,6 +121,7 @@ impl LoadOptions {
             required,
             active_interval_ns: 0,
             ioctl_backend: gpu.ioctl_backend,
+            pin_dir: None,
         })
     }
 }
@@ -205,9 +210,16 @@ impl Probes {
         let object = loadable_object()?;
         let config = probe_config(opts)?;
         log::debug!("probe config: {config:?}");
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(GLOBAL_CONFIG, &config, true)
-            .map_max_entries(MAP_EVENTS, opts.ringbuf_bytes)
+            .map_max_entries(MAP_EVENTS, opts.ringbuf_bytes);
+        if let Some(dir) = &opts.pin_dir {
+            for &name in pin::PINNED {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let mut ebpf = loader
             .load(object)
             .context("loading Keling's eBPF object into the kernel")?;
         // The simulated driver's files, before anything that reads them runs.
@@ -796,10 +808,13 @@ impl Probes {
         }
         let mut proc_fds: HashMap<_, u32, ProcFds> =
             HashMap::try_from(self.ebpf.map_mut(MAP_PROC_FDS).context("PROC_FDS")?)?;
+        let found: BTreeSet<u32> = tables.keys().copied().collect();
+        // A process listed already is in books kept across a restart (bpf::pin):
+        // they know its files better than this scan.
+        tables.retain(|pid, _| proc_fds.get(pid, 0).is_err());
         for (pid, table) in &tables {
             proc_fds.insert(pid, table, 0)?;
         }
-        let found: BTreeSet<u32> = tables.keys().copied().collect();
         if track {
             for &pid in &found {
                 self.track(pid, pid)?;

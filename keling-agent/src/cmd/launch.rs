@@ -14,6 +14,12 @@
 //! why the task ended when Keling ended it, and with `--notify-preempt` each freeze
 //! and resume. The agent pushes them on the launch's connection as they happen
 //! ([`Notice`]); [`notice_line`] turns one into its line. `--quiet` prints none.
+//!
+//! When the agent goes away while the task runs (a restart), the client waits
+//! for the next one (`--reconnect-timeout`) and sends it `attach` for its task:
+//! the new agent took the task back from its record, and the client goes on as
+//! before. Otherwise it exits [`EXIT_AGENT_GONE`] (the task runs on unmanaged),
+//! or [`EXIT_STATUS_UNKNOWN`] when the task ended and how cannot be known.
 use std::{
     ffi::OsString,
     io::Write,
@@ -26,7 +32,7 @@ use anyhow::{Context, bail};
 
 use super::human;
 use crate::control::{
-    ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
+    AttachRequest, ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Notice, Reply, Request, TaskRef,
     client::Connection,
 };
 
@@ -38,6 +44,19 @@ pub const PREFIX: &str = "keling: ";
 /// code cannot be told (EX_TEMPFAIL; a task's own codes are its, 1 is Keling's
 /// other errors).
 pub const EXIT_AGENT_GONE: i32 = 75;
+
+/// `keling launch`'s code when its task ended but its exit status cannot be
+/// known: it ended while no agent ran (the agent restarted), or the agent that
+/// took it back after a restart (not its parent) did not see its exit.
+pub const EXIT_STATUS_UNKNOWN: i32 = 76;
+
+/// How long `keling launch` waits by default for an agent that went away to
+/// come back, before it leaves the task running on unmanaged.
+pub const RECONNECT_TIMEOUT_S: u64 = 60;
+/// How often it says it is still waiting.
+const RECONNECT_PROGRESS: Duration = Duration::from_secs(5);
+/// How often it tries the socket.
+const RECONNECT_POLL: Duration = Duration::from_millis(200);
 
 /// The task this client launched: its id and root process (pid and start time,
 /// read when the agent said it was accepted).
@@ -121,6 +140,11 @@ pub struct LaunchArgs {
     /// how long).
     #[arg(long)]
     pub notify_preempt: bool,
+    /// When the agent goes away while the task runs (a restart), try its socket
+    /// this long, s, to attach to the task again under the next agent; 0: do
+    /// not wait (the task goes on unmanaged, exit code 75).
+    #[arg(long, default_value_t = RECONNECT_TIMEOUT_S, value_name = "SECS")]
+    pub reconnect_timeout: u64,
     /// The command, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -157,9 +181,13 @@ fn forwarded_set() -> libc::sigset_t {
     set
 }
 
+/// Where forwarded signals go: the connection of the moment (replaced when the
+/// client attaches again after a restart).
+type ToAgent = std::sync::Arc<std::sync::Mutex<UnixStream>>;
+
 /// Blocks the forwarded signals in this (still single-threaded) process and
 /// starts a thread that takes them with `sigwait` and sends each to the agent.
-fn forward_signals(mut to_agent: UnixStream, quiet: bool) {
+fn forward_signals(to_agent: ToAgent, quiet: bool) {
     let set = forwarded_set();
     // SAFETY: blocking signals in the calling thread; threads started after
     // inherit the mask, so only `sigwait` below ever takes them.
@@ -183,9 +211,9 @@ fn forward_signals(mut to_agent: UnixStream, quiet: bool) {
                     std::process::exit(130);
                 }
             }
-            if writeln!(to_agent, "{{\"forward\":{sig}}}").is_err() {
-                return;
-            }
+            // Lost while no agent runs (the task has no scheduler to pass it on).
+            let mut stream = to_agent.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(stream, "{{\"forward\":{sig}}}");
         }
     });
 }
@@ -218,8 +246,13 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
         notify_preempt: args.notify_preempt && !args.quiet,
     });
     let mut conn = Connection::request(&socket, &req, &[0, 1, 2])?;
-    forward_signals(conn.sender().context("clone the connection")?, args.quiet);
-    let mut launched = None;
+    let to_agent: ToAgent = std::sync::Arc::new(std::sync::Mutex::new(
+        conn.sender().context("clone the connection")?,
+    ));
+    forward_signals(to_agent.clone(), args.quiet);
+    let mut launched: Option<Launched> = None;
+    // Attached again after a restart: its errors mean another thing.
+    let mut attached = false;
     loop {
         let reply = match conn.next_reply() {
             Ok(r) => r,
@@ -228,9 +261,45 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
             Err(e) => return Err(e),
         };
         match reply {
-            None => return agent_gone(launched.as_ref()),
+            None => {
+                let Some(l) = launched.as_ref().filter(|l| l.runs()) else {
+                    return agent_gone(launched.as_ref());
+                };
+                if args.reconnect_timeout == 0 {
+                    return agent_gone(launched.as_ref());
+                }
+                match reattach(&socket, l, &args) {
+                    Reattach::Connected(c) => {
+                        conn = c;
+                        attached = true;
+                        if let Ok(s) = conn.sender() {
+                            *to_agent.lock().unwrap_or_else(|e| e.into_inner()) = s;
+                        }
+                    }
+                    Reattach::NoAgent => return agent_gone(launched.as_ref()),
+                    Reattach::Ended => {
+                        eprintln!(
+                            "{PREFIX}task {} (pid {}) ended while no agent ran: its exit status \
+                             cannot be known; exit code {EXIT_STATUS_UNKNOWN}",
+                            l.task, l.pid
+                        );
+                        return Ok(EXIT_STATUS_UNKNOWN);
+                    }
+                }
+            }
             Some(Reply::ExitCode(code)) => return Ok(code),
             Some(Reply::Error(err)) => match err.kind {
+                ErrorKind::ExitUnknown => {
+                    eprintln!("{PREFIX}{err}; exit code {EXIT_STATUS_UNKNOWN}");
+                    return Ok(EXIT_STATUS_UNKNOWN);
+                }
+                ErrorKind::NotFound if attached => {
+                    eprintln!("{PREFIX}{err}; exit code {EXIT_STATUS_UNKNOWN}");
+                    return Ok(EXIT_STATUS_UNKNOWN);
+                }
+                ErrorKind::NotPermitted | ErrorKind::Refused if attached => {
+                    bail!("the agent refused to attach this client to its task again: {err}")
+                }
                 ErrorKind::Invalid | ErrorKind::Refused | ErrorKind::NotPermitted => {
                     bail!("the agent refused the task: {err}")
                 }
@@ -239,6 +308,16 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
                 ErrorKind::NeverRan | ErrorKind::NotFound | ErrorKind::Internal => bail!("{err}"),
             },
             Some(Reply::Accepted(a)) => {
+                if let Some(l) = launched.as_ref().filter(|l| l.task == a.task) {
+                    if !args.quiet {
+                        eprintln!(
+                            "{PREFIX}attached again to task {} (pid {}): the agent is back and \
+                             schedules it",
+                            l.task, l.pid
+                        );
+                    }
+                    continue;
+                }
                 log::debug!("launched as task {} on GPU {:?}", a.task, a.gpu);
                 launched = Some(Launched {
                     task: a.task,
@@ -257,6 +336,61 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
             Some(Reply::Notice(_)) => {}
             Some(other) => bail!("unexpected reply from the agent: {other:?}"),
         }
+    }
+}
+
+/// What came of waiting for the agent to come back.
+enum Reattach {
+    /// An agent answers at the socket: the attach request is sent (its reply,
+    /// `accepted` or an error, is the next one read).
+    Connected(Connection),
+    /// None came back in time: the task goes on unmanaged.
+    NoAgent,
+    /// The task ended while no agent ran.
+    Ended,
+}
+
+/// The agent went away while task `l` runs: tries the socket every
+/// [`RECONNECT_POLL`] for `--reconnect-timeout`, saying so on standard error,
+/// and sends `attach` to the first agent that answers.
+fn reattach(socket: &std::path::Path, l: &Launched, args: &LaunchArgs) -> Reattach {
+    let window = Duration::from_secs(args.reconnect_timeout);
+    let started = Instant::now();
+    if !args.quiet {
+        eprintln!(
+            "{PREFIX}the agent went away while task {} (pid {}) ran; the task goes on: waiting up \
+             to {} for an agent to come back to schedule it",
+            l.task,
+            l.pid,
+            human::duration_ms(window.as_millis() as u64)
+        );
+    }
+    let mut said = started;
+    let req = Request::Attach(AttachRequest {
+        task: l.task,
+        pid: l.pid,
+        notify_preempt: args.notify_preempt && !args.quiet,
+    });
+    loop {
+        if let Ok(c) = Connection::request(socket, &req, &[]) {
+            return Reattach::Connected(c);
+        }
+        if !l.runs() {
+            return Reattach::Ended;
+        }
+        if started.elapsed() >= window {
+            return Reattach::NoAgent;
+        }
+        if !args.quiet && said.elapsed() >= RECONNECT_PROGRESS {
+            said = Instant::now();
+            eprintln!(
+                "{PREFIX}still no agent at {} after {} s; task {} runs on",
+                socket.display(),
+                started.elapsed().as_secs(),
+                l.task
+            );
+        }
+        std::thread::sleep(RECONNECT_POLL);
     }
 }
 

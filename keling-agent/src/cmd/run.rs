@@ -32,7 +32,7 @@ use crate::{
         access::AccessPolicy,
         cgroup,
         config::Config,
-        daemon::{Daemon, DaemonSettings},
+        daemon::{Daemon, DaemonSettings, restart},
         host::{RealHost, Wake},
         log::Logs,
         supervisor,
@@ -390,6 +390,10 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
     let mut load = LoadOptions::new(&args.gpu, true, args.ringbuf_kib, REQUIRED)?;
     // The scheduler needs to know a task works, not each of its switches and calls.
     load.active_interval_ns = defaults::active_interval_ns(args.idle_timeout_ms);
+    // Restart without loss (sched/daemon/restart.rs): an earlier run's tasks, its books.
+    let records = restart::read_records(instance);
+    let pins = restart::pins(instance, restart::any_alive(&records));
+    load.pin_dir = pins.as_ref().map(|p| p.dir.clone());
     let mut probes = Probes::load(&load)?;
     probes.adopt_existing_fds(None, true)?;
     let gpus = gpu_infos(&args, &file_config);
@@ -477,7 +481,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             confirm_tx,
             wake_tx,
         )?;
-        let daemon = Daemon::new(
+        let mut daemon = Daemon::new(
             Scheduler::new(config),
             LatencyRecorder::new(args.timeout_model),
             logs,
@@ -489,6 +493,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             },
             Box::new(host),
         );
+        restart::take_back_at_start(&mut daemon, &mut probes, instance, records, pins.as_ref());
         let histo = match &args.histo_log {
             Some(path) => Some(HistoLog::open(path)?),
             None => None,
@@ -552,6 +557,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         // Nothing in there ends the agent but a signal to stop, or a fail-safe
         // that cannot be restarted: every other error is reported and survived.
         let result = agent.run(shutdown).await;
+        restart::at_stop(instance, pins.as_ref());
         drop(scrape_tx);
         // Only the socket: a file someone put in its place stays.
         if std::fs::symlink_metadata(&socket)

@@ -37,6 +37,9 @@
 //! - `{"export": "prometheus"}` (or another [`ExportFormat`]): `{"export": "text"}`.
 //! - `{"signal": {"task": ID, "signal": N}}`: signal a task (its owner or root):
 //!   `{"signalled": COUNT}`.
+//! - `{"attach": {"task": ID, "pid": PID}}`: after an agent restart, the client
+//!   of a launch reconnects to its task (its owner or root only; [`AttachRequest`]).
+//!   Answered as a launch is, from `accepted` on; `forward` lines may follow.
 //!
 //! Anything else is answered with `{"error": {"kind": "invalid", "message": "what is
 //! wrong"}}` and the connection is closed. Every failure is such an
@@ -130,6 +133,23 @@ pub enum Request {
     History(u64),
     /// Status listing other archived tasks than `{"status": true}` does.
     StatusPage(StatusPage),
+    /// A launch's client reconnects to its task after the agent restarted.
+    Attach(AttachRequest),
+}
+
+/// `{"attach": {"task": ID, "pid": PID}}`: the client of a launch whose agent
+/// went away reconnects to its task (now the new agent's). Only the task's
+/// owner (by SO_PEERCRED) or root may; `pid` is the task's root process as
+/// `accepted` said it. Answered like a launch: `accepted`, notices, then
+/// `exit_code` (or an `exit_unknown` error).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    pub task: u64,
+    pub pid: u32,
+    /// Also push freeze and resume notices.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_preempt: bool,
 }
 
 /// Archived tasks a status lists when not asked for others, and the most one
@@ -208,6 +228,9 @@ pub enum ErrorKind {
     /// The agent could not do it (a cgroup it could not make, an export that
     /// failed).
     Internal,
+    /// The task ended, but how cannot be known: it was taken back after a
+    /// restart (not the agent's child) and the trace lost its exit event.
+    ExitUnknown,
 }
 
 /// A failure, as the control socket answers it: `{"error": {"kind", "message"}}`.

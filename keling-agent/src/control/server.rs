@@ -309,7 +309,7 @@ async fn serve(
     let mut follow_ups = None;
     match first {
         Ok((request, fds, peer)) => {
-            let is_launch = matches!(request, Request::Launch(_));
+            let is_launch = matches!(request, Request::Launch(_) | Request::Attach(_));
             let incoming = Incoming {
                 request,
                 fds,

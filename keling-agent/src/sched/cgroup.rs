@@ -129,6 +129,27 @@ impl CgroupRoot {
         Ok(task)
     }
 
+    /// An existing task cgroup, `dir`, directly under the root (an earlier
+    /// agent's: a record names it). Anything else is refused.
+    pub fn existing_task(&self, dir: &Path) -> anyhow::Result<TaskCgroup> {
+        let under = dir.parent() == Some(self.dir.as_path())
+            && dir
+                .file_name()
+                .is_some_and(|n| n != "." && n != ".." && !n.is_empty());
+        if !under {
+            bail!(
+                "{} is not a task cgroup under {}",
+                dir.display(),
+                self.dir.display()
+            );
+        }
+        let m = fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
+        if !m.is_dir() {
+            bail!("{} is not a directory", dir.display());
+        }
+        Ok(self.task_at(dir.to_owned()))
+    }
+
     /// The task cgroups under the root.
     pub fn tasks(&self) -> Vec<TaskCgroup> {
         fs::read_dir(&self.dir)
@@ -204,6 +225,11 @@ impl TaskCgroup {
     pub fn kill(&self) -> anyhow::Result<()> {
         fs::write(self.dir.join("cgroup.kill"), "1")
             .with_context(|| format!("write {}/cgroup.kill", self.dir.display()))
+    }
+
+    /// Whether `pid` is in this cgroup now.
+    pub fn holds(&self, pid: u32) -> bool {
+        self.contains(pid)
     }
 
     /// Whether `pid` is in this cgroup now.

@@ -143,6 +143,8 @@ pub struct Daemon {
     finished: Finished,
     /// GPU memory of processes in no task, told to the core at each tick.
     outside: OutsideMemory,
+    /// Where launched tasks' records go, for the next agent (`restart`).
+    records: Option<std::path::PathBuf>,
 }
 
 impl Daemon {
@@ -175,6 +177,7 @@ impl Daemon {
             histories: Histories::default(),
             finished: Finished::default(),
             outside: OutsideMemory::default(),
+            records: None,
         }
     }
 
@@ -283,6 +286,7 @@ impl Daemon {
                 // Its `placed` is told once the exec succeeded (notify.rs).
                 self.launches
                     .release(id, gpu, &mut self.clients, &mut *self.host);
+                self.record_task(id);
             }
             Action::Warn { remaining_ms, .. } => {
                 log::warn!("task {id} (pid {pid}) reaches its duration limit in {remaining_ms} ms");
@@ -422,11 +426,21 @@ impl Daemon {
         let Some(t) = self.members.get(id) else {
             return; // already ended (an adopted task's exit event came first)
         };
-        let status = if t.launched() {
+        let status = if t.launched() && t.our_child {
             // Our child: reap it for its status.
             self.host.reap(id)
         } else if let Some(s) = t.exit_seen {
             s
+        } else if t.launched() {
+            // Taken back from an earlier agent: not our child to reap.
+            let why = format!(
+                "task {id} (pid {}) ended, but it is not this agent's child (taken back after a \
+                 restart) and the trace lost its exit event: its exit status is unknown",
+                t.pid
+            );
+            log::warn!("{why}");
+            self.clients.exit_unknown(id, why);
+            ExitStatus::Exited(-1)
         } else {
             log::warn!(
                 "task {id} (pid {}) ended and the trace lost its exit event: exit status unknown",
@@ -455,6 +469,9 @@ impl Daemon {
         let ending_reason = self.sched.task(id).and_then(|t| t.ending_reason);
         self.clients.exited(id, status.code(), ending_reason);
         self.clients.settle(id);
+        if self.members.get(id).is_some_and(|t| t.launched()) {
+            self.unrecord(id);
+        }
         if let Some(conn) = self.members.remove(id).and_then(|t| t.conn) {
             self.conn_task.remove(&conn);
         }
@@ -809,6 +826,8 @@ fn memory_inputs(
     }
     out
 }
+
+pub mod restart;
 
 #[cfg(test)]
 mod behaviour;

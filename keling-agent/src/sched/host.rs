@@ -139,6 +139,20 @@ pub trait Host {
     /// end watched ([`Wake::Exited`]). `None`: it is gone or another one.
     fn adopt(&mut self, id: TaskId, pid: u32, seen_ns: u64) -> Option<Adopted>;
 
+    /// Takes back launched task `id` of an earlier agent (its record said so):
+    /// root process `pid`, started at `start_ticks`, in `cgroup` (a task cgroup
+    /// directly under the instance's root), its end watched ([`Wake::Exited`]).
+    /// Not this agent's child: its exit status comes from the trace. An error:
+    /// the cgroup is not one of ours, or the process is gone, another one, or
+    /// not in it.
+    fn readopt(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        start_ticks: u64,
+        cgroup: &std::path::Path,
+    ) -> anyhow::Result<Started>;
+
     /// A process's start time (`/proc/PID/stat`), `None` once it is gone.
     fn start_ticks(&self, pid: u32) -> Option<u64>;
 
@@ -353,6 +367,42 @@ impl Host for RealHost {
             uid,
             actuator,
         })
+    }
+
+    fn readopt(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        start_ticks: u64,
+        cgroup: &std::path::Path,
+    ) -> anyhow::Result<Started> {
+        let cg = self.cgroups.existing_task(cgroup)?;
+        let pidfd = Pidfd::open(pid).map_err(|e| anyhow::anyhow!("pid {pid}: {e}"))?;
+        // Checked after the open: the process held is the one recorded, in its cgroup.
+        pidfd
+            .read_proc(|p| (proc::start_ticks(p) == Some(start_ticks) && cg.holds(p)).then_some(()))
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "pid {pid} is gone, another process, or no longer in {}",
+                    cg.dir.display()
+                )
+            })?;
+        let pidfd = Arc::new(pidfd);
+        self.watch_exit(id, &pidfd);
+        let started = Started {
+            pid,
+            actuator: Arc::new(CgroupActuator::new(cg.clone(), self.freeze_boost)),
+            cgroup: cg.dir.clone(),
+        };
+        self.tasks.insert(
+            id,
+            Process {
+                pidfd,
+                cgroup: Some(cg),
+                held: None,
+            },
+        );
+        Ok(started)
     }
 
     fn start_ticks(&self, pid: u32) -> Option<u64> {

@@ -244,6 +244,7 @@ pub fn start(
             actuator: started.actuator,
             cgroup: Some(started.cgroup),
             uid: creds.uid,
+            our_child: true,
             conn: Some(conn),
             last_active_ns: 0,
             exit_seen: None,

@@ -36,6 +36,10 @@ pub struct TaskRuntime {
     pub cgroup: Option<PathBuf>,
     /// Whose task it is.
     pub uid: u32,
+    /// This agent's child (it launched it): its exit status is reaped. A task
+    /// taken back from an earlier agent's record is not: its status comes from
+    /// the trace.
+    pub our_child: bool,
     /// The launch's connection (its forwarded signals come on it).
     pub conn: Option<u64>,
     /// The last `Active` the core was given for it.
@@ -108,6 +112,13 @@ impl Members {
         self.tasks.iter().map(|(&id, t)| (id, t))
     }
 
+    /// Task `id`'s launch client is now on connection `conn` (it attached again).
+    pub fn set_conn(&mut self, id: TaskId, conn: u64) {
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.conn = Some(conn);
+        }
+    }
+
     /// The task ended: it and its processes are forgotten.
     pub fn remove(&mut self, id: TaskId) -> Option<TaskRuntime> {
         self.pid_task.retain(|_, m| m.task != id);
@@ -177,6 +188,9 @@ impl Members {
         let t = self.tasks.get_mut(&id).filter(|t| t.pid == pid)?;
         t.exited_ns = Some(ts_ns);
         if t.launched() {
+            // Its end comes from its pidfd; the status from here unless it is
+            // our child (reaped then).
+            t.exit_seen = Some(status);
             return None;
         }
         if host.alive(id) {
@@ -287,6 +301,7 @@ impl Members {
                 actuator: adopted.actuator,
                 cgroup: None,
                 uid: adopted.uid,
+                our_child: false,
                 conn: None,
                 last_active_ns: 0,
                 exit_seen: None,

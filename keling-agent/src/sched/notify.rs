@@ -69,6 +69,31 @@ impl Clients {
         );
     }
 
+    /// A launch's client attached again to its task (taken back after a restart,
+    /// running already): it hears `accepted` at once, then as any client.
+    pub fn attach(&mut self, reply: Replier, accepted: Accepted, notify_preempt: bool) {
+        let id = accepted.task;
+        self.add(reply, accepted, notify_preempt);
+        if let Some(c) = self.0.get_mut(&id) {
+            c.exec = Some(Ok(()));
+        }
+        self.settle(id);
+    }
+
+    /// The task ended and its exit status cannot be known (`why`): its client
+    /// hears that, instead of an exit code, and is forgotten.
+    pub fn exit_unknown(&mut self, id: TaskId, why: String) {
+        if let Some(c) = self.0.remove(&id) {
+            c.reply
+                .send(Reply::Error(ReplyError::new(ErrorKind::ExitUnknown, why)));
+        }
+    }
+
+    /// Whether task `id` has a client still owed its end.
+    pub fn has(&self, id: TaskId) -> bool {
+        self.0.contains_key(&id)
+    }
+
     /// The task was bound to `gpu` at its release (late binding): its `accepted`
     /// says so.
     pub fn bound(&mut self, id: TaskId, gpu: u32) {

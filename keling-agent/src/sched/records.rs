@@ -5,13 +5,9 @@
 //! priority, budget, GPU and limits, its root process (pid and start time: a pid
 //! alone may have been reused) and its cgroup.
 //!
-//! **Not wired yet.** The format, the writer and the hostile-input reader are
-//! here and unit-tested; the daemon does not write records at launch nor read
-//! them at start, so a restarted agent does not take running tasks back
-//! (docs/limits.md says so). What remains: write at launch and remove at the
-//! end, re-register each live record's task before serving (cgroup actuator,
-//! same spec, ids after the highest), an `attach` request for `keling launch`
-//! to reconnect to its task, and the task's GPU memory from before the restart.
+//! Written when a launched task is placed (its command released to exec) and
+//! removed when it ends ([`super::restart`] wires them in): an agent that starts
+//! reads them, checks each against the kernel and takes the task back.
 //!
 //! A record is hostile input when it is read: the directory must be root's (the
 //! agent's own uid) and writable by nobody else; each file is opened without
@@ -28,41 +24,31 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
+use keling_sched::TaskSpec;
 use serde::{Deserialize, Serialize};
 
 /// The largest record read (a real one is a few hundred bytes).
 pub const RECORD_MAX: u64 = 4096;
 /// The record format's version.
 pub const VERSION: u32 = 1;
-/// The most supplementary groups a record may list (NGROUPS_MAX).
-const GROUPS_MAX: usize = 65536;
 /// The longest name kept.
 const NAME_MAX: usize = 255;
 
-/// One launched task, as the next agent needs it.
+/// One launched task, as the next agent needs it: its spec for the core (one
+/// definition: [`TaskSpec`], with the GPU it was placed on), its root process's
+/// start time, its cgroup and its owner.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRecord {
     pub version: u32,
-    pub task: u64,
-    /// The task's root process and its start time in clock ticks
-    /// (`/proc/PID/stat`).
-    pub pid: u32,
+    /// Its id, root pid, name, priority, GPU and limits.
+    pub spec: TaskSpec,
+    /// The root process's start time in clock ticks (`/proc/PID/stat`).
     pub start_ticks: u64,
     /// The task's cgroup directory.
     pub cgroup: PathBuf,
-    /// Its owner: uid, primary and supplementary groups.
+    /// Its owner (who may signal it and attach to it).
     pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
-    pub name: String,
-    pub priority: u8,
-    pub gpu: Option<u32>,
-    pub mem_quota_bytes: Option<u64>,
-    pub max_duration_ms: Option<u64>,
-    pub grace_ms: Option<u64>,
-    pub hard_kill: Option<bool>,
-    pub expected_runtime_ms: Option<u64>,
 }
 
 /// The file name of task `id`'s record.
@@ -107,7 +93,7 @@ pub fn write(dir: &Path, rec: &TaskRecord) -> anyhow::Result<()> {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
     }
     check_dir(dir).map_err(anyhow::Error::msg)?;
-    let name = file_name(rec.task);
+    let name = file_name(rec.spec.id);
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut f = crate::os::files::open_for_writing(&tmp, crate::os::files::Write::Truncate)?;
     f.write_all(&serde_json::to_vec(rec)?)?;
@@ -153,17 +139,18 @@ impl TaskRecord {
         if self.version != VERSION {
             return Err(format!("version {}, not {VERSION}", self.version));
         }
-        if self.task != id || id == 0 {
-            return Err(format!("task {} in the record of task {id}", self.task));
+        let spec = &self.spec;
+        if spec.id != id || id == 0 {
+            return Err(format!("task {} in the record of task {id}", spec.id));
         }
-        if self.pid <= 1 {
-            return Err(format!("pid {}", self.pid));
+        if spec.pid <= 1 {
+            return Err(format!("pid {}", spec.pid));
         }
-        if self.priority > super::launch::MAX_PRIORITY {
-            return Err(format!("priority {}", self.priority));
+        if spec.priority > super::launch::MAX_PRIORITY {
+            return Err(format!("priority {}", spec.priority));
         }
-        if self.groups.len() > GROUPS_MAX || self.name.len() > NAME_MAX {
-            return Err("too many groups or too long a name".into());
+        if spec.name.len() > NAME_MAX {
+            return Err("too long a name".into());
         }
         let plain = self
             .cgroup
@@ -185,15 +172,15 @@ impl TaskRecord {
     /// start time) and still in the record's cgroup (`cgroup_rel`: the path
     /// `/proc/PID/cgroup` shows for it).
     pub fn check_alive(&self, cgroup_rel: &[u8]) -> Result<(), String> {
-        match crate::os::proc::start_ticks(self.pid) {
-            None => Err(format!("pid {} is gone", self.pid)),
+        let pid = self.spec.pid;
+        match crate::os::proc::start_ticks(pid) {
+            None => Err(format!("pid {pid} is gone")),
             Some(t) if t != self.start_ticks => Err(format!(
-                "pid {} is another process now (started at tick {t}, not {})",
-                self.pid, self.start_ticks
+                "pid {pid} is another process now (started at tick {t}, not {})",
+                self.start_ticks
             )),
-            Some(_) if !crate::os::proc::in_cgroup(self.pid, cgroup_rel) => Err(format!(
-                "pid {} is no longer in {}",
-                self.pid,
+            Some(_) if !crate::os::proc::in_cgroup(pid, cgroup_rel) => Err(format!(
+                "pid {pid} is no longer in {}",
                 self.cgroup.display()
             )),
             Some(_) => Ok(()),
@@ -238,7 +225,7 @@ pub fn read_all(dir: &Path, cgroup_root: &Path) -> Found {
             }
         }
     }
-    found.records.sort_by_key(|r| r.task);
+    found.records.sort_by_key(|r| r.spec.id);
     found
 }
 
@@ -249,21 +236,21 @@ mod tests {
     fn record(id: u64, root: &Path) -> TaskRecord {
         TaskRecord {
             version: VERSION,
-            task: id,
-            pid: 4242,
+            spec: TaskSpec {
+                id,
+                pid: 4242,
+                name: "python".into(),
+                priority: 10,
+                gpu: Some(1),
+                mem_quota_bytes: Some(1 << 30),
+                max_duration_ms: Some(60_000),
+                grace_ms: None,
+                hard_kill: Some(false),
+                expected_runtime_ms: None,
+            },
             start_ticks: 77,
             cgroup: root.join(format!("task-{id}")),
             uid: 1000,
-            gid: 1000,
-            groups: vec![27, 1000],
-            name: "python".into(),
-            priority: 10,
-            gpu: Some(1),
-            mem_quota_bytes: Some(1 << 30),
-            max_duration_ms: Some(60_000),
-            grace_ms: None,
-            hard_kill: Some(false),
-            expected_runtime_ms: None,
         }
     }
 
@@ -321,7 +308,7 @@ mod tests {
         put("task-7", &unknown.to_string());
         put("task-8", &" ".repeat(RECORD_MAX as usize + 1));
         let mut r = record(10, root);
-        r.priority = 200;
+        r.spec.priority = 200;
         put("task-10", &serde_json::to_string(&r).unwrap());
         put("junk", "x");
         std::os::unix::fs::symlink("/etc/passwd", dir.join("task-11")).unwrap();
@@ -371,7 +358,7 @@ mod tests {
         let mut r = record(1, root);
         // This process, with its real start time and cgroup: alive.
         let me = std::process::id();
-        r.pid = me;
+        r.spec.pid = me;
         r.start_ticks = crate::os::proc::start_ticks(me).unwrap();
         let cg = fs::read(format!("/proc/{me}/cgroup")).unwrap();
         let rel = cg
@@ -391,7 +378,7 @@ mod tests {
                 .contains("no longer")
         );
         // Gone.
-        r.pid = u32::MAX - 1;
+        r.spec.pid = u32::MAX - 1;
         assert!(r.check_alive(&rel).unwrap_err().contains("gone"));
     }
 }

@@ -52,6 +52,12 @@ impl Daemon {
                 }
             }
             Request::Signal(s) => reply.send(self.signal_request(&s, &peer)),
+            Request::Attach(req) => {
+                if let Err(e) = self.attach(&req, &peer, conn, &reply) {
+                    log::info!("attach by uid {} refused: {e}", peer.creds.uid);
+                    reply.send(Reply::Error(e));
+                }
+            }
             Request::Forward(signal) => self.forward(conn, signal),
         }
     }

@@ -52,6 +52,11 @@ pub enum Call {
         id: TaskId,
         pid: u32,
     },
+    /// An earlier agent's launched task was taken back.
+    Readopt {
+        id: TaskId,
+        pid: u32,
+    },
     /// Straight on its actuator, not through the actuation thread.
     SetFrozen {
         id: TaskId,
@@ -100,6 +105,8 @@ pub struct Process {
 struct Task {
     pid: u32,
     launched: bool,
+    /// An earlier agent's launched task, taken back: not our child.
+    readopted: bool,
     held: bool,
     /// Its end, once the test ended it.
     exit: Option<ExitStatus>,
@@ -375,6 +382,35 @@ impl Host for FakeHost {
         })
     }
 
+    fn readopt(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        start_ticks: u64,
+        cgroup: &std::path::Path,
+    ) -> anyhow::Result<Started> {
+        let p = self.machine().processes.get(&pid).cloned();
+        match p {
+            Some(p) if p.start_ticks == start_ticks => {}
+            _ => anyhow::bail!("pid {pid} is gone or another process"),
+        }
+        self.machine().tasks.insert(
+            id,
+            Task {
+                pid,
+                launched: true,
+                readopted: true,
+                ..Task::default()
+            },
+        );
+        self.call(Call::Readopt { id, pid });
+        Ok(Started {
+            pid,
+            actuator: self.actuator(id),
+            cgroup: cgroup.to_owned(),
+        })
+    }
+
     fn start_ticks(&self, pid: u32) -> Option<u64> {
         self.machine().processes.get(&pid).map(|p| p.start_ticks)
     }
@@ -402,7 +438,10 @@ impl Host for FakeHost {
     fn reap(&mut self, id: TaskId) -> ExitStatus {
         let m = self.machine();
         let t = &m.tasks[&id];
-        assert!(t.launched, "reaped task {id}, which is not our child");
+        assert!(
+            t.launched && !t.readopted,
+            "reaped task {id}, which is not our child"
+        );
         t.exit
             .unwrap_or_else(|| panic!("reaped task {id}, which has not ended"))
     }
