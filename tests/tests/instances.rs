@@ -55,6 +55,8 @@ impl Drop for Cleanup {
             // The instance's run directory (its lock file stays, as the
             // default instance's does, when nobody removes it).
             let _ = std::fs::remove_dir_all(format!("/run/keling/{name}"));
+            // The GPU memory books it kept for tasks that ran on at its stop.
+            let _ = std::fs::remove_dir_all(format!("/sys/fs/bpf/keling-{name}"));
         }
     }
 }
