@@ -17,6 +17,17 @@ use crate::state::{TaskState, WaitReason};
 use crate::task::{Rank, Task};
 use crate::{NS_PER_MS, TaskId};
 
+/// What one GPU offers a task queued unbound, under memory sharing.
+enum Offer {
+    /// It runs there beside every holder.
+    Free,
+    /// It runs there beside the holders it may not displace; the one it
+    /// displaces that ranks last, if any.
+    Displacing(Option<Rank>),
+    /// It cannot run there now.
+    No(WaitReason),
+}
+
 /// One walk down a GPU's ranking: what the tasks admitted so far take.
 #[derive(Clone, Debug)]
 pub(super) struct Admission {
@@ -169,85 +180,112 @@ impl Scheduler {
         holders < self.config.cap()
     }
 
+    /// Memory sharing, late binding: what GPU `gpu` offers the unbound `u`.
+    fn offer(&self, gpu: u32, u: &Task) -> Offer {
+        let policy = self.policy;
+        let mut all = self.admission(gpu);
+        let mut kept = self.admission(gpu);
+        let mut holders: Vec<&Task> = self
+            .tasks
+            .values()
+            .filter(|t| t.is_live() && t.gpus_used().contains(&gpu))
+            .filter(|t| t.holds_slot() || t.actuation.is_some())
+            .collect();
+        holders.sort_by_key(|t| (t.rank_under(policy), t.spec.id));
+        let (mut last_displaced, mut lower): (Option<Rank>, bool) = (None, false);
+        for t in holders {
+            all.admit(t);
+            let running = policy != Policy::Fifo
+                && t.state == TaskState::Running
+                && !t.yielded
+                && t.actuation.is_none();
+            // A lower priority that wants the GPU is frozen for `u`; an idle
+            // holder yields its place when a cap needs it.
+            let is_lower = running && t.wants_gpu && t.priority() > u.priority();
+            if is_lower || (running && !t.wants_gpu) {
+                lower |= is_lower;
+                let rank = t.rank_under(policy);
+                last_displaced = Some(last_displaced.map_or(rank, |r| r.max(rank)));
+            } else {
+                kept.admit(t);
+            }
+        }
+        // A higher priority that wants this GPU waits here: `u` may not take
+        // what it waits for.
+        let higher_waits = self.tasks.values().any(|w| {
+            w.is_live()
+                && !w.is_unbound()
+                && w.ending.is_none()
+                && w.wants_gpu
+                && !w.holds_slot()
+                && w.actuation.is_none()
+                && w.priority() < u.priority()
+                && w.gpus_used() == [gpu]
+        });
+        if higher_waits {
+            return Offer::No(WaitReason::HigherPriority);
+        }
+        if !lower && all.check(u).is_ok() {
+            return Offer::Free;
+        }
+        match kept.check(u) {
+            Ok(()) => Offer::Displacing(last_displaced),
+            Err(reason) => Offer::No(reason),
+        }
+    }
+
     /// Memory sharing, late binding: where the unbound `u` can run now, or why
     /// it cannot. A GPU where it runs beside every holder comes first (it
     /// displaces nobody); otherwise one where it fits beside the holders it
     /// may not displace (holders that want the GPU at its priority or higher,
     /// every holder under FIFO, and any with an actuation in flight), where
     /// the task it displaces ranks last. Displaced tasks keep their memory.
+    /// Never a GPU where a higher priority that wants it waits; and a task
+    /// that holds memory already (on GPUs it will use too) only where each of
+    /// those GPUs would take it as well.
     pub(super) fn binding_for_shared(&self, u: &Task) -> Result<u32, WaitReason> {
-        let policy = self.policy;
         let mut free: Vec<u32> = Vec::new();
-        let mut displace: Option<(Rank, u32)> = None;
+        let mut displace: Option<(Option<Rank>, u32)> = None;
         let mut why: Option<WaitReason> = None;
+        // The nearest reason: memory (a smaller task could run), then a cap,
+        // then a higher priority.
+        let mut note = |reason: WaitReason| {
+            let order = |r: WaitReason| match r {
+                WaitReason::Memory => 0,
+                WaitReason::SlotsHeld => 1,
+                _ => 2,
+            };
+            if why.is_none_or(|w| order(reason) < order(w)) {
+                why = Some(reason);
+            }
+        };
+        let elsewhere: Vec<u32> = u
+            .mem_bytes
+            .iter()
+            .filter(|&(_, &b)| b > 0)
+            .map(|(&g, _)| g)
+            .collect();
         for gpu in self.eligible_gpus() {
-            let mut all = self.admission(gpu);
-            let mut kept = self.admission(gpu);
-            let mut holders: Vec<&Task> = self
-                .tasks
-                .values()
-                .filter(|t| t.is_live() && t.gpus_used().contains(&gpu))
-                .filter(|t| t.holds_slot() || t.actuation.is_some())
-                .collect();
-            holders.sort_by_key(|t| (t.rank_under(policy), t.spec.id));
-            let (mut last_displaced, mut lower): (Option<Rank>, bool) = (None, false);
-            for t in holders {
-                all.admit(t);
-                let running = policy != Policy::Fifo
-                    && t.state == TaskState::Running
-                    && !t.yielded
-                    && t.actuation.is_none();
-                // A lower priority that wants the GPU is frozen for `u`; an
-                // idle holder yields its place when a cap needs it.
-                let is_lower = running && t.wants_gpu && t.priority() > u.priority();
-                if is_lower || (running && !t.wants_gpu) {
-                    lower |= is_lower;
-                    let rank = t.rank_under(policy);
-                    last_displaced = Some(last_displaced.map_or(rank, |r| r.max(rank)));
-                } else {
-                    kept.admit(t);
-                }
-            }
-            // A higher priority that wants this GPU waits here: `u` may not
-            // take what it waits for.
-            let higher_waits = self.tasks.values().any(|w| {
-                w.is_live()
-                    && !w.is_unbound()
-                    && w.ending.is_none()
-                    && w.wants_gpu
-                    && !w.holds_slot()
-                    && w.actuation.is_none()
-                    && w.priority() < u.priority()
-                    && w.gpus_used() == [gpu]
-            });
-            if higher_waits {
-                why.get_or_insert(WaitReason::HigherPriority);
+            let refused =
+                elsewhere
+                    .iter()
+                    .filter(|&&h| h != gpu)
+                    .find_map(|&h| match self.offer(h, u) {
+                        Offer::No(reason) => Some(reason),
+                        _ => None,
+                    });
+            if let Some(reason) = refused {
+                note(reason);
                 continue;
             }
-            if !lower && all.check(u).is_ok() {
-                free.push(gpu);
-                continue;
-            }
-            match kept.check(u) {
-                Ok(()) => {
-                    if let Some(rank) = last_displaced
-                        && displace.is_none_or(|(r, _)| rank > r)
-                    {
+            match self.offer(gpu, u) {
+                Offer::Free => free.push(gpu),
+                Offer::Displacing(rank) => {
+                    if displace.is_none_or(|(r, _)| rank > r) {
                         displace = Some((rank, gpu));
                     }
                 }
-                Err(reason) => {
-                    // The nearest reason: memory (a smaller task could run),
-                    // then a cap, then a higher priority.
-                    let order = |r: WaitReason| match r {
-                        WaitReason::Memory => 0,
-                        WaitReason::SlotsHeld => 1,
-                        _ => 2,
-                    };
-                    if why.is_none_or(|w| order(reason) < order(w)) {
-                        why = Some(reason);
-                    }
-                }
+                Offer::No(reason) => note(reason),
             }
         }
         if !free.is_empty() {

@@ -257,16 +257,13 @@ fn check_settled_queue(sched: &Scheduler) {
         let u = sched.task(q.id).expect("queued task");
         let p = u.spec.priority;
         let budget = u128::from(u.spec.mem_quota_bytes.unwrap_or(0));
-        for cfg in &sched.config().gpus {
-            let gpu = cfg.index;
+        // Why GPU `gpu` would keep `u` waiting, if it would.
+        let keeps = |gpu: u32, cfg: &GpuInfo| -> Option<String> {
             let g = gpus.iter().find(|g| g.gpu == gpu);
             let (running, waiting): (Vec<&TaskView>, Vec<&TaskView>) = g
                 .map_or((Vec::new(), Vec::new()), |g| {
                     (g.running.clone(), g.waiting.clone())
                 });
-            let cap_reached = running.len() >= cap;
-            let higher = running.iter().any(|r| r.wants_gpu && r.spec.priority < p)
-                || waiting.iter().any(|w| w.wants_gpu && w.spec.priority < p);
             let held = g.map_or(0, |g| g.held);
             let extras: u128 = running.iter().map(|v| extra(sched, v, gpu)).sum();
             let avail = u128::from(cfg.capacity_bytes).saturating_sub(u128::from(
@@ -276,13 +273,38 @@ fn check_settled_queue(sched: &Scheduler) {
                     .find(|&(o, _)| o == gpu)
                     .map_or(0, |(_, b)| b),
             ));
-            let no_memory = !running.is_empty() && budget > 0 && held + extras + budget > avail;
+            if running.len() >= cap {
+                return Some("cap".into());
+            }
+            if running.iter().any(|r| r.wants_gpu && r.spec.priority < p)
+                || waiting.iter().any(|w| w.wants_gpu && w.spec.priority < p)
+            {
+                return Some("higher priority".into());
+            }
+            let mine = u128::from(u.mem_bytes.get(&gpu).copied().unwrap_or(0));
+            let want = budget.max(mine) - mine;
+            if !running.is_empty() && want > 0 && held + extras + want > avail {
+                return Some(format!(
+                    "memory: {} running, held {held}, to come {extras}, avail {avail}",
+                    running.len()
+                ));
+            }
+            None
+        };
+        let configured = |gpu: u32| sched.config().gpus.iter().find(|c| c.index == gpu);
+        for cfg in &sched.config().gpus {
+            // A task that holds memory already uses those GPUs too.
+            let kept_elsewhere = u
+                .mem_bytes
+                .iter()
+                .filter(|&(&h, &b)| h != cfg.index && b > 0)
+                .any(|(&h, _)| configured(h).is_none_or(|c| keeps(h, c).is_some()));
             assert!(
-                cap_reached || higher || no_memory,
-                "task {} (priority {p}, budget {budget}) waits queued ({:?}) though it fits GPU {gpu}: {} running, held {held}, to come {extras}, avail {avail}",
+                kept_elsewhere || keeps(cfg.index, cfg).is_some(),
+                "task {} (priority {p}, budget {budget}) waits queued ({:?}) though it fits GPU {}",
                 q.id,
                 q.reason,
-                running.len()
+                cfg.index
             );
         }
     }
