@@ -735,8 +735,22 @@ impl Scheduler {
         for (hold, wait) in walks.values() {
             self.vacate(hold, wait, &rotated, out);
         }
-        for (hold, _) in walks.values() {
-            self.fill(hold, &waits, out);
+        // Then every GPU's holders that run already (arrived, or yielded)
+        // take their places, before anyone is thawed into what is left.
+        let holds: Vec<Vec<TaskId>> = walks
+            .values()
+            .map(|(hold, _)| {
+                hold.iter()
+                    .copied()
+                    .filter(|id| !waits.contains(id))
+                    .collect()
+            })
+            .collect();
+        for hold in &holds {
+            self.take_places(hold, out);
+        }
+        for hold in &holds {
+            self.thaw_into_room(hold, out);
         }
     }
 
@@ -895,38 +909,33 @@ impl Scheduler {
         }
     }
 
-    /// Lets the tasks the walk admitted on a GPU (`should_hold`, in rank
-    /// order) hold it, unless they wait on another GPU they use (`waits`:
-    /// every task that waits somewhere).
-    fn fill(&mut self, should_hold: &[TaskId], waits: &BTreeSet<TaskId>, out: &mut Output) {
+    /// The tasks the walk admitted on a GPU (`should_hold`, in rank order,
+    /// none that waits on another GPU it uses) that run already take their
+    /// places: a task that arrived running just keeps running, a yielded one
+    /// takes its place back.
+    fn take_places(&mut self, should_hold: &[TaskId], out: &mut Output) {
         let now = self.now_ns;
-        // Fill. A task that arrived running and should hold a place just keeps
-        // running (it counts first, since it runs either way); frozen ones are
-        // thawed only into room (a free slot, memory left beside the tasks
-        // that run), so freezes in flight are waited for.
-        let should_hold: Vec<TaskId> = should_hold
-            .iter()
-            .copied()
-            .filter(|id| !waits.contains(id))
-            .collect();
-        for &id in &should_hold {
+        for &id in should_hold {
             if let Some(task) = self.tasks.get_mut(&id) {
-                // A yielded task among the holders takes its slot back.
                 task.yielded = false;
                 if task.state == TaskState::Pending && task.actuation.is_none() {
                     resume(&mut self.next_event_id, now, task, Reason::Placed, out);
                 }
             }
         }
-        for &id in &should_hold {
+    }
+
+    /// Thaws the frozen tasks among `should_hold` into room only (a free
+    /// slot, and under memory sharing no holder still being frozen), on every
+    /// GPU they use: freezes in flight are waited for.
+    fn thaw_into_room(&mut self, should_hold: &[TaskId], out: &mut Output) {
+        for &id in should_hold {
             let Some(task) = self.tasks.get(&id) else {
                 continue;
             };
             if task.state != TaskState::Preempted || task.actuation.is_some() {
                 continue;
             }
-            // A task that uses other GPUs too is thawed only into room on
-            // each of them.
             let room = task.gpus_used().into_iter().all(|g| self.has_room(g, id));
             if !room {
                 continue;

@@ -90,6 +90,9 @@ impl Scheduler {
             if task.ending.is_some() {
                 continue;
             }
+            // Memory sharing: a task that already holds memory (on GPUs it
+            // would use too) may be kept by those alone.
+            let holds_memory = self.shares_memory() && task.total_mem() > 0;
             match self.binding_for(task) {
                 Ok(gpu) => {
                     self.bind(id, gpu, out);
@@ -97,6 +100,7 @@ impl Scheduler {
                 }
                 // Memory sharing: a smaller task after it may fit.
                 Err(WaitReason::Memory) => {}
+                Err(_) if holds_memory => {}
                 Err(_) => break,
             }
         }
