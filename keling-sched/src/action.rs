@@ -10,6 +10,9 @@ use crate::TaskId;
 /// The code of the session-duration enforcement record.
 pub const DURATION_EXCEEDED_CODE: u32 = 4003;
 
+/// The code of the overload rule's truncation record.
+pub const OVERLOADED_CODE: u32 = 4004;
+
 /// The kind of an action, as feedback names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ActionKind {
@@ -72,7 +75,8 @@ pub enum Action {
         /// Time left before the session limit.
         remaining_ms: u64,
     },
-    /// Session duration exceeded: the 4003 record, emitted with the Kill/Terminate.
+    /// A session ended by a rule: the 4003 record of a duration limit, or the
+    /// 4004 one of the overload rule; emitted with the Kill/Terminate.
     Enforce {
         /// The task.
         id: TaskId,
@@ -129,9 +133,30 @@ pub struct EnforcementData {
     pub allowed_ms: u64,
     /// Elapsed wall time since arrival at the input that enforced it.
     pub actual_ms: u64,
-    /// `server_enforced`. Not a transition [`Reason`](crate::Reason): the record's
-    /// own text, kept as the clients that read it expect.
+    /// `server_enforced` (`overloaded` for the overload rule). Not a
+    /// transition [`Reason`](crate::Reason): the record's own text, kept as the
+    /// clients that read it expect.
     pub reason: String,
+    /// The overload rule's other two figures; absent from a 4003 record.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub overload: Option<OverloadData>,
+}
+
+/// What the overload rule saw when it truncated a session (with
+/// `allowed_ms` its session threshold and `actual_ms` the session's length).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverloadData {
+    /// The GPU.
+    pub gpu: u32,
+    /// Its memory peak during the session, in thousandths of its capacity
+    /// (971: 97.1 %).
+    pub mem_peak_permille: u32,
+    /// The rule's memory threshold, in percent of capacity.
+    pub mem_peak_min_pct: u32,
+    /// How many tasks waited for the GPU.
+    pub waiting: u32,
+    /// The rule's queue threshold.
+    pub min_waiting: u32,
 }
 
 impl EnforcementRecord {
@@ -144,6 +169,35 @@ impl EnforcementRecord {
                 allowed_ms,
                 actual_ms,
                 reason: "server_enforced".to_string(),
+                overload: None,
+            },
+        }
+    }
+
+    /// The 4004 record of the overload rule: the session had run `actual_ms`
+    /// (past `rule.min_session_ms`) when its GPU's memory peak was
+    /// `mem_peak_permille` thousandths of capacity with `waiting` tasks waiting.
+    pub fn overloaded(
+        rule: &crate::config::OverloadRule,
+        actual_ms: u64,
+        gpu: u32,
+        mem_peak_permille: u32,
+        waiting: u32,
+    ) -> Self {
+        EnforcementRecord {
+            code: OVERLOADED_CODE,
+            message: "session truncated: GPU overloaded".to_string(),
+            data: EnforcementData {
+                allowed_ms: rule.min_session_ms,
+                actual_ms,
+                reason: "overloaded".to_string(),
+                overload: Some(OverloadData {
+                    gpu,
+                    mem_peak_permille,
+                    mem_peak_min_pct: rule.mem_peak_pct,
+                    waiting,
+                    min_waiting: rule.min_waiting,
+                }),
             },
         }
     }
@@ -161,6 +215,27 @@ mod tests {
         assert_eq!(
             json,
             r#"{"code":4003,"message":"session duration exceeded limit","data":{"allowed_ms":3600000,"actual_ms":3600007,"reason":"server_enforced"}}"#
+        );
+    }
+
+    #[test]
+    fn overload_record_names_the_three_figures_and_reads_back() {
+        let record =
+            EnforcementRecord::overloaded(&crate::config::OverloadRule::default(), 215, 0, 971, 10);
+        let json = serde_json::to_string(&record).unwrap();
+        assert_eq!(
+            json,
+            r#"{"code":4004,"message":"session truncated: GPU overloaded","data":{"allowed_ms":200,"actual_ms":215,"reason":"overloaded","gpu":0,"mem_peak_permille":971,"mem_peak_min_pct":95,"waiting":10,"min_waiting":8}}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<EnforcementRecord>(&json).unwrap(),
+            record
+        );
+        let old = EnforcementRecord::duration_exceeded(1, 2);
+        let json = serde_json::to_string(&old).unwrap();
+        assert_eq!(
+            serde_json::from_str::<EnforcementRecord>(&json).unwrap(),
+            old
         );
     }
 

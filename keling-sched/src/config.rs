@@ -47,6 +47,69 @@ impl Binding {
     }
 }
 
+/// How the tasks placed on one GPU share it: "Sharing" in the crate doc.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharing {
+    /// At most `slots_per_gpu` tasks run at once on a GPU, whatever memory they
+    /// hold (the first design article's time-slice model). The default of the
+    /// core, so that configurations and input logs written before memory
+    /// sharing existed replay exactly as recorded.
+    #[default]
+    Slots,
+    /// Every task placed on a GPU whose memory fits runs at once (its budget,
+    /// else what it holds and has peaked at, against the GPU's capacity less
+    /// the memory held outside any task); `slots_per_gpu` is an optional cap
+    /// on how many, 0 meaning none. The agent's default.
+    Memory,
+}
+
+impl Sharing {
+    /// `slots`, `memory`: the names the agent's `--sharing` takes.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Sharing::Slots => "slots",
+            Sharing::Memory => "memory",
+        }
+    }
+}
+
+/// The first design article's overload rule (its section 4.3): a running
+/// session is truncated when, at once, it has run for more than
+/// `min_session_ms` since it arrived (queued time included), its GPU's memory
+/// peak during the session is at least `mem_peak_pct` percent of the GPU's
+/// capacity, and at least `min_waiting` tasks wait for that GPU. Off unless
+/// [`SchedConfig::overload`] is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OverloadRule {
+    /// The session must have run strictly longer than this. Article: 200 ms.
+    pub min_session_ms: u64,
+    /// The GPU's memory peak must be at least this percentage of its capacity.
+    /// Article: 95.
+    pub mem_peak_pct: u32,
+    /// At least this many tasks must wait for the GPU. Article: 8.
+    pub min_waiting: u32,
+}
+
+/// The article's session threshold: 200 ms.
+pub const DEFAULT_OVERLOAD_SESSION_MS: u64 = 200;
+/// The article's memory threshold: 95 % of capacity.
+pub const DEFAULT_OVERLOAD_MEM_PEAK_PCT: u32 = 95;
+/// The article's queue threshold: 8 waiting tasks.
+pub const DEFAULT_OVERLOAD_MIN_WAITING: u32 = 8;
+
+impl Default for OverloadRule {
+    /// The article's thresholds.
+    fn default() -> Self {
+        OverloadRule {
+            min_session_ms: DEFAULT_OVERLOAD_SESSION_MS,
+            mem_peak_pct: DEFAULT_OVERLOAD_MEM_PEAK_PCT,
+            min_waiting: DEFAULT_OVERLOAD_MIN_WAITING,
+        }
+    }
+}
+
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
 }
@@ -85,6 +148,15 @@ pub struct SchedConfig {
     /// left out of the serialized form when 0.
     #[serde(skip_serializing_if = "is_default")]
     pub placement_seed: u64,
+    /// How the tasks on one GPU share it. Default: [`Sharing::Slots`] (what
+    /// the core did before memory sharing); left out of the serialized form
+    /// when it is the default.
+    #[serde(skip_serializing_if = "is_default")]
+    pub sharing: Sharing,
+    /// The overload rule, when on. Default: off; left out of the serialized
+    /// form when off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overload: Option<OverloadRule>,
 }
 
 impl Default for SchedConfig {
@@ -99,6 +171,8 @@ impl Default for SchedConfig {
             kill_grace_ms: DEFAULT_KILL_GRACE_MS,
             binding: Binding::AtArrival,
             placement_seed: 0,
+            sharing: Sharing::Slots,
+            overload: None,
         }
     }
 }
@@ -107,6 +181,16 @@ impl SchedConfig {
     /// `slots_per_gpu`, with 0 treated as 1.
     pub fn slots(&self) -> usize {
         usize::try_from(self.slots_per_gpu.max(1)).unwrap_or(usize::MAX)
+    }
+
+    /// How many tasks may run at once on one GPU: [`SchedConfig::slots`] when
+    /// sharing by slots; under [`Sharing::Memory`], `slots_per_gpu` as a cap,
+    /// none (`usize::MAX`) when it is 0.
+    pub fn cap(&self) -> usize {
+        match (self.sharing, self.slots_per_gpu) {
+            (Sharing::Memory, 0) => usize::MAX,
+            _ => self.slots(),
+        }
     }
 }
 
@@ -124,6 +208,38 @@ mod tests {
             .slots()
         };
         assert_eq!((slots(0), slots(1), slots(4)), (1, 1, 4));
+    }
+
+    #[test]
+    fn memory_sharing_and_the_overload_rule_are_written_only_when_set() {
+        let shared = SchedConfig {
+            sharing: Sharing::Memory,
+            slots_per_gpu: 0,
+            overload: Some(OverloadRule::default()),
+            ..SchedConfig::default()
+        };
+        let json = serde_json::to_string(&shared).unwrap();
+        assert!(
+            json.ends_with(r#""sharing":"memory","overload":{"min_session_ms":200,"mem_peak_pct":95,"min_waiting":8}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<SchedConfig>(&json).unwrap(), shared);
+        assert_eq!(shared.cap(), usize::MAX);
+        let capped = SchedConfig {
+            slots_per_gpu: 3,
+            ..shared
+        };
+        assert_eq!(capped.cap(), 3);
+        assert_eq!(SchedConfig::default().cap(), 1);
+        assert_eq!(
+            SchedConfig {
+                slots_per_gpu: 0,
+                ..SchedConfig::default()
+            }
+            .cap(),
+            1,
+            "0 slots count as 1 when sharing by slots"
+        );
     }
 
     #[test]

@@ -126,6 +126,18 @@ pub enum Input {
         /// When the agent learnt it.
         ts_ns: u64,
     },
+    /// GPU memory held on `gpu` by processes outside any task (the driver's
+    /// view of processes Keling does not schedule): the figure now, replacing
+    /// the last one. Memory sharing admits tasks against the capacity less
+    /// this.
+    OutsideMem {
+        /// The GPU index.
+        gpu: u32,
+        /// Bytes held there by processes in no task.
+        bytes: u64,
+        /// When.
+        ts_ns: u64,
+    },
     /// The action was not confirmed within the timeout model's deadline.
     TimedOut {
         /// The task.
@@ -151,6 +163,7 @@ impl Input {
             | Input::Tick { ts_ns }
             | Input::Confirmed { ts_ns, .. }
             | Input::MemUnsure { ts_ns, .. }
+            | Input::OutsideMem { ts_ns, .. }
             | Input::TimedOut { ts_ns, .. } => *ts_ns,
         }
     }
@@ -168,7 +181,7 @@ impl Input {
             | Input::Confirmed { id, .. }
             | Input::MemUnsure { id, .. }
             | Input::TimedOut { id, .. } => Some(*id),
-            Input::Tick { .. } => None,
+            Input::Tick { .. } | Input::OutsideMem { .. } => None,
         }
     }
 }
@@ -217,6 +230,11 @@ mod tests {
                 ts_ns: u64::MAX,
             },
             Input::MemUnsure { id: 7, ts_ns: 11 },
+            Input::OutsideMem {
+                gpu: 1,
+                bytes: 512,
+                ts_ns: 12,
+            },
         ]
     }
 
@@ -251,6 +269,7 @@ mod tests {
             r#"{"Confirmed":{"id":7,"action":"Freeze","ts_ns":9}}"#,
             r#"{"TimedOut":{"id":7,"action":"Stop","ts_ns":18446744073709551615}}"#,
             r#"{"MemUnsure":{"id":7,"ts_ns":11}}"#,
+            r#"{"OutsideMem":{"gpu":1,"bytes":512,"ts_ns":12}}"#,
         ];
         let inputs = every_variant(a_spec());
         assert_eq!(inputs.len(), expected.len());
@@ -265,7 +284,7 @@ mod tests {
         for (i, input) in every_variant(a_spec()).iter().enumerate() {
             let want_ts = if i == 9 { u64::MAX } else { i as u64 + 1 };
             assert_eq!(input.ts_ns(), want_ts, "{input:?}");
-            let want_task = if matches!(input, Input::Tick { .. }) {
+            let want_task = if matches!(input, Input::Tick { .. } | Input::OutsideMem { .. }) {
                 None
             } else {
                 Some(7)

@@ -355,10 +355,14 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-pub use action::{Action, ActionKind, DURATION_EXCEEDED_CODE, EnforcementData, EnforcementRecord};
+pub use action::{
+    Action, ActionKind, DURATION_EXCEEDED_CODE, EnforcementData, EnforcementRecord,
+    OVERLOADED_CODE, OverloadData,
+};
 pub use config::{
     Binding, DEFAULT_GRACE_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_KILL_GRACE_MS,
-    DEFAULT_MAX_DURATION_MS, GpuInfo, SchedConfig,
+    DEFAULT_MAX_DURATION_MS, DEFAULT_OVERLOAD_MEM_PEAK_PCT, DEFAULT_OVERLOAD_MIN_WAITING,
+    DEFAULT_OVERLOAD_SESSION_MS, GpuInfo, OverloadRule, SchedConfig, Sharing,
 };
 pub use input::{Input, TaskSpec};
 pub use placement::{

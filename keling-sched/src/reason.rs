@@ -45,11 +45,18 @@ pub enum Reason {
     OverQuota,
     /// `Completed | Failed → Archived`, on the tick after it finished.
     Archived,
+    /// `Running → Preempted` under memory sharing: the memory it may still
+    /// take no longer fits beside the tasks that rank before it on its GPU.
+    NoMemory,
+    /// `→ Failed`: truncated by the overload rule (its GPU's memory peak, the
+    /// tasks waiting for it and how long the session has run all past their
+    /// thresholds at once).
+    Overloaded,
 }
 
 impl Reason {
     /// Every reason, in declaration order.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Placed,
         Reason::Queued,
         Reason::QuantumExpired,
@@ -64,6 +71,8 @@ impl Reason {
         Reason::EvictedForMemory,
         Reason::OverQuota,
         Reason::Archived,
+        Reason::NoMemory,
+        Reason::Overloaded,
     ];
 
     /// The name the scheduling log uses: `preempted_by_higher_priority`.
@@ -83,6 +92,8 @@ impl Reason {
             Reason::EvictedForMemory => "evicted_for_memory",
             Reason::OverQuota => "over_quota",
             Reason::Archived => "archived",
+            Reason::NoMemory => "no_memory",
+            Reason::Overloaded => "overloaded",
         }
     }
 }
@@ -117,6 +128,8 @@ mod tests {
             Reason::EvictedForMemory => 11,
             Reason::OverQuota => 12,
             Reason::Archived => 13,
+            Reason::NoMemory => 14,
+            Reason::Overloaded => 15,
         }
     }
 
@@ -148,6 +161,8 @@ mod tests {
                 "evicted_for_memory",
                 "over_quota",
                 "archived",
+                "no_memory",
+                "overloaded",
             ]
         );
         assert_eq!(names.iter().collect::<BTreeSet<_>>().len(), names.len());

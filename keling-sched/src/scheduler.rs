@@ -8,6 +8,7 @@
 //! submodule.
 
 mod binding;
+mod sharing;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,10 +20,15 @@ use crate::input::{Input, TaskSpec};
 use crate::placement::{AllocHistory, best_gpu, placement_weight};
 use crate::policy::{PREEMPTION_MIN_CANDIDATES, PREEMPTION_MIN_REMAINING_MS, Policy};
 use crate::reason::Reason;
-use crate::state::{LOWEST_PRIORITY, TaskState, TaskView, Transition, is_legal, quantum_ms};
+use crate::state::{
+    LOWEST_PRIORITY, TaskState, TaskView, Transition, WaitReason, is_legal, quantum_ms,
+};
 use crate::task::{Actuation, Direction, Ending, Rank, Task};
 use crate::victims::{EVICTION_MIN_REMAINING_MS, VictimCandidate, choose_victims};
 use crate::{NS_PER_MS, TaskId, ms_to_ns};
+
+/// One GPU's walk: the tasks admitted, and the others with what they wait for.
+type Walk = (Vec<TaskId>, Vec<(TaskId, WaitReason)>);
 
 /// What one [`Scheduler::step`] decided.
 #[derive(Clone, Default, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +58,8 @@ pub struct Scheduler {
     queue: BTreeSet<(Rank, TaskId)>,
     /// Late binding: per GPU, how long it has had a task `Running`.
     busy_ns: BTreeMap<u32, u64>,
+    /// Per GPU, memory held by processes outside any task ([`Input::OutsideMem`]).
+    outside_bytes: BTreeMap<u32, u64>,
 }
 
 impl Scheduler {
@@ -81,6 +89,7 @@ impl Scheduler {
             policy,
             queue: BTreeSet::new(),
             busy_ns: BTreeMap::new(),
+            outside_bytes: BTreeMap::new(),
         }
     }
 
@@ -145,10 +154,18 @@ impl Scheduler {
                     task.mem_unsure = true;
                 }
             }
+            Input::OutsideMem { gpu, bytes, .. } => {
+                if *bytes == 0 {
+                    self.outside_bytes.remove(gpu);
+                } else {
+                    self.outside_bytes.insert(*gpu, *bytes);
+                }
+            }
         }
         self.apply_time_rules(&mut out);
         let bound_now = self.bind_queued(&mut out);
         self.reconcile(&bound_now, &mut out);
+        self.apply_overload_rule(&mut out);
         out
     }
 
@@ -341,6 +358,9 @@ impl Scheduler {
         };
         let held = task.mem_bytes.entry(gpu).or_insert(0);
         *held = held.saturating_add(bytes);
+        let held = *held;
+        let peak = task.mem_peak.entry(gpu).or_insert(0);
+        *peak = (*peak).max(held);
         // A figure Keling knows may be wrong is no ground for ending a task.
         let over_quota = !task.mem_unsure
             && task
@@ -625,33 +645,39 @@ impl Scheduler {
         if by_gpu.is_empty() {
             return;
         }
-        let slots = self.config.slots();
         let rotated = if self.policy.preemptive() {
             self.rotate_expired_quanta(&by_gpu)
         } else {
             BTreeSet::new()
         };
-        // Rank; then settle the tasks that use several GPUs. One runs only if
-        // it is among the first `slots` on each of its GPUs; one that cannot is
-        // *blocked*: ranked last everywhere (it could use none of its slots,
-        // so it keeps nobody from them), and the ranking is done again. A task
-        // is blocked when tasks that surely hold a GPU fill its slots there
-        // (tasks on one GPU, and tasks on several that are among the first on
-        // each); when tasks on several GPUs only wait on each other, the one
-        // that ranks last of them is blocked. The set only grows, so this ends
-        // (one round when no task uses several GPUs, the usual case).
+        // Rank and walk each GPU's ranking (the walk admits tasks while the
+        // cap, the priorities and memory allow: "Sharing"); then settle the
+        // tasks that use several GPUs. One runs only if it is admitted on
+        // each of its GPUs; one that cannot is *blocked*: ranked last
+        // everywhere (it could use none of its places, so it keeps nobody
+        // from them), and the ranking is done again. A task is blocked when
+        // the tasks that surely run on a GPU (tasks on one GPU, and tasks on
+        // several that are admitted on each) leave it no room there; when
+        // tasks on several GPUs only wait on each other, the one that ranks
+        // last of them is blocked. The set only grows, so this ends (one
+        // round when no task uses several GPUs, the usual case).
         let mut blocked: BTreeSet<TaskId> = BTreeSet::new();
         let mut ranked: BTreeMap<u32, Vec<TaskId>>;
+        let mut walks: BTreeMap<u32, Walk>;
         loop {
             ranked = by_gpu
                 .iter()
                 .map(|(&g, ids)| (g, self.rank_gpu(g, ids, bound_now, &rotated, &blocked)))
                 .collect();
-            // Tasks beyond the slots of some GPU they use: all the others
-            // hold everywhere. One walk per GPU, so a round costs the ranking.
-            let beyond: BTreeSet<TaskId> = ranked
+            walks = ranked
+                .iter()
+                .map(|(&g, ids)| (g, self.walk(g, ids)))
+                .collect();
+            // Tasks not admitted on some GPU they use: all the others hold
+            // everywhere. One walk per GPU, so a round costs the ranking.
+            let beyond: BTreeSet<TaskId> = walks
                 .values()
-                .flat_map(|ids| ids.iter().skip(slots).copied())
+                .flat_map(|(_, wait)| wait.iter().map(|&(id, _)| id))
                 .collect();
             let undecided: BTreeSet<TaskId> = several
                 .iter()
@@ -663,14 +689,17 @@ impl Scheduler {
             }
             let sure = |id: &TaskId| !several.contains(id) || !beyond.contains(id);
             let mut surely_blocked: BTreeSet<TaskId> = BTreeSet::new();
-            for ids in ranked.values() {
-                let mut sure_ahead = 0;
+            for (&g, ids) in &ranked {
+                let mut sure_ahead = self.admission(g);
                 for id in ids {
-                    if sure_ahead >= slots && undecided.contains(id) {
+                    let Some(t) = self.tasks.get(id) else {
+                        continue;
+                    };
+                    if undecided.contains(id) && sure_ahead.check(t).is_err() {
                         surely_blocked.insert(*id);
                     }
-                    if sure(id) {
-                        sure_ahead += 1;
+                    if sure(id) && sure_ahead.check(t).is_ok() {
+                        sure_ahead.admit(t);
                     }
                 }
             }
@@ -685,18 +714,29 @@ impl Scheduler {
                 blocked.extend(surely_blocked);
             }
         }
-        let waits: BTreeSet<TaskId> = ranked
+        let waits: BTreeSet<TaskId> = walks
             .values()
-            .flat_map(|ids| ids.iter().skip(slots).copied())
+            .flat_map(|(_, wait)| wait.iter().map(|&(id, _)| id))
             .collect();
+        // What each waiting task waits for (the first GPU that keeps it).
+        for task in self.tasks.values_mut() {
+            task.wait = None;
+        }
+        for (_, wait) in walks.values() {
+            for &(id, reason) in wait {
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.wait.get_or_insert(reason);
+                }
+            }
+        }
         // Every GPU's freezes first: a task that uses several GPUs is thawed
         // only into room on each, and a yielded task that is active again
-        // holds its slot until its freeze lands, whichever GPU comes first.
-        for ids in ranked.values() {
-            self.vacate(ids, &rotated, out);
+        // holds its place until its freeze lands, whichever GPU comes first.
+        for (hold, wait) in walks.values() {
+            self.vacate(hold, wait, &rotated, out);
         }
-        for (gpu, ids) in &ranked {
-            self.fill(*gpu, ids, &waits, out);
+        for (hold, _) in walks.values() {
+            self.fill(hold, &waits, out);
         }
     }
 
@@ -800,16 +840,21 @@ impl Scheduler {
     }
 
     /// Freezes whoever runs (or arrived running) on a GPU but should wait there:
-    /// `ranked` is its tasks in rank order, the first `slots` hold it.
-    fn vacate(&mut self, ranked: &[TaskId], rotated: &BTreeSet<TaskId>, out: &mut Output) {
-        let slots = self.config.slots();
-        let (should_hold, should_wait) = ranked.split_at(slots.min(ranked.len()));
+    /// `should_hold` and `should_wait` are the GPU's walk (its tasks in rank
+    /// order, split by what the walk admitted).
+    fn vacate(
+        &mut self,
+        should_hold: &[TaskId],
+        should_wait: &[(TaskId, WaitReason)],
+        rotated: &BTreeSet<TaskId>,
+        out: &mut Output,
+    ) {
         let best_holder_priority = should_hold
             .iter()
             .filter_map(|id| self.tasks.get(id))
             .map(Task::priority)
             .min();
-        for &id in should_wait {
+        for &(id, why) in should_wait {
             let Some(task) = self.tasks.get_mut(&id) else {
                 continue;
             };
@@ -823,13 +868,19 @@ impl Scheduler {
                 task.yielded = true;
                 continue;
             }
-            let reason = match task.state {
-                TaskState::Pending => Reason::Queued,
-                TaskState::Running if rotated.contains(&id) => Reason::QuantumExpired,
-                TaskState::Running if best_holder_priority.is_some_and(|p| p < task.priority()) => {
+            let reason = match (task.state, why) {
+                (TaskState::Pending, _) => Reason::Queued,
+                (TaskState::Running, _) if rotated.contains(&id) => Reason::QuantumExpired,
+                (TaskState::Running, WaitReason::HigherPriority) => {
                     Reason::PreemptedByHigherPriority
                 }
-                TaskState::Running => Reason::RoundRobin,
+                (TaskState::Running, WaitReason::Memory) => Reason::NoMemory,
+                (TaskState::Running, _)
+                    if best_holder_priority.is_some_and(|p| p < task.priority()) =>
+                {
+                    Reason::PreemptedByHigherPriority
+                }
+                (TaskState::Running, _) => Reason::RoundRobin,
                 _ => continue,
             };
             // A yielded task that is active again runs (and may use the GPU)
@@ -844,15 +895,15 @@ impl Scheduler {
         }
     }
 
-    /// Lets the first `slots` of `gpu`'s `ranked` tasks hold it, unless they
-    /// wait on another GPU they use (`waits`: every task that waits somewhere).
-    fn fill(&mut self, gpu: u32, ranked: &[TaskId], waits: &BTreeSet<TaskId>, out: &mut Output) {
+    /// Lets the tasks the walk admitted on a GPU (`should_hold`, in rank
+    /// order) hold it, unless they wait on another GPU they use (`waits`:
+    /// every task that waits somewhere).
+    fn fill(&mut self, should_hold: &[TaskId], waits: &BTreeSet<TaskId>, out: &mut Output) {
         let now = self.now_ns;
-        let slots = self.config.slots();
-        let should_hold = &ranked[..slots.min(ranked.len())];
-        // Fill. A task that arrived running and should hold a slot just keeps
-        // running (it counts first, since it runs either way); frozen ones are thawed
-        // only into a free slot, so freezes in flight are waited for.
+        // Fill. A task that arrived running and should hold a place just keeps
+        // running (it counts first, since it runs either way); frozen ones are
+        // thawed only into room (a free slot, memory left beside the tasks
+        // that run), so freezes in flight are waited for.
         let should_hold: Vec<TaskId> = should_hold
             .iter()
             .copied()
@@ -867,35 +918,17 @@ impl Scheduler {
                 }
             }
         }
-        let holders_on = |sched: &Scheduler, g: u32| {
-            sched
-                .tasks
-                .values()
-                .filter(|t| t.is_live() && t.holds_slot() && t.gpus_used().contains(&g))
-                .count()
-        };
-        let mut holders = ranked
-            .iter()
-            .filter(|id| self.tasks.get(id).is_some_and(Task::holds_slot))
-            .count();
         for &id in &should_hold {
-            if holders >= slots {
-                break;
-            }
             let Some(task) = self.tasks.get(&id) else {
                 continue;
             };
             if task.state != TaskState::Preempted || task.actuation.is_some() {
                 continue;
             }
-            // A task that uses other GPUs too is thawed only into a free slot
-            // on each of them.
-            let room_elsewhere = task
-                .gpus_used()
-                .into_iter()
-                .filter(|&g| g != gpu)
-                .all(|g| holders_on(self, g) < slots);
-            if !room_elsewhere {
+            // A task that uses other GPUs too is thawed only into room on
+            // each of them.
+            let room = task.gpus_used().into_iter().all(|g| self.has_room(g, id));
+            if !room {
                 continue;
             }
             if let Some(task) = self.tasks.get_mut(&id) {
@@ -905,7 +938,6 @@ impl Scheduler {
                     escalated: false,
                 });
                 out.actions.push(Action::Thaw { id });
-                holders += 1;
             }
         }
     }
@@ -918,6 +950,7 @@ impl Scheduler {
     fn rotate_expired_quanta(&mut self, by_gpu: &BTreeMap<u32, Vec<TaskId>>) -> BTreeSet<TaskId> {
         let mut rotated = BTreeSet::new();
         let mut seen = BTreeSet::new();
+        let memory = self.shares_memory();
         let waiting_priorities: BTreeMap<u32, BTreeSet<u8>> = by_gpu
             .iter()
             .map(|(&g, ids)| {
@@ -925,6 +958,10 @@ impl Scheduler {
                     .iter()
                     .filter_map(|id| self.tasks.get(id))
                     .filter(|t| t.wants_gpu && !t.holds_slot())
+                    // Memory sharing: equal priorities take turns only when
+                    // a cap makes them wait (a task waiting for memory or a
+                    // higher priority gains nothing from a turn).
+                    .filter(|t| !memory || t.wait.is_none_or(|w| w == WaitReason::SlotsHeld))
                     .map(Task::priority)
                     .collect();
                 (g, waiting)

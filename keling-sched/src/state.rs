@@ -181,25 +181,36 @@ pub struct TaskView {
     pub exit_code: Option<i32>,
 }
 
-/// Why a task waits unbound in the host-level queue (late binding).
+/// Why a task waits: unbound in the host-level queue (late binding;
+/// [`QueuedView::reason`]), or bound to a GPU that does not run it now
+/// ([`Scheduler::wait_reason`](crate::Scheduler::wait_reason)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WaitReason {
-    /// Every GPU it may use has all its slots taken: by tasks it does not
-    /// outrank (equal or higher priority, or any holder under FIFO), by tasks
-    /// being frozen (their slot is handed over once the freeze is confirmed),
-    /// or by tasks already bound there that come before it.
+    /// A cap: every GPU it may use runs as many tasks as it may at once
+    /// (`slots_per_gpu`), by tasks it does not outrank (equal or higher
+    /// priority, or any holder under FIFO), by tasks being frozen (their place
+    /// is handed over once the freeze is confirmed), or by tasks already bound
+    /// there that come before it.
     SlotsHeld,
     /// Keling is ending it (its session limit): it will not be bound.
     Ending,
+    /// Memory sharing: the memory it may take (its budget, else what it holds
+    /// and has peaked at) does not fit in what the GPU has left.
+    Memory,
+    /// Memory sharing: a task of higher priority that wants the GPU works
+    /// there; it waits (keeping its memory) until that one is done.
+    HigherPriority,
 }
 
 impl WaitReason {
-    /// `slots_held`, `ending`.
+    /// `slots_held`, `ending`, `memory`, `higher_priority`.
     pub const fn as_str(self) -> &'static str {
         match self {
             WaitReason::SlotsHeld => "slots_held",
             WaitReason::Ending => "ending",
+            WaitReason::Memory => "memory",
+            WaitReason::HigherPriority => "higher_priority",
         }
     }
 }

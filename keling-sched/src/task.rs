@@ -8,7 +8,7 @@ use crate::action::ActionKind;
 use crate::input::TaskSpec;
 use crate::policy::Policy;
 use crate::reason::Reason;
-use crate::state::{TaskState, TaskView, class_of, quantum_ms};
+use crate::state::{TaskState, TaskView, WaitReason, class_of, quantum_ms};
 use crate::{NS_PER_MS, TaskId};
 
 /// Which way an actuation in flight moves a task.
@@ -46,6 +46,15 @@ pub(crate) struct Task {
     /// `None` while it waits unbound (late binding); once bound it never changes.
     pub(crate) gpu: Option<u32>,
     pub(crate) mem_bytes: BTreeMap<u32, u64>,
+    /// Per GPU, the most it has held there (memory sharing's demand without a
+    /// budget).
+    pub(crate) mem_peak: BTreeMap<u32, u64>,
+    /// Why it waits on its GPU, as the last reconciliation found (`None` while
+    /// it may run there, or unbound).
+    pub(crate) wait: Option<WaitReason>,
+    /// The overload rule: the most memory its GPU had in use (tasks and
+    /// outside) while it was bound there. Kept only while the rule is on.
+    pub(crate) gpu_peak_bytes: u64,
     /// A table the kernel needed for this task's books was full
     /// ([`crate::Input::MemUnsure`]): `mem_bytes` may be wrong, and is not held
     /// against its quota.
@@ -88,6 +97,9 @@ impl Task {
             state: TaskState::Pending,
             gpu,
             mem_bytes: BTreeMap::new(),
+            mem_peak: BTreeMap::new(),
+            wait: None,
+            gpu_peak_bytes: 0,
             mem_unsure: false,
             arrived_ns: now_ns,
             expected_from_ns: now_ns,
@@ -178,6 +190,31 @@ impl Task {
 
     pub(crate) fn mem_on(&self, gpu: u32) -> u64 {
         self.mem_bytes.get(&gpu).copied().unwrap_or(0)
+    }
+
+    /// Memory sharing: the memory it may take on `gpu`. Its budget
+    /// (`mem_quota_bytes`, all GPUs together) on the GPU it is placed on (any
+    /// GPU while unbound), less what it holds on others; elsewhere, or without
+    /// a budget, the most it has held there. Never less than it holds.
+    pub(crate) fn mem_demand_on(&self, gpu: u32) -> u64 {
+        let held = self.mem_on(gpu);
+        let peak = self.mem_peak.get(&gpu).copied().unwrap_or(0).max(held);
+        match self.spec.mem_quota_bytes {
+            Some(quota) if self.gpu.is_none_or(|home| home == gpu) => {
+                let elsewhere: u64 = self
+                    .mem_bytes
+                    .iter()
+                    .filter(|&(&g, _)| g != gpu)
+                    .fold(0, |sum, (_, &b)| sum.saturating_add(b));
+                quota.saturating_sub(elsewhere).max(held)
+            }
+            _ => peak,
+        }
+    }
+
+    /// Memory sharing: what it may still take on `gpu` beyond what it holds.
+    pub(crate) fn mem_extra_on(&self, gpu: u32) -> u64 {
+        self.mem_demand_on(gpu).saturating_sub(self.mem_on(gpu))
     }
 
     pub(crate) fn total_mem(&self) -> u128 {

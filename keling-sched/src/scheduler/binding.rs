@@ -55,7 +55,7 @@ struct Room {
 impl Scheduler {
     /// The GPUs an unbound task may be bound to: the configured ones, or GPU 0
     /// when none is (as placement at arrival).
-    fn eligible_gpus(&self) -> Vec<u32> {
+    pub(super) fn eligible_gpus(&self) -> Vec<u32> {
         if self.capacity_bytes.is_empty() {
             vec![0]
         } else {
@@ -95,6 +95,8 @@ impl Scheduler {
                     self.bind(id, gpu, out);
                     bound.insert(id);
                 }
+                // Memory sharing: a smaller task after it may fit.
+                Err(WaitReason::Memory) => {}
                 Err(_) => break,
             }
         }
@@ -122,6 +124,9 @@ impl Scheduler {
     /// Where the unbound `u` can run now, or why it cannot.
     fn binding_for(&self, u: &Task) -> Result<u32, WaitReason> {
         debug_assert_eq!(self.config.binding, Binding::Late);
+        if self.shares_memory() {
+            return self.binding_for_shared(u);
+        }
         let slots = self.config.slots();
         let policy = self.policy;
         let now = self.now_ns;
@@ -202,7 +207,7 @@ impl Scheduler {
     }
 
     /// Among `free` (not empty), the GPU late binding puts `task` on.
-    fn best_free_gpu(&self, task: TaskId, free: &[u32]) -> u32 {
+    pub(super) fn best_free_gpu(&self, task: TaskId, free: &[u32]) -> u32 {
         let weights: BTreeMap<u32, f64> = self.placement_weights_iter(self.now_ns).collect();
         let gpus: Vec<FreeGpu> = free
             .iter()

@@ -1,0 +1,341 @@
+//! Who may run at once on one GPU ("Sharing" in the crate doc): the walk down a
+//! GPU's ranking that admits tasks while a cap, the priorities and, under
+//! [`Sharing::Memory`], memory allow ([`Admission`]); late binding's test of
+//! whether a queued task can run on a GPU under memory sharing; what a waiting
+//! task waits for; the overload rule.
+//!
+//! Under [`Sharing::Slots`] the walk admits the first `slots_per_gpu` tasks of
+//! the ranking, whatever they hold: exactly what the core did before memory
+//! sharing, so that recorded logs replay as they were recorded.
+
+use super::{Output, Scheduler, begin_ending};
+use crate::action::{Action, EnforcementRecord};
+use crate::config::Sharing;
+use crate::policy::Policy;
+use crate::reason::Reason;
+use crate::state::{TaskState, WaitReason};
+use crate::task::{Rank, Task};
+use crate::{NS_PER_MS, TaskId};
+
+/// One walk down a GPU's ranking: what the tasks admitted so far take.
+#[derive(Clone, Debug)]
+pub(super) struct Admission {
+    gpu: u32,
+    memory: bool,
+    cap: usize,
+    count: usize,
+    /// The GPU's capacity less the memory held outside any task; `None` when
+    /// its capacity is unknown (then memory never keeps a task waiting).
+    avail: Option<u128>,
+    /// What every live task holds on the GPU (frozen or waiting tasks keep
+    /// their memory), plus what the tasks admitted so far may still take.
+    used: u128,
+    /// The best priority among the admitted tasks that want the GPU.
+    best_active: Option<u8>,
+}
+
+impl Admission {
+    /// Why `t` may not run beside the tasks admitted so far, if it may not.
+    /// The first task admitted on a GPU always fits: waiting would not make
+    /// memory appear (frozen tasks keep theirs), and a higher priority that
+    /// needs memory gets it by eviction when its allocation fails.
+    pub(super) fn check(&self, t: &Task) -> Result<(), WaitReason> {
+        self.check_room(t)?;
+        if self.memory && t.wants_gpu && self.best_active.is_some_and(|p| p < t.priority()) {
+            return Err(WaitReason::HigherPriority);
+        }
+        Ok(())
+    }
+
+    /// [`Admission::check`] without the priorities: is there room.
+    fn check_room(&self, t: &Task) -> Result<(), WaitReason> {
+        if self.count >= self.cap {
+            return Err(WaitReason::SlotsHeld);
+        }
+        if self.memory && self.count > 0 {
+            let extra = u128::from(t.mem_extra_on(self.gpu));
+            if extra > 0 && self.avail.is_some_and(|avail| self.used + extra > avail) {
+                return Err(WaitReason::Memory);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts `t` as running here.
+    pub(super) fn admit(&mut self, t: &Task) {
+        self.count += 1;
+        if self.memory {
+            self.used += u128::from(t.mem_extra_on(self.gpu));
+            if t.wants_gpu {
+                let p = t.priority();
+                self.best_active = Some(self.best_active.map_or(p, |b| b.min(p)));
+            }
+        }
+    }
+}
+
+impl Scheduler {
+    /// Whether tasks share GPUs by memory.
+    pub(super) fn shares_memory(&self) -> bool {
+        self.config.sharing == Sharing::Memory
+    }
+
+    /// An empty walk of `gpu`.
+    pub(super) fn admission(&self, gpu: u32) -> Admission {
+        let memory = self.shares_memory();
+        let (avail, used) = if memory {
+            let avail = self.capacity_bytes.get(&gpu).map(|&capacity| {
+                u128::from(capacity).saturating_sub(u128::from(self.outside_on(gpu)))
+            });
+            let used = self
+                .tasks
+                .values()
+                .filter(|t| t.is_live())
+                .map(|t| u128::from(t.mem_on(gpu)))
+                .sum();
+            (avail, used)
+        } else {
+            (None, 0)
+        };
+        Admission {
+            gpu,
+            memory,
+            cap: self.config.cap(),
+            count: 0,
+            avail,
+            used,
+            best_active: None,
+        }
+    }
+
+    /// Memory held on `gpu` by processes outside any task, as last reported.
+    pub(super) fn outside_on(&self, gpu: u32) -> u64 {
+        self.outside_bytes.get(&gpu).copied().unwrap_or(0)
+    }
+
+    /// Walks `gpu`'s tasks in rank order: the ones that should run there, and
+    /// the others with what they wait for.
+    pub(super) fn walk(
+        &self,
+        gpu: u32,
+        ranked: &[TaskId],
+    ) -> (Vec<TaskId>, Vec<(TaskId, WaitReason)>) {
+        let mut admission = self.admission(gpu);
+        let (mut hold, mut wait) = (Vec::new(), Vec::new());
+        for &id in ranked {
+            let Some(t) = self.tasks.get(&id) else {
+                continue;
+            };
+            match admission.check(t) {
+                Ok(()) => {
+                    admission.admit(t);
+                    hold.push(id);
+                }
+                Err(reason) => wait.push((id, reason)),
+            }
+        }
+        (hold, wait)
+    }
+
+    /// Whether the task `id`, admitted by the walk, can start on `gpu` now:
+    /// beside the tasks that hold it (those being frozen still run until the
+    /// freeze lands), within the cap and memory.
+    pub(super) fn has_room(&self, gpu: u32, id: TaskId) -> bool {
+        let Some(t) = self.tasks.get(&id) else {
+            return false;
+        };
+        let mut admission = self.admission(gpu);
+        for h in self.tasks.values().filter(|h| {
+            h.spec.id != id && h.is_live() && h.holds_slot() && h.gpus_used().contains(&gpu)
+        }) {
+            admission.admit(h);
+        }
+        admission.check_room(t).is_ok()
+    }
+
+    /// Memory sharing, late binding: where the unbound `u` can run now, or why
+    /// it cannot. A GPU where it runs beside every holder comes first (it
+    /// displaces nobody); otherwise one where it fits beside the holders it
+    /// may not displace (holders that want the GPU at its priority or higher,
+    /// every holder under FIFO, and any with an actuation in flight), where
+    /// the task it displaces ranks last. Displaced tasks keep their memory.
+    pub(super) fn binding_for_shared(&self, u: &Task) -> Result<u32, WaitReason> {
+        let policy = self.policy;
+        let mut free: Vec<u32> = Vec::new();
+        let mut displace: Option<(Rank, u32)> = None;
+        let mut why: Option<WaitReason> = None;
+        for gpu in self.eligible_gpus() {
+            let mut all = self.admission(gpu);
+            let mut kept = self.admission(gpu);
+            let mut holders: Vec<&Task> = self
+                .tasks
+                .values()
+                .filter(|t| t.is_live() && t.gpus_used().contains(&gpu))
+                .filter(|t| t.holds_slot() || t.actuation.is_some())
+                .collect();
+            holders.sort_by_key(|t| (t.rank_under(policy), t.spec.id));
+            let (mut last_displaced, mut lower): (Option<Rank>, bool) = (None, false);
+            for t in holders {
+                all.admit(t);
+                let running = policy != Policy::Fifo
+                    && t.state == TaskState::Running
+                    && !t.yielded
+                    && t.actuation.is_none();
+                // A lower priority that wants the GPU is frozen for `u`; an
+                // idle holder yields its place when a cap needs it.
+                let is_lower = running && t.wants_gpu && t.priority() > u.priority();
+                if is_lower || (running && !t.wants_gpu) {
+                    lower |= is_lower;
+                    let rank = t.rank_under(policy);
+                    last_displaced = Some(last_displaced.map_or(rank, |r| r.max(rank)));
+                } else {
+                    kept.admit(t);
+                }
+            }
+            if !lower && all.check(u).is_ok() {
+                free.push(gpu);
+                continue;
+            }
+            match kept.check(u) {
+                Ok(()) => {
+                    if let Some(rank) = last_displaced
+                        && displace.is_none_or(|(r, _)| rank > r)
+                    {
+                        displace = Some((rank, gpu));
+                    }
+                }
+                Err(reason) => {
+                    // The nearest reason: memory (a smaller task could run),
+                    // then a cap, then a higher priority.
+                    let order = |r: WaitReason| match r {
+                        WaitReason::Memory => 0,
+                        WaitReason::SlotsHeld => 1,
+                        _ => 2,
+                    };
+                    if why.is_none_or(|w| order(reason) < order(w)) {
+                        why = Some(reason);
+                    }
+                }
+            }
+        }
+        if !free.is_empty() {
+            return Ok(self.best_free_gpu(u.spec.id, &free));
+        }
+        displace
+            .map(|(_, gpu)| gpu)
+            .ok_or(why.unwrap_or(WaitReason::SlotsHeld))
+    }
+
+    /// Why task `id` waits, if it does: unbound in the queue (as
+    /// [`Scheduler::queued`] says), or bound to a GPU that does not run it now
+    /// (as the last input's reconciliation found: a cap, memory or a higher
+    /// priority). `None` for a task that runs or may run now, has finished, or
+    /// is unknown.
+    pub fn wait_reason(&self, id: TaskId) -> Option<WaitReason> {
+        let t = self.tasks.get(&id).filter(|t| t.is_live())?;
+        if t.is_unbound() {
+            return self.queued(id).map(|q| q.reason);
+        }
+        if t.holds_slot() {
+            return None;
+        }
+        t.wait
+    }
+
+    /// Memory held outside any task on each GPU it was told of, sorted by
+    /// index.
+    pub fn outside_mem(&self) -> Vec<(u32, u64)> {
+        self.outside_bytes.iter().map(|(&g, &b)| (g, b)).collect()
+    }
+
+    /// The overload rule, when on: truncates every running session that has
+    /// run past its threshold on a GPU whose memory peak (during the session)
+    /// reached its threshold while enough tasks wait for that GPU. The tasks
+    /// that wait for a GPU: the ones bound there that want it and do not run,
+    /// and every task queued unbound (it waits for whichever GPU frees first).
+    pub(super) fn apply_overload_rule(&mut self, out: &mut Output) {
+        let Some(rule) = self.config.overload else {
+            return;
+        };
+        let now = self.now_ns;
+        let in_use: Vec<(u32, u64)> = self
+            .capacity_bytes
+            .keys()
+            .map(|&g| {
+                let tasks = self
+                    .tasks
+                    .values()
+                    .filter(|t| t.is_live())
+                    .fold(0u64, |sum, t| sum.saturating_add(t.mem_on(g)));
+                (g, tasks.saturating_add(self.outside_on(g)))
+            })
+            .collect();
+        for t in self.tasks.values_mut().filter(|t| t.is_live()) {
+            if let Some(&(_, used)) = in_use.iter().find(|(g, _)| Some(*g) == t.gpu) {
+                t.gpu_peak_bytes = t.gpu_peak_bytes.max(used);
+            }
+        }
+        let queued = self
+            .queue
+            .iter()
+            .filter(|(_, id)| self.tasks.get(id).is_some_and(|t| t.ending.is_none()))
+            .count();
+        let mut truncate: Vec<(TaskId, EnforcementRecord)> = Vec::new();
+        for (&id, t) in &self.tasks {
+            let Some(gpu) = t.gpu else {
+                continue;
+            };
+            let Some(&capacity) = self.capacity_bytes.get(&gpu) else {
+                continue;
+            };
+            if !t.is_live()
+                || t.ending.is_some()
+                || t.state != TaskState::Running
+                || t.yielded
+                || capacity == 0
+            {
+                continue;
+            }
+            let session_ms = t.elapsed_ns(now) / NS_PER_MS;
+            let peak_over = u128::from(t.gpu_peak_bytes) * 100
+                >= u128::from(capacity) * u128::from(rule.mem_peak_pct);
+            if session_ms <= rule.min_session_ms || !peak_over {
+                continue;
+            }
+            let waiting = queued
+                + self
+                    .tasks
+                    .values()
+                    .filter(|w| {
+                        w.is_live()
+                            && w.gpu.is_some()
+                            && w.gpus_used().contains(&gpu)
+                            && w.ending.is_none()
+                            && w.wants_gpu
+                            && !w.holds_slot()
+                    })
+                    .count();
+            let waiting = u32::try_from(waiting).unwrap_or(u32::MAX);
+            if waiting < rule.min_waiting {
+                continue;
+            }
+            let peak_permille =
+                u32::try_from(u128::from(t.gpu_peak_bytes) * 1000 / u128::from(capacity))
+                    .unwrap_or(u32::MAX);
+            truncate.push((
+                id,
+                EnforcementRecord::overloaded(&rule, session_ms, gpu, peak_permille, waiting),
+            ));
+        }
+        let kill_grace_ms = self.config.kill_grace_ms;
+        let default_hard = self.config.default_hard_kill;
+        for (id, record) in truncate {
+            let Some(task) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            out.actions.push(Action::Enforce { id, record });
+            let hard = task.spec.hard_kill.unwrap_or(default_hard);
+            begin_ending(id, task, Reason::Overloaded, hard, now, kill_grace_ms, out);
+        }
+    }
+}
