@@ -81,6 +81,8 @@ pub fn reason(r: Reason) -> &'static str {
         Reason::EvictedForMemory => "evicted to free GPU memory",
         Reason::OverQuota => "over its GPU memory quota",
         Reason::Archived => "archived",
+        Reason::NoMemory => "its memory no longer fits beside higher-ranked tasks",
+        Reason::Overloaded => "truncated by the overload rule",
     }
 }
 
@@ -89,6 +91,8 @@ pub fn wait_reason(r: keling_sched::WaitReason) -> &'static str {
     match r {
         keling_sched::WaitReason::SlotsHeld => "every GPU it may use is taken",
         keling_sched::WaitReason::Ending => "Keling is ending it",
+        keling_sched::WaitReason::Memory => "its memory does not fit on any GPU it may use",
+        keling_sched::WaitReason::HigherPriority => "a higher priority works on its GPU",
     }
 }
 

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use keling_sched::{Binding, GpuInfo, Policy, SchedConfig};
+use keling_sched::{Binding, GpuInfo, Policy, SchedConfig, Sharing};
 use serde::Serialize;
 
 use crate::{
@@ -94,9 +94,14 @@ pub struct ReplayArgs {
     /// As `keling run --gpu-capacity` (repeat for each GPU).
     #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = super::values::gpu_capacity)]
     pub gpu_capacity: Vec<GpuInfo>,
-    /// As `keling run --slots` [default: 1].
+    /// As `keling run --slots`: tasks at once on a GPU (by slots), or their
+    /// cap (by memory, 0: none) [default: the agent's].
     #[arg(long)]
     pub slots: Option<u32>,
+    /// As `keling run --sharing`: `memory`, every task whose memory fits runs
+    /// at once; `slots`, `--slots` tasks at once [default: the agent's].
+    #[arg(long, value_name = "SHARING", value_parser = parse_sharing)]
+    pub sharing: Option<Sharing>,
     /// As `keling run --idle-timeout-ms` [default: 300].
     #[arg(long)]
     pub idle_timeout_ms: Option<u64>,
@@ -196,6 +201,13 @@ pub struct ReplayArgs {
     pub stats: bool,
 }
 
+fn parse_sharing(s: &str) -> Result<Sharing, String> {
+    [Sharing::Memory, Sharing::Slots]
+        .into_iter()
+        .find(|x| x.as_str() == s)
+        .ok_or_else(|| format!("{s:?}: `memory` or `slots`"))
+}
+
 /// Seeds of `--seeds`, in the order given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seeds(pub Vec<u64>);
@@ -249,7 +261,9 @@ impl ReplayArgs {
                 c.gpus = file.gpus;
             }
         }
-        c.slots_per_gpu = self.slots.map_or(c.slots_per_gpu, |s| s.max(1));
+        c.sharing = self.sharing.unwrap_or(c.sharing);
+        // By memory 0 is "no cap"; by slots it counts as 1.
+        c.slots_per_gpu = self.slots.unwrap_or(c.slots_per_gpu);
         c.idle_timeout_ms = self.idle_timeout_ms.unwrap_or(c.idle_timeout_ms);
         c.default_max_duration_ms = self.max_duration_ms.unwrap_or(c.default_max_duration_ms);
         c.default_grace_ms = self.grace_period_ms.unwrap_or(c.default_grace_ms);

@@ -62,6 +62,38 @@ struct TaskStat {
     /// How it is counted among the waiting tasks: `Some(None)` on any GPU,
     /// `Some(Some(g))` on GPU g only, `None` not at all.
     counted: Option<Option<u32>>,
+    /// Its declared memory budget (the spec's quota).
+    budget: Option<u64>,
+    /// The most it has held, all GPUs together.
+    peak: u64,
+}
+
+impl TaskStat {
+    /// What it may still take on `gpu` under memory sharing: its budget,
+    /// else what it holds and has peaked at, less what it holds there (the
+    /// core's demand).
+    fn extra_on(&self, gpu: u32) -> u64 {
+        let held: u64 = self.mem.iter().map(|m| m.1).sum();
+        let here = self.mem.iter().find(|m| m.0 == gpu).map_or(0, |m| m.1);
+        self.budget
+            .unwrap_or(held.max(self.peak))
+            .saturating_sub(here)
+    }
+}
+
+/// Memory sharing as the core's config has it, for "idle while queued".
+#[derive(Clone, Debug)]
+struct Sharing {
+    /// Tasks at most at once on a GPU.
+    cap: u32,
+    /// Each GPU's capacity (unknown: memory never keeps a task out).
+    capacity: BTreeMap<u32, u64>,
+    /// Priorities count (not under FIFO and round robin).
+    priorities: bool,
+    /// Tasks counted among the waiting ones.
+    waiting: std::collections::BTreeSet<TaskId>,
+    /// Something changed since the GPUs' flags were computed.
+    dirty: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -77,6 +109,12 @@ struct GpuStat {
     thawing: u32,
     /// Time with a free slot while a task that may run here waited.
     idle_queued_ns: u64,
+    /// Memory held here by processes in no task.
+    outside: u64,
+    /// Priorities of the tasks `RUNNING` here, with their counts.
+    running_priorities: BTreeMap<u8, u32>,
+    /// Under memory sharing: a waiting task could run here now.
+    could_run: bool,
 }
 
 impl GpuStat {
@@ -108,6 +146,8 @@ pub struct Metrics {
     waiting_anywhere: u64,
     /// Per GPU, waiting tasks that may run there only.
     waiting_on: BTreeMap<u32, u64>,
+    /// Under memory sharing, what "idle while queued" needs.
+    sharing: Option<Sharing>,
 }
 
 impl Metrics {
@@ -127,6 +167,67 @@ impl Metrics {
             movable: false,
             waiting_anywhere: 0,
             waiting_on: BTreeMap::new(),
+            sharing: None,
+        }
+    }
+
+    /// Metrics over `config`'s GPUs, counting "idle while queued" as its
+    /// sharing has it: under [`keling_sched::Sharing::Memory`] a GPU is idle
+    /// while a task waits that could run there (below the cap, its memory
+    /// fitting beside what is held there, nobody of a higher priority
+    /// running there); by slots, while a slot is free.
+    pub fn for_config(config: &keling_sched::SchedConfig, policy: keling_sched::Policy) -> Self {
+        let mut m = Metrics::new(config.gpus.iter().map(|g| g.index)).with_slots(config.slots());
+        if config.sharing == keling_sched::Sharing::Memory {
+            m.sharing = Some(Sharing {
+                cap: u32::try_from(config.cap()).unwrap_or(u32::MAX),
+                capacity: config
+                    .gpus
+                    .iter()
+                    .map(|g| (g.index, g.capacity_bytes))
+                    .collect(),
+                priorities: matches!(
+                    policy,
+                    keling_sched::Policy::Hybrid | keling_sched::Policy::Goav
+                ),
+                waiting: Default::default(),
+                dirty: false,
+            });
+        }
+        m
+    }
+
+    /// Under memory sharing: which GPUs a waiting task could run on now.
+    fn recompute_could_run(&mut self) {
+        let Some(sh) = &mut self.sharing else {
+            return;
+        };
+        if !std::mem::take(&mut sh.dirty) {
+            return;
+        }
+        for (&gpu, g) in self.gpus.iter_mut() {
+            let n = g.running + g.thawing;
+            g.could_run = n < sh.cap && {
+                let best = g.running_priorities.keys().next().copied();
+                let avail = sh
+                    .capacity
+                    .get(&gpu)
+                    .map(|&c| c.saturating_sub(g.outside).saturating_sub(g.mem_bytes));
+                sh.waiting.iter().any(|id| {
+                    let Some(t) = self.tasks.get(id) else {
+                        return false;
+                    };
+                    let here = match t.counted {
+                        Some(None) => true,
+                        Some(Some(on)) => on == gpu,
+                        None => false,
+                    };
+                    // The first task on a GPU always fits (as in the core).
+                    here && (n == 0
+                        || ((!sh.priorities || best.is_none_or(|b| b >= t.priority))
+                            && avail.is_none_or(|a| t.extra_on(gpu) <= a)))
+                })
+            };
         }
     }
 
@@ -150,6 +251,14 @@ impl Metrics {
             return;
         }
         let elapsed = ts - self.now_ns;
+        if self.sharing.is_some() {
+            for g in self.gpus.values_mut() {
+                if g.could_run {
+                    g.idle_queued_ns += elapsed;
+                }
+            }
+            return;
+        }
         let slots = self.slots;
         for (gpu, g) in self.gpus.iter_mut() {
             let waiting =
@@ -191,6 +300,13 @@ impl Metrics {
             Some(Some(g)) => *self.waiting_on.entry(g).or_default() += 1,
             None => {}
         }
+        if let Some(sh) = &mut self.sharing {
+            if now.is_some() {
+                sh.waiting.insert(id);
+            } else {
+                sh.waiting.remove(&id);
+            }
+        }
     }
 
     /// Keep every wait (for [`Metrics::waits`]).
@@ -216,8 +332,12 @@ impl Metrics {
                     waiting_since: Some(ts),
                     arrived_ns: ts,
                     pinned,
+                    budget: spec.mem_quota_bytes,
                     ..TaskStat::default()
                 });
+            }
+            Input::OutsideMem { gpu, bytes, .. } => {
+                self.gpus.entry(*gpu).or_default().outside = *bytes;
             }
             Input::Idle { id, .. } => self.end_wait(*id, ts),
             Input::MemAlloc { id, gpu, bytes, .. } => self.memory(*id, *gpu, *bytes, 0, ts),
@@ -257,6 +377,12 @@ impl Metrics {
         for tr in &out.transitions {
             self.recount(tr.task);
         }
+        if let Some(sh) = &mut self.sharing {
+            sh.dirty |= !out.actions.is_empty()
+                || !out.transitions.is_empty()
+                || !matches!(input, Input::Tick { .. } | Input::Active { .. });
+        }
+        self.recompute_could_run();
     }
 
     /// A placement record of a scheduling log (for reports): the task arrived
@@ -314,6 +440,7 @@ impl Metrics {
         {
             g.thawing = g.thawing.saturating_sub(1);
         }
+        let priority = t.priority;
         if to == TaskState::Running {
             self.end_wait(id, ts);
             if let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g)) {
@@ -321,11 +448,18 @@ impl Metrics {
                     g.busy_since = ts;
                 }
                 g.running += 1;
+                *g.running_priorities.entry(priority).or_default() += 1;
             }
         } else if from == TaskState::Running
             && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
         {
             g.running = g.running.saturating_sub(1);
+            if let Some(n) = g.running_priorities.get_mut(&priority) {
+                *n -= 1;
+                if *n == 0 {
+                    g.running_priorities.remove(&priority);
+                }
+            }
             if g.running == 0 {
                 g.busy_ns += ts.saturating_sub(g.busy_since);
             }
@@ -376,6 +510,8 @@ impl Metrics {
         };
         let sub = sub.min(*held);
         *held = held.saturating_add(add) - sub;
+        let total: u64 = t.mem.iter().map(|m| m.1).sum();
+        t.peak = t.peak.max(total);
         self.gpus.entry(gpu).or_default().mem_change(ts, add, sub);
     }
 

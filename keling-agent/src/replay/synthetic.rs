@@ -907,9 +907,7 @@ pub fn run(
         opts,
         jobs,
         placement,
-        metrics: Metrics::new(config.gpus.iter().map(|g| g.index))
-            .with_slots(config.slots())
-            .movable_until_run(),
+        metrics: Metrics::for_config(&config, policy).movable_until_run(),
         sched: Scheduler::with_policy(config, policy),
         queue: BinaryHeap::new(),
         seq: 0,
