@@ -47,8 +47,16 @@ pub fn active_interval_ns(idle_timeout_ms: u64) -> u32 {
 
 /// A task is idle after this long without GPU calls or CPU time, ms.
 pub const IDLE_TIMEOUT_MS: u64 = keling_sched::DEFAULT_IDLE_TIMEOUT_MS;
-/// Tasks that may run at once on one GPU.
-pub const SLOTS_PER_GPU: u32 = 1;
+/// Tasks that may run at once on one GPU: under memory sharing (the default)
+/// 0, no cap (every task whose memory fits runs); under `--sharing slots`, 0
+/// counts as 1.
+pub const SLOTS_PER_GPU: u32 = 0;
+/// How the tasks on one GPU share it: by memory (every task whose memory fits
+/// runs at once; priorities still preempt).
+pub const SHARING: keling_sched::Sharing = keling_sched::Sharing::Memory;
+/// When a launched task that names no GPU is bound to one: when a GPU can run
+/// it, so no GPU idles while a task that could run there waits.
+pub const BINDING: keling_sched::Binding = keling_sched::Binding::Late;
 /// The group whose members (besides root) may use the control socket.
 pub const SOCKET_GROUP: &str = "keling";
 /// The highest priority (lowest number) a user other than root may ask for unless
@@ -87,6 +95,8 @@ pub fn sched_config() -> keling_sched::SchedConfig {
     keling_sched::SchedConfig {
         gpus: Vec::new(),
         slots_per_gpu: SLOTS_PER_GPU,
+        sharing: SHARING,
+        binding: BINDING,
         idle_timeout_ms: IDLE_TIMEOUT_MS,
         default_max_duration_ms: MAX_DURATION_MS,
         default_grace_ms: GRACE_PERIOD_MS,

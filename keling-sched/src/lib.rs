@@ -37,6 +37,7 @@
 //! | `Tick` | on every tick of its own timer (the agent chooses the period), whether or not anything happened | archives finished tasks; time rules |
 //! | `Confirmed` | an action was seen to take effect (`frozen 1` in `cgroup.events`, process state `T`, ...) | completes the state change the action started |
 //! | `TimedOut` | an action was not confirmed by the timeout model's deadline | escalates (below) |
+//! | `OutsideMem` | it learns how much memory processes in no task hold on a GPU | replaces that GPU's figure (memory sharing admits against capacity less it) |
 //! | `MemUnsure` | a table the kernel needed for the task's GPU memory books was full: its figure may be wrong | marks the figure unsure (`TaskView::mem_unsure`): its quota is no longer enforced |
 //!
 //! Inputs naming a task the core does not know are ignored, and so is an `Arrive`
@@ -55,7 +56,7 @@
 //! | `Terminate { id }` | sends SIGTERM | `Exit` (a Kill follows after `kill_grace_ms`) |
 //! | `Kill { id }` | sends SIGKILL (or writes `cgroup.kill`) | `Exit` |
 //! | `Warn { id, remaining_ms }` | tells the task's owner its session ends in `remaining_ms` | none |
-//! | `Enforce { id, record }` | logs/reports the 4003 record; always followed in the same output by the `Kill` or `Terminate` it justifies, unless one was already sent | none |
+//! | `Enforce { id, record }` | logs/reports the record (4003: duration limit; 4004: overload rule); always followed in the same output by the `Kill` or `Terminate` it justifies, unless one was already sent | none |
 //!
 //! ## Who confirms what
 //!
@@ -154,6 +155,52 @@
 //! reason `quantum_expired`); if nobody of its priority waits it starts a fresh
 //! quantum. A task preempted by a higher priority keeps its queue position and what
 //! is left of its quantum.
+//!
+//! ## Sharing by memory
+//!
+//! [`SchedConfig::sharing`] says how the tasks on one GPU share it. Under
+//! [`Sharing::Slots`] (the core's default, so that configurations and input logs
+//! written before it existed replay as recorded) everything above holds: the first
+//! `slots_per_gpu` of the ranking hold the GPU. Under [`Sharing::Memory`] (the
+//! agent's default) the ranking is *walked* and a task is admitted unless
+//! - a cap is reached: `slots_per_gpu` tasks are admitted already (0: no cap;
+//!   wait reason `slots_held`);
+//! - it wants the GPU and an admitted task that wants it has a higher priority, or
+//!   one ranked before it waits for memory (`higher_priority`): a higher priority
+//!   that works freezes the lower ones, which keep their memory;
+//! - its memory does not fit (`memory`): what it may still take (its budget,
+//!   `mem_quota_bytes`, on the GPU it is placed on; else the most it has held
+//!   there; less what it holds) added to what every live task holds on the GPU and
+//!   what the admitted tasks may still take exceeds the capacity less the memory
+//!   held outside any task ([`Input::OutsideMem`]). The first task admitted on a
+//!   GPU always fits: waiting would not free the memory that frozen tasks keep, and
+//!   a higher priority that needs it gets it by eviction when its allocation fails
+//!   ("Memory pressure").
+//!
+//! The walk goes on past a task that does not fit (a smaller one may); a running
+//! task that is not admitted is frozen with reason `no_memory`,
+//! `preempted_by_higher_priority`, `quantum_expired` or `round_robin`. A frozen
+//! task is thawed once it is admitted and no task holding its GPU is still being
+//! frozen. Equal priorities run side by side and take turns by quantum only while
+//! a cap makes one of them wait. Under late binding a queued task is bound where it
+//! runs beside every holder, else where it fits beside the holders it may not
+//! displace (it displaces lower priorities, which keep their memory); never where
+//! a higher priority that wants the GPU waits. A task that waits only for memory
+//! does not stop the queue's walk. With a cap of 1 the outputs are exactly those of
+//! [`Sharing::Slots`] with one slot. [`Scheduler::wait_reason`] says what a waiting
+//! task waits for.
+//!
+//! ## Overload rule
+//!
+//! With [`SchedConfig::overload`] set (off by default), after every input a running
+//! task is truncated when at once it has run more than `min_session_ms` since it
+//! arrived (its wait included), the memory in use on its GPU (tasks and outside)
+//! peaked during its session at `mem_peak_pct` % of capacity or more, and at least
+//! `min_waiting` tasks wait for that GPU (bound there, wanting it, not running; and
+//! every task queued unbound). The core emits `Enforce` with the 4004 record
+//! ([`EnforcementRecord::overloaded`]: the session, the peak in thousandths of
+//! capacity, the waiting count and the thresholds), then `Kill` (`hard_kill`) or
+//! `Terminate`; the task ends `Failed`, reason `overloaded`.
 //!
 //! ## Memory pressure
 //!

@@ -81,7 +81,7 @@ pub fn reason(r: Reason) -> &'static str {
         Reason::EvictedForMemory => "evicted to free GPU memory",
         Reason::OverQuota => "over its GPU memory quota",
         Reason::Archived => "archived",
-        Reason::NoMemory => "its memory no longer fits beside higher-ranked tasks",
+        Reason::NoMemory => "its memory no longer fits beside the tasks ahead",
         Reason::Overloaded => "truncated by the overload rule",
     }
 }
@@ -93,6 +93,16 @@ pub fn wait_reason(r: keling_sched::WaitReason) -> &'static str {
         keling_sched::WaitReason::Ending => "Keling is ending it",
         keling_sched::WaitReason::Memory => "its memory does not fit on any GPU it may use",
         keling_sched::WaitReason::HigherPriority => "a higher priority works on its GPU",
+    }
+}
+
+/// What a waiting task waits for: `waits for memory`.
+pub fn waits_for(r: keling_sched::WaitReason) -> &'static str {
+    match r {
+        keling_sched::WaitReason::SlotsHeld => "a place under the cap (--slots)",
+        keling_sched::WaitReason::Ending => "its end (Keling is ending it)",
+        keling_sched::WaitReason::Memory => "memory",
+        keling_sched::WaitReason::HigherPriority => "a higher priority to finish",
     }
 }
 

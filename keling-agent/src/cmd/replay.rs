@@ -100,8 +100,25 @@ pub struct ReplayArgs {
     pub slots: Option<u32>,
     /// As `keling run --sharing`: `memory`, every task whose memory fits runs
     /// at once; `slots`, `--slots` tasks at once [default: the agent's].
-    #[arg(long, value_name = "SHARING", value_parser = parse_sharing)]
-    pub sharing: Option<Sharing>,
+    #[arg(long, value_enum, value_name = "SHARING")]
+    pub sharing: Option<super::values::SharingArg>,
+    /// As `keling run --overload`: the first design article's overload rule on
+    /// (with a recording: what it would have done).
+    #[arg(long)]
+    pub overload: bool,
+    /// As `keling run --overload-session-ms` [default: 200].
+    #[arg(long, value_name = "MS")]
+    pub overload_session_ms: Option<u64>,
+    /// As `keling run --overload-mem-pct` [default: 95].
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub overload_mem_pct: Option<u32>,
+    /// As `keling run --overload-waiting` [default: 8].
+    #[arg(long, value_name = "N")]
+    pub overload_waiting: Option<u32>,
+    /// Synthetic: make every run twice, with the overload rule off and on (its
+    /// thresholds from the flags above), to compare them.
+    #[arg(long)]
+    pub overload_compare: bool,
     /// As `keling run --idle-timeout-ms` [default: 300].
     #[arg(long)]
     pub idle_timeout_ms: Option<u64>,
@@ -201,13 +218,6 @@ pub struct ReplayArgs {
     pub stats: bool,
 }
 
-fn parse_sharing(s: &str) -> Result<Sharing, String> {
-    [Sharing::Memory, Sharing::Slots]
-        .into_iter()
-        .find(|x| x.as_str() == s)
-        .ok_or_else(|| format!("{s:?}: `memory` or `slots`"))
-}
-
 /// Seeds of `--seeds`, in the order given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seeds(pub Vec<u64>);
@@ -261,7 +271,18 @@ impl ReplayArgs {
                 c.gpus = file.gpus;
             }
         }
-        c.sharing = self.sharing.unwrap_or(c.sharing);
+        c.sharing = self.sharing.map_or(c.sharing, Sharing::from);
+        let thresholds = self.overload_session_ms.is_some()
+            || self.overload_mem_pct.is_some()
+            || self.overload_waiting.is_some();
+        if self.overload || (thresholds && c.overload.is_some()) {
+            let rule = c.overload.unwrap_or_default();
+            c.overload = Some(keling_sched::OverloadRule {
+                min_session_ms: self.overload_session_ms.unwrap_or(rule.min_session_ms),
+                mem_peak_pct: self.overload_mem_pct.unwrap_or(rule.mem_peak_pct),
+                min_waiting: self.overload_waiting.unwrap_or(rule.min_waiting),
+            });
+        }
         // By memory 0 is "no cap"; by slots it counts as 1.
         c.slots_per_gpu = self.slots.unwrap_or(c.slots_per_gpu);
         c.idle_timeout_ms = self.idle_timeout_ms.unwrap_or(c.idle_timeout_ms);
@@ -543,13 +564,34 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
     // the run's).
     let agent = args.sched_config(None)?;
     let options = |mix, seed| synthetic_options(args, &agent, mix, seed);
+    // With --overload-compare, every run with the rule off and on.
+    let variants: Vec<SchedConfig> = if args.overload_compare {
+        let on = SchedConfig {
+            overload: Some(agent.overload.unwrap_or_default()),
+            ..agent.clone()
+        };
+        vec![
+            SchedConfig {
+                overload: None,
+                ..agent.clone()
+            },
+            on,
+        ]
+    } else {
+        vec![agent.clone()]
+    };
     let plan: Vec<(SyntheticOptions, Policy, Placement)> = mixes
         .iter()
         .flat_map(|&mix| seeds.iter().map(move |&seed| (mix, seed)))
         .flat_map(|(mix, seed)| {
+            let variants = &variants;
             synthetic_plan(args)
                 .into_iter()
-                .map(move |(policy, placement)| (options(mix, seed), policy, placement))
+                .flat_map(move |(policy, placement)| {
+                    variants
+                        .iter()
+                        .map(move |v| (synthetic_options(args, v, mix, seed), policy, placement))
+                })
         })
         .collect();
     let logs = RunLogs {
@@ -840,8 +882,9 @@ fn print_seeds(seeds: &[u64], aggregates: &[Aggregate]) {
             a.mix.as_str(),
             a.policy.as_str(),
             format!(
-                "{}{}",
+                "{}{}{}",
                 a.placement.as_str(),
+                if a.overload { "+ov" } else { "" },
                 if a.default { " *" } else { "" }
             ),
             cell(&a.lbe_busy, &pct),
@@ -964,8 +1007,13 @@ fn print_synthetic_table(runs: &[&Timed]) {
             t.run.mix.as_str(),
             t.run.policy.as_str(),
             format!(
-                "{}{}",
+                "{}{}{}",
                 t.run.placement.as_str(),
+                if t.run.config.overload.is_some() {
+                    "+ov"
+                } else {
+                    ""
+                },
                 if t.run.default { " *" } else { "" }
             ),
             s.queueing_delay_ms.mean,

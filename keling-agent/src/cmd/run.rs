@@ -19,6 +19,7 @@ use tokio::{
 use crate::{
     bpf::{LoadOptions, Probes, programs::Feature},
     cmd::replay::BindingArg,
+    cmd::values::SharingArg,
     control::server,
     defaults,
     event::{EventStream, decode::Event},
@@ -75,22 +76,53 @@ pub struct RunArgs {
     /// Write every scheduler input here (JSON lines), to replay decisions.
     #[arg(long, value_name = "FILE")]
     pub input_log: Option<PathBuf>,
-    /// How many tasks may run at once on one GPU.
+    /// How the tasks placed on one GPU share it. `memory` (default): every task
+    /// whose memory fits runs at once: its budget (`--mem-quota`), or without
+    /// one what it holds and has peaked at, against the GPU's capacity less the
+    /// memory held by processes in no task; one that does not fit waits. A
+    /// higher priority that works still freezes the lower ones on its GPU (they
+    /// keep their memory) and gets memory by evicting lower priorities. `slots`:
+    /// at most `--slots` tasks run at once whatever they hold (the time-slice
+    /// model of Keling before 0.x; `--slots 1` runs one task per GPU).
+    #[arg(long, value_enum, default_value_t = defaults::SHARING.into(), value_name = "SHARING")]
+    pub sharing: SharingArg,
+    /// How many tasks may run at once on one GPU: a cap under `--sharing
+    /// memory` (0: none), the number of slots under `--sharing slots` (0 counts
+    /// as 1). Equal priorities take turns by time slice only while a cap makes
+    /// one of them wait.
     #[arg(long, default_value_t = defaults::SLOTS_PER_GPU)]
     pub slots: u32,
-    /// When a launched task that names no GPU is bound to one. `at-arrival`:
-    /// placed by weight as it arrives, frozen there if it must wait (equal
-    /// priorities share a GPU by time slices). `late`: it waits unbound, held
-    /// before exec, in one host-level queue (priority, then arrival) and is bound
-    /// when a GPU can run it, so no GPU idles while it waits; its
-    /// CUDA_VISIBLE_DEVICES is set then. Under `late` a task runs to its end
-    /// once bound unless a higher priority needs its GPU.
-    #[arg(long, value_enum, default_value_t = BindingArg::AtArrival, value_name = "BINDING")]
+    /// When a launched task that names no GPU is bound to one. `late`
+    /// (default): it waits unbound, held before exec, in one host-level queue
+    /// (priority, then arrival) and is bound when a GPU can run it (its memory
+    /// fits there), so no GPU idles while a task that could run there waits;
+    /// its CUDA_VISIBLE_DEVICES is set then. `at-arrival`: placed by weight as
+    /// it arrives and frozen there if it must wait, even while another GPU is
+    /// free. Adopted processes and launches given `--gpu` run where they are.
+    #[arg(long, value_enum, default_value_t = BindingArg::Late, value_name = "BINDING")]
     pub binding: BindingArg,
     /// Late binding: the seed of the last tie-break between equally good free
     /// GPUs (the input log records it, so a replay decides the same).
     #[arg(long, default_value_t = 0, value_name = "SEED")]
     pub placement_seed: u64,
+    /// The first design article's overload rule (off by default): truncate a
+    /// running session (a 4004 record to its owner, then the kill or SIGTERM of
+    /// `--hard-kill`) when at once it has run more than
+    /// `--overload-session-ms` since it arrived, its GPU's memory in use peaked
+    /// at `--overload-mem-pct` % of capacity or more during it, and at least
+    /// `--overload-waiting` tasks wait for that GPU.
+    #[arg(long)]
+    pub overload: bool,
+    /// The overload rule's session threshold, ms (the article's 200).
+    #[arg(long, default_value_t = keling_sched::DEFAULT_OVERLOAD_SESSION_MS, value_name = "MS")]
+    pub overload_session_ms: u64,
+    /// The overload rule's memory threshold, % of the GPU's capacity (the article's 95).
+    #[arg(long, default_value_t = keling_sched::DEFAULT_OVERLOAD_MEM_PEAK_PCT, value_name = "PCT",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub overload_mem_pct: u32,
+    /// The overload rule's queue threshold: tasks waiting for the GPU (the article's 8).
+    #[arg(long, default_value_t = keling_sched::DEFAULT_OVERLOAD_MIN_WAITING, value_name = "N")]
+    pub overload_waiting: u32,
     /// Decision timeout model.
     #[arg(long, value_enum, default_value_t = ModelKind::Adaptive)]
     pub timeout_model: ModelKind,
@@ -433,7 +465,13 @@ fn admit(access: &AccessPolicy) -> server::Admit {
 pub(crate) fn sched_config(args: &RunArgs, gpus: Vec<GpuInfo>) -> SchedConfig {
     SchedConfig {
         gpus,
-        slots_per_gpu: args.slots.max(1),
+        slots_per_gpu: args.slots,
+        sharing: args.sharing.into(),
+        overload: args.overload.then_some(keling_sched::OverloadRule {
+            min_session_ms: args.overload_session_ms,
+            mem_peak_pct: args.overload_mem_pct,
+            min_waiting: args.overload_waiting,
+        }),
         idle_timeout_ms: args.idle_timeout_ms,
         default_max_duration_ms: args.max_duration_ms,
         default_grace_ms: args.grace_period_ms,

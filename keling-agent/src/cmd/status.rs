@@ -57,9 +57,13 @@ const JSON_FIELDS: &str = "\
     (Freeze, Thaw, Stop or null), cgroup, ending_reason, exit_code,
     waiting (PREEMPTED only): {reason, behind: [{task, name, priority}], for_ms}
     queued (late binding; unbound tasks only, state PENDING): {id, position (1:
-    bound next), ahead, reason (slots_held, ending)}
+    bound next), ahead, reason (slots_held, memory, higher_priority, ending)}
+    wait_reason (tasks that wait, queued or bound: memory, slots_held = a cap,
+    higher_priority, ending), pinned_gpu (the GPU a launch or rule pinned it to)
   latency: timeout_ms, model, late, decisions, stages, by_action, late_by_action
   stages_by_action, placement: {weights: [[gpu, weight]], load_balance_error}
+  gpus[]: {gpu, capacity_bytes, tasks_bytes (held by live tasks, frozen ones
+    included), outside_bytes (held by processes in no task), free_bytes}
   archive: {kept, listed, skipped, max_kept, retention_s, completed, failed,
     forgotten} (tasks[] lists every live task, then the `listed` archived tasks
     that finished last after `skipped`; the counts are since the agent started)
@@ -149,6 +153,16 @@ fn note(t: &TaskStatus) -> String {
     }
     if let Some(w) = &t.waiting {
         parts.push(waiting_text(w));
+    }
+    if t.queued.is_none()
+        && let Some(r) = t.wait_reason
+    {
+        parts.push(format!(
+            "waits for {}{}",
+            human::waits_for(r),
+            t.pinned_gpu
+                .map_or(String::new(), |g| format!(" on its pinned GPU {g}"))
+        ));
     }
     if t.yielded {
         parts.push("idle: yielded its slot, not frozen".into());
@@ -287,7 +301,35 @@ pub fn render_status(s: &StatusReply, user_name: &dyn Fn(u32) -> Option<String>)
             s.placement.load_balance_error
         ));
     }
+    out.push_str(&gpu_memory_table(&s.gpus));
     out
+}
+
+/// Per GPU: capacity, memory held by tasks, held outside any task, free.
+fn gpu_memory_table(gpus: &[crate::control::GpuMemoryStatus]) -> String {
+    if gpus.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = gpus
+        .iter()
+        .map(|g| {
+            vec![
+                g.gpu.to_string(),
+                human::bytes(g.capacity_bytes),
+                human::bytes(g.tasks_bytes),
+                human::bytes(g.outside_bytes),
+                human::bytes(g.free_bytes),
+            ]
+        })
+        .collect();
+    format!(
+        "\n{}",
+        human::table(
+            &["GPU", "CAPACITY", "TASKS", "OUTSIDE TASKS", "FREE"],
+            &[true, true, true, true, true],
+            &rows,
+        )
+    )
 }
 
 /// `+1.50 s` from the task's arrival.
@@ -425,6 +467,8 @@ mod tests {
             state_for_ms: 0,
             waiting: None,
             queued: None,
+            wait_reason: None,
+            pinned_gpu: None,
             ending_reason: None,
             exit_code: None,
         }
@@ -500,6 +544,13 @@ mod tests {
                 load_balance_error: 0.0,
             },
             archive: ArchiveSummary::default(),
+            gpus: vec![crate::control::GpuMemoryStatus {
+                gpu: 0,
+                capacity_bytes: 8 << 30,
+                tasks_bytes: (3 << 30) + (512 << 20),
+                outside_bytes: 1 << 30,
+                free_bytes: (3 << 30) + (512 << 20),
+            }],
         }
     }
 
@@ -518,9 +569,31 @@ mod tests {
             "freeze     12  412 µs  900 µs  2.31 ms  2.31 ms     1",
             "placement weights (higher is better): GPU 0 0.812; load-balance error 0.000",
             "",
+            "GPU  CAPACITY     TASKS  OUTSIDE TASKS      FREE",
+            "  0  8.00 GiB  3.50 GiB       1.00 GiB  3.50 GiB",
+            "",
         ]
         .join("\n");
         assert_eq!(render_status(&known_state(), &names), golden);
+    }
+
+    /// A task that waits bound to its GPU says what for, and whether it is pinned.
+    #[test]
+    fn a_waiting_task_says_what_it_waits_for() {
+        let mut t = task(1, "train", "PREEMPTED", 8);
+        t.wait_reason = Some(keling_sched::WaitReason::Memory);
+        assert_eq!(note(&t), "waits for memory");
+        t.wait_reason = Some(keling_sched::WaitReason::HigherPriority);
+        t.pinned_gpu = Some(2);
+        assert_eq!(
+            note(&t),
+            "waits for a higher priority to finish on its pinned GPU 2"
+        );
+        t.wait_reason = Some(keling_sched::WaitReason::SlotsHeld);
+        t.pinned_gpu = None;
+        assert_eq!(note(&t), "waits for a place under the cap (--slots)");
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json["wait_reason"], "slots_held");
     }
 
     /// A task queued unbound (late binding) reads as QUEUED with its place and why.

@@ -1,6 +1,33 @@
 //! Command-line values more than one subcommand takes, as clap value parsers
 //! with typed errors (clap prints them after the flag's name).
-use keling_sched::GpuInfo;
+use keling_sched::{GpuInfo, Sharing};
+
+/// `--sharing` (`run`, `replay`): how the tasks on one GPU share it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SharingArg {
+    /// Every task whose memory fits runs at once (`--slots` an optional cap).
+    Memory,
+    /// At most `--slots` tasks run at once, whatever memory they hold.
+    Slots,
+}
+
+impl From<SharingArg> for Sharing {
+    fn from(s: SharingArg) -> Sharing {
+        match s {
+            SharingArg::Memory => Sharing::Memory,
+            SharingArg::Slots => Sharing::Slots,
+        }
+    }
+}
+
+impl From<Sharing> for SharingArg {
+    fn from(s: Sharing) -> SharingArg {
+        match s {
+            Sharing::Memory => SharingArg::Memory,
+            Sharing::Slots => SharingArg::Slots,
+        }
+    }
+}
 
 /// Why a `--gpu-capacity` value was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -402,8 +402,15 @@ pub struct TaskStatus {
     /// Tasks queued unbound (late binding): where they stand and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued: Option<keling_sched::QueuedView>,
+    /// What a task that waits (queued, frozen, or arrived and not running)
+    /// waits for: `memory`, `slots_held` (a cap), `higher_priority`, `ending`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_reason: Option<keling_sched::WaitReason>,
+    /// The GPU its launch or rule pinned it to (it waits for that one only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_gpu: Option<u32>,
     /// Why Keling is ending it (`duration_limit`, `evicted_for_memory`,
-    /// `over_quota`), once it started to.
+    /// `over_quota`, `overloaded`), once it started to.
     #[serde(default)]
     pub ending_reason: Option<keling_sched::Reason>,
     #[serde(default)]
@@ -416,6 +423,19 @@ pub struct PlacementStatus {
     pub weights: Vec<(u32, f64)>,
     /// (max - min) / mean of the bytes used per GPU.
     pub load_balance_error: f64,
+}
+
+/// One GPU's memory as the scheduler sees it (`keling status`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GpuMemoryStatus {
+    pub gpu: u32,
+    pub capacity_bytes: u64,
+    /// Held by the live tasks (running, frozen or waiting: frozen tasks keep theirs).
+    pub tasks_bytes: u64,
+    /// Held by processes in no task.
+    pub outside_bytes: u64,
+    /// Capacity less both.
+    pub free_bytes: u64,
 }
 
 /// What `keling status` shows.
@@ -432,6 +452,9 @@ pub struct StatusReply {
     /// The archive: how many finished tasks are kept and how many `tasks` lists.
     #[serde(default)]
     pub archive: ArchiveSummary,
+    /// Per configured GPU: its memory (capacity, tasks, outside, free).
+    #[serde(default)]
+    pub gpus: Vec<GpuMemoryStatus>,
 }
 
 /// Finished tasks: the archive and what became of them since the agent started.

@@ -505,6 +505,7 @@ mod tests {
                 listed: 2,
                 ..Default::default()
             },
+            gpus: Vec::new(),
         };
         let by_state = tasks_by_state(&status);
         assert_eq!(by_state["RUNNING"], 1);

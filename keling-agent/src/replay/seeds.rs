@@ -22,6 +22,8 @@ pub struct Figures {
     pub placement: Placement,
     /// What `keling run` does with its defaults.
     pub default: bool,
+    /// The overload rule was on.
+    pub overload: bool,
     /// Load-balance error of busy time across the GPUs.
     pub lbe_busy: f64,
     /// Load-balance error of memory held over time.
@@ -53,6 +55,7 @@ impl Figures {
             policy: run.policy,
             placement: run.placement,
             default: run.default,
+            overload: run.config.overload.is_some(),
             lbe_busy: s.load_balance_error,
             lbe_mem: s.memory_load_balance_error,
             queue_mean_ms: s.queueing_delay_ms.mean,
@@ -108,6 +111,8 @@ pub struct Aggregate {
     pub mix: Mix,
     pub policy: Policy,
     pub placement: Placement,
+    /// The overload rule was on.
+    pub overload: bool,
     /// Every seed's run was the agent's default.
     pub default: bool,
     pub seeds: Vec<u64>,
@@ -125,19 +130,17 @@ pub struct Aggregate {
 /// Groups `runs` by mix, policy and placement, in the order each group first
 /// appears.
 pub fn aggregate(runs: &[Figures]) -> Vec<Aggregate> {
-    let mut keys: Vec<(Mix, Policy, Placement)> = Vec::new();
+    let key = |r: &Figures| (r.mix, r.policy, r.placement, r.overload);
+    let mut keys: Vec<(Mix, Policy, Placement, bool)> = Vec::new();
     for r in runs {
-        let k = (r.mix, r.policy, r.placement);
-        if !keys.contains(&k) {
-            keys.push(k);
+        if !keys.contains(&key(r)) {
+            keys.push(key(r));
         }
     }
     keys.into_iter()
-        .filter_map(|(mix, policy, placement)| {
-            let group: Vec<&Figures> = runs
-                .iter()
-                .filter(|r| (r.mix, r.policy, r.placement) == (mix, policy, placement))
-                .collect();
+        .filter_map(|k| {
+            let (mix, policy, placement, overload) = k;
+            let group: Vec<&Figures> = runs.iter().filter(|r| key(r) == k).collect();
             let over = |f: &dyn Fn(&Figures) -> f64| {
                 OverSeeds::of(&group.iter().map(|r| (r.seed, f(r))).collect::<Vec<_>>())
             };
@@ -149,6 +152,7 @@ pub fn aggregate(runs: &[Figures]) -> Vec<Aggregate> {
                 mix,
                 policy,
                 placement,
+                overload,
                 default: group.iter().all(|r| r.default),
                 seeds: group.iter().map(|r| r.seed).collect(),
                 lbe_busy: over(&|r| r.lbe_busy)?,
@@ -280,7 +284,7 @@ pub fn markdown(what: &str, aggregates: &[Aggregate]) -> String {
             format!("**{}** (default)", a.placement.as_str())
         } else {
             a.placement.as_str().to_owned()
-        };
+        } + if a.overload { ", overload rule" } else { "" };
         let cells = [
             a.mix.as_str().to_owned(),
             a.policy.as_str().to_owned(),
@@ -325,6 +329,7 @@ mod tests {
             policy: Policy::Hybrid,
             placement: Placement::Late,
             default: true,
+            overload: false,
             lbe_busy,
             lbe_mem: lbe_busy / 2.0,
             queue_mean_ms: 10.0 * seed as f64,

@@ -34,6 +34,7 @@ use std::{
 use keling_common::nvidia::{ObjectKind, status};
 use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskState};
 
+use super::sharing::OutsideMemory;
 use super::{
     config::Config,
     history::{self, Histories},
@@ -145,6 +146,8 @@ pub struct Daemon {
     /// Each task's transitions and decisions, for its owner (`keling status TASK`).
     histories: Histories,
     finished: Finished,
+    /// GPU memory of processes in no task, told to the core at each tick.
+    outside: OutsideMemory,
 }
 
 impl Daemon {
@@ -176,6 +179,7 @@ impl Daemon {
             last_prune_ns: 0,
             histories: Histories::default(),
             finished: Finished::default(),
+            outside: OutsideMemory::default(),
         }
     }
 
@@ -623,6 +627,7 @@ impl Daemon {
                 return;
             }
             Event::Exit(e) if e.group_dead != 0 => {
+                self.outside.exited(h.pid);
                 let status = ExitStatus::from_wait_status(e.exit_status);
                 if let Some(id) = self
                     .members
@@ -657,6 +662,8 @@ impl Daemon {
         for input in inputs {
             self.step(&input, Cause::of(&input, received_ns));
         }
+        self.outside
+            .on_event(event, |pid| self.members.task_of(pid));
         if let Some(id) = self.members.task_of(h.pid) {
             self.activity(id, h.ts_ns, received_ns);
         }
@@ -743,6 +750,9 @@ impl Daemon {
     pub fn tick(&mut self) {
         let now = self.host.now_ns();
         self.latency.tick(now);
+        for input in self.outside.changes(now) {
+            self.step_now(&input);
+        }
         self.step_now(&Input::Tick { ts_ns: now });
         let mut forgot = 0;
         if now.saturating_sub(self.last_prune_ns) >= 1_000_000_000 {
@@ -894,6 +904,7 @@ impl Daemon {
                 load_balance_error: keling_sched::load_balance_error(&used),
             },
             archive,
+            gpus: super::sharing::gpu_memory(&self.sched),
         }
     }
 
@@ -934,6 +945,8 @@ impl Daemon {
                 / 1_000_000,
             waiting: history::waiting(views, t, history, now),
             queued: self.sched.queued(t.spec.id),
+            wait_reason: self.sched.wait_reason(t.spec.id),
+            pinned_gpu: t.spec.gpu,
             ending_reason: t.ending_reason,
             exit_code: t.exit_code,
         }

@@ -19,5 +19,6 @@ pub mod log;
 pub mod members;
 pub mod notify;
 pub mod records;
+pub mod sharing;
 pub mod supervisor;
 pub mod worker;

@@ -124,7 +124,9 @@ impl Scheduler {
     /// Where the unbound `u` can run now, or why it cannot.
     fn binding_for(&self, u: &Task) -> Result<u32, WaitReason> {
         debug_assert_eq!(self.config.binding, Binding::Late);
-        if self.shares_memory() {
+        // With a cap of 1 a GPU runs one task whatever memory it has: what
+        // follows is exactly that.
+        if self.shares_memory() && self.config.cap() > 1 {
             return self.binding_for_shared(u);
         }
         let slots = self.config.slots();

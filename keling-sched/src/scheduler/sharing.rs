@@ -48,7 +48,7 @@ impl Admission {
     }
 
     /// [`Admission::check`] without the priorities: is there room.
-    fn check_room(&self, t: &Task) -> Result<(), WaitReason> {
+    pub(super) fn check_room(&self, t: &Task) -> Result<(), WaitReason> {
         if self.count >= self.cap {
             return Err(WaitReason::SlotsHeld);
         }
@@ -59,6 +59,16 @@ impl Admission {
             }
         }
         Ok(())
+    }
+
+    /// A task that wants the GPU waits for memory: no lower priority may
+    /// take what it waits for, so they wait behind it (equal priorities may
+    /// still run beside it if they fit).
+    pub(super) fn note_waiting(&mut self, t: &Task, reason: WaitReason) {
+        if self.memory && t.wants_gpu && reason == WaitReason::Memory {
+            let p = t.priority();
+            self.best_active = Some(self.best_active.map_or(p, |b| b.min(p)));
+        }
     }
 
     /// Counts `t` as running here.
@@ -131,26 +141,32 @@ impl Scheduler {
                     admission.admit(t);
                     hold.push(id);
                 }
-                Err(reason) => wait.push((id, reason)),
+                Err(reason) => {
+                    admission.note_waiting(t, reason);
+                    wait.push((id, reason));
+                }
             }
         }
         (hold, wait)
     }
 
-    /// Whether the task `id`, admitted by the walk, can start on `gpu` now:
-    /// beside the tasks that hold it (those being frozen still run until the
-    /// freeze lands), within the cap and memory.
+    /// Whether the task `id`, admitted by the walk, can be thawed on `gpu`
+    /// now: the tasks that hold it (those being frozen still run until the
+    /// freeze lands) leave room under the cap, and, under memory sharing,
+    /// none of them is being frozen (the walk admitted `id` beside the tasks
+    /// that stay; the ones leaving may still take memory until they stop).
     pub(super) fn has_room(&self, gpu: u32, id: TaskId) -> bool {
-        let Some(t) = self.tasks.get(&id) else {
-            return false;
-        };
-        let mut admission = self.admission(gpu);
+        let memory = self.shares_memory();
+        let mut holders = 0;
         for h in self.tasks.values().filter(|h| {
             h.spec.id != id && h.is_live() && h.holds_slot() && h.gpus_used().contains(&gpu)
         }) {
-            admission.admit(h);
+            if memory && !h.holds_slot_stably() {
+                return false;
+            }
+            holders += 1;
         }
-        admission.check_room(t).is_ok()
+        holders < self.config.cap()
     }
 
     /// Memory sharing, late binding: where the unbound `u` can run now, or why
@@ -191,6 +207,22 @@ impl Scheduler {
                 } else {
                     kept.admit(t);
                 }
+            }
+            // A higher priority that wants this GPU waits here: `u` may not
+            // take what it waits for.
+            let higher_waits = self.tasks.values().any(|w| {
+                w.is_live()
+                    && !w.is_unbound()
+                    && w.ending.is_none()
+                    && w.wants_gpu
+                    && !w.holds_slot()
+                    && w.actuation.is_none()
+                    && w.priority() < u.priority()
+                    && w.gpus_used() == [gpu]
+            });
+            if higher_waits {
+                why.get_or_insert(WaitReason::HigherPriority);
+                continue;
             }
             if !lower && all.check(u).is_ok() {
                 free.push(gpu);
@@ -240,6 +272,12 @@ impl Scheduler {
             return None;
         }
         t.wait
+    }
+
+    /// What task `id` may still take on `gpu` beyond what it holds.
+    #[cfg(test)]
+    pub(crate) fn mem_extra(&self, id: TaskId, gpu: u32) -> u64 {
+        self.tasks.get(&id).map_or(0, |t| t.mem_extra_on(gpu))
     }
 
     /// Memory held outside any task on each GPU it was told of, sorted by

@@ -11,7 +11,9 @@ mod memory;
 mod placement;
 mod policies;
 mod properties;
+mod properties_sharing;
 mod robustness;
+mod sharing;
 mod slots;
 mod wire;
 

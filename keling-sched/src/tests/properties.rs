@@ -12,7 +12,7 @@ use crate::victims::tests::brute_force_victims;
 
 /// What the test asks for, turned into an input at the driver's clock.
 #[derive(Clone, Debug)]
-enum Op {
+pub(super) enum Op {
     Arrive {
         id: TaskId,
         priority: u8,
@@ -36,6 +36,8 @@ enum Op {
     TimeOut(usize),
     /// Feedback about anything.
     Stray(TaskId, ActionKind, bool),
+    /// Memory held outside any task on a GPU (memory sharing's properties).
+    Outside(u32, u64),
 }
 
 fn arb_id() -> impl Strategy<Value = TaskId> {
@@ -59,7 +61,7 @@ fn arb_kind() -> impl Strategy<Value = ActionKind> {
     ])
 }
 
-fn arb_op(feedback: bool) -> BoxedStrategy<Op> {
+pub(super) fn arb_op(feedback: bool) -> BoxedStrategy<Op> {
     let arrive = (
         arb_id(),
         0u8..=17,
@@ -105,7 +107,7 @@ fn arb_op(feedback: bool) -> BoxedStrategy<Op> {
     }
 }
 
-fn random_config(slots: u32) -> SchedConfig {
+pub(super) fn random_config(slots: u32) -> SchedConfig {
     SchedConfig {
         slots_per_gpu: slots,
         idle_timeout_ms: 50,
@@ -123,8 +125,8 @@ struct InFlight {
 
 /// Feeds inputs and checks every output against the protocol in the crate doc,
 /// keeping its own record of task states and actuations in flight.
-struct Driver {
-    sched: Scheduler,
+pub(super) struct Driver {
+    pub(super) sched: Scheduler,
     ts_ns: u64,
     inputs: Vec<Input>,
     outputs: Vec<Output>,
@@ -134,7 +136,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(config: SchedConfig) -> Self {
+    pub(super) fn new(config: SchedConfig) -> Self {
         Driver {
             sched: Scheduler::new(config),
             ts_ns: 0,
@@ -164,7 +166,7 @@ impl Driver {
         }
     }
 
-    fn apply(&mut self, op: &Op, advance_ms: u64) {
+    pub(super) fn apply(&mut self, op: &Op, advance_ms: u64) {
         self.ts_ns += advance_ms * MS;
         let ts_ns = self.ts_ns;
         let input = match *op {
@@ -233,6 +235,7 @@ impl Driver {
             },
             Op::Stray(id, action, true) => Input::Confirmed { id, action, ts_ns },
             Op::Stray(id, action, false) => Input::TimedOut { id, action, ts_ns },
+            Op::Outside(gpu, bytes) => Input::OutsideMem { gpu, bytes, ts_ns },
         };
         self.feed(input);
     }
@@ -339,7 +342,7 @@ impl Driver {
                         .max_by_key(|&(_, h)| h)
                         .unwrap_or((0, 0));
                     assert!(
-                        holders <= self.sched.config().slots(),
+                        holders <= self.sched.config().cap(),
                         "Thaw for {id} overfills GPU {gpu}: {holders} holders"
                     );
                     self.in_flight.insert(
@@ -416,7 +419,7 @@ impl Driver {
     }
 
     /// The perfect actuator: confirms everything in flight, now, until nothing is.
-    fn settle(&mut self) {
+    pub(super) fn settle(&mut self) {
         for _ in 0..16 {
             let pending: Vec<(TaskId, ActionKind)> = self
                 .in_flight

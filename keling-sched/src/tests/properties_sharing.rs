@@ -1,0 +1,295 @@
+//! Property tests of memory sharing (issue 34), after every step once the
+//! actuations settle: no task runs on a GPU its memory does not fit (1); no GPU
+//! keeps a task waiting that would fit it while no cap is reached (2); a
+//! higher-priority active task is never frozen for a lower one (3); and memory
+//! sharing with a cap of 1 decides exactly what sharing by slots does (4).
+//! The `Driver` of `properties` checks the protocol on every output.
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+
+use super::properties::{Driver, Op, arb_op, random_config, uses};
+use super::*;
+use crate::policy::Policy;
+
+/// GPUs 0 and 1 of 16 GiB shared by memory, with `cap` (0: none).
+fn shared_config(cap: u32) -> SchedConfig {
+    SchedConfig {
+        sharing: Sharing::Memory,
+        slots_per_gpu: cap,
+        ..random_config(cap)
+    }
+}
+
+/// The usual operations, with memory held outside tasks now and then.
+fn arb_shared_op(feedback: bool) -> BoxedStrategy<Op> {
+    prop_oneof![
+        20 => arb_op(feedback),
+        1 => (0u32..3, 0u64..10).prop_map(|(gpu, gib)| Op::Outside(gpu, gib * GIB)),
+    ]
+    .boxed()
+}
+
+struct Gpu<'a> {
+    gpu: u32,
+    /// Capacity less memory held outside any task; `None`: not configured.
+    avail: Option<u128>,
+    /// What every live task holds there.
+    held: u128,
+    /// Tasks that run there (not yielded).
+    running: Vec<&'a TaskView>,
+    /// Tasks that use only this GPU and wait (frozen, bound).
+    waiting: Vec<&'a TaskView>,
+}
+
+fn each_gpu<'a>(sched: &Scheduler, live: &'a [TaskView]) -> Vec<Gpu<'a>> {
+    let gpus: BTreeSet<u32> = live.iter().flat_map(uses).collect();
+    let outside: std::collections::BTreeMap<u32, u64> = sched.outside_mem().into_iter().collect();
+    gpus.into_iter()
+        .map(|gpu| {
+            let on: Vec<&TaskView> = live.iter().filter(|v| uses(v).contains(&gpu)).collect();
+            let avail = sched
+                .config()
+                .gpus
+                .iter()
+                .find(|g| g.index == gpu)
+                .map(|g| {
+                    u128::from(g.capacity_bytes)
+                        .saturating_sub(u128::from(outside.get(&gpu).copied().unwrap_or(0)))
+                });
+            Gpu {
+                gpu,
+                avail,
+                held: on
+                    .iter()
+                    .map(|v| u128::from(v.mem_bytes.get(&gpu).copied().unwrap_or(0)))
+                    .sum(),
+                running: on
+                    .iter()
+                    .copied()
+                    .filter(|v| v.state == Running && !v.yielded)
+                    .collect(),
+                waiting: on
+                    .iter()
+                    .copied()
+                    .filter(|v| v.state == Preempted && uses(v).len() == 1)
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn extra(sched: &Scheduler, v: &TaskView, gpu: u32) -> u128 {
+    u128::from(sched.mem_extra(v.spec.id, gpu))
+}
+
+/// Properties 1-3 on a settled scheduler.
+fn check_settled_sharing(sched: &Scheduler) {
+    let cap = sched.config().cap();
+    let live: Vec<TaskView> = sched
+        .tasks()
+        .into_iter()
+        .filter(|v| v.state.is_live())
+        .collect();
+    for g in each_gpu(sched, &live) {
+        let gpu = g.gpu;
+        for v in g.running.iter().chain(&g.waiting) {
+            assert_eq!(v.in_flight, None, "task {} not settled", v.spec.id);
+        }
+        assert!(g.running.len() <= cap, "GPU {gpu} runs over its cap");
+        // 1: what the tasks that run there may still take fits, but for the
+        // first one (it runs whatever it needs: a GPU never idles for memory).
+        let extras: Vec<u128> = g.running.iter().map(|v| extra(sched, v, gpu)).collect();
+        let beyond_first = extras.iter().sum::<u128>() - extras.iter().max().copied().unwrap_or(0);
+        if let Some(avail) = g.avail {
+            assert!(
+                beyond_first == 0 || g.held + beyond_first <= avail,
+                "GPU {gpu}: {} tasks run, holding {} with {} more to come, in {avail}",
+                g.running.len(),
+                g.held,
+                beyond_first
+            );
+        }
+        let wanting_waiters: Vec<&&TaskView> = g.waiting.iter().filter(|v| v.wants_gpu).collect();
+        for w in &g.waiting {
+            // 2: a task that waits would not fit: a cap, a higher priority
+            // working there (or waiting there for memory), or memory.
+            let p = w.spec.priority;
+            let cap_reached = g.running.len() >= cap;
+            let higher = w.wants_gpu
+                && (g.running.iter().any(|r| r.wants_gpu && r.spec.priority < p)
+                    || wanting_waiters.iter().any(|o| o.spec.priority < p));
+            let all_extra: u128 = extras.iter().sum();
+            let no_memory = !g.running.is_empty()
+                && extra(sched, w, gpu) > 0
+                && g.avail
+                    .is_some_and(|avail| g.held + all_extra + extra(sched, w, gpu) > avail);
+            assert!(
+                cap_reached || higher || no_memory,
+                "GPU {gpu}: task {} waits though it fits ({} running, {:?}); held {} extras {:?} avail {:?} w extra {}\n{:#?}",
+                w.spec.id,
+                g.running.len(),
+                sched.wait_reason(w.spec.id),
+                g.held,
+                extras,
+                g.avail,
+                extra(sched, w, gpu),
+                live.iter()
+                    .map(|v| (
+                        v.spec.id,
+                        v.spec.priority,
+                        v.state,
+                        v.wants_gpu,
+                        v.yielded,
+                        v.gpu,
+                        &v.mem_bytes,
+                        v.spec.mem_quota_bytes
+                    ))
+                    .collect::<Vec<_>>()
+            );
+            // 3: never for a lower priority that wants the GPU.
+            if w.wants_gpu {
+                for r in g.running.iter().filter(|r| r.wants_gpu) {
+                    assert!(
+                        r.spec.priority <= p,
+                        "GPU {gpu}: task {} (priority {}) runs while task {} (priority {p}) waits",
+                        r.spec.id,
+                        r.spec.priority,
+                        w.spec.id
+                    );
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::default())]
+
+    /// Properties 1-3: after every step, once actuations settle, with or
+    /// without a cap.
+    #[test]
+    fn prop_sharing_fits_memory_wastes_none_and_keeps_priorities(
+        ops in prop::collection::vec((arb_shared_op(false), 0u64..=15), 1..150),
+        cap in prop_oneof![3 => Just(0u32), 1 => 2u32..=3],
+    ) {
+        let mut driver = Driver::new(shared_config(cap));
+        for (op, advance_ms) in &ops {
+            driver.apply(op, *advance_ms);
+            driver.settle();
+            check_settled_sharing(&driver.sched);
+        }
+    }
+
+    /// The protocol (legal transitions, actuations never contradicted,
+    /// escalation) holds under memory sharing with feedback in any order.
+    #[test]
+    fn prop_sharing_keeps_the_protocol(
+        ops in prop::collection::vec((arb_shared_op(true), 0u64..=15), 1..250),
+        cap in prop_oneof![3 => Just(0u32), 1 => 2u32..=3],
+    ) {
+        let mut driver = Driver::new(shared_config(cap));
+        for (op, advance_ms) in &ops {
+            driver.apply(op, *advance_ms);
+        }
+    }
+
+    /// Property 4: memory sharing with a cap of 1 gives exactly the outputs
+    /// of sharing by one slot, under every policy and both bindings, whatever
+    /// budgets, allocations and outside memory come.
+    #[test]
+    fn prop_memory_sharing_with_cap_1_is_sharing_by_one_slot(
+        ops in prop::collection::vec((arb_shared_op(true), 0u64..=15), 1..200),
+        policy in prop::sample::select(vec![Policy::Hybrid, Policy::Fifo, Policy::RoundRobin, Policy::Goav]),
+        late in any::<bool>(),
+    ) {
+        let binding = if late { Binding::Late } else { Binding::AtArrival };
+        let slots = SchedConfig { binding, ..random_config(1) };
+        let memory = SchedConfig { sharing: Sharing::Memory, ..slots.clone() };
+        let mut one = Scheduler::with_policy(slots, policy);
+        let mut other = Scheduler::with_policy(memory, policy);
+        let mut ts_ns = 0;
+        for (op, advance_ms) in &ops {
+            ts_ns += advance_ms * MS;
+            let input = input_for(&one, op, ts_ns);
+            let out = one.step(&input);
+            prop_assert_eq!(other.step(&input), out, "input {:?}", input);
+        }
+    }
+}
+
+/// `op` as an input at `ts_ns`; feedback goes to what `sched` has in flight.
+fn input_for(sched: &Scheduler, op: &Op, ts_ns: u64) -> Input {
+    let in_flight: Vec<(TaskId, ActionKind)> = sched
+        .live_tasks()
+        .iter()
+        .filter_map(|v| v.in_flight.map(|k| (v.spec.id, k)))
+        .collect();
+    let nth = |n: usize| (!in_flight.is_empty()).then(|| in_flight[n % in_flight.len()]);
+    match *op {
+        Op::Arrive {
+            id,
+            priority,
+            gpu,
+            quota_gib,
+            max_ms,
+            grace_ms,
+            hard_kill,
+            expected_ms,
+        } => Input::Arrive {
+            spec: TaskSpec {
+                gpu,
+                mem_quota_bytes: quota_gib.map(|g| g * GIB),
+                max_duration_ms: max_ms,
+                grace_ms,
+                hard_kill,
+                expected_runtime_ms: expected_ms,
+                ..spec(id, priority)
+            },
+            ts_ns,
+        },
+        Op::Active(id) => Input::Active { id, ts_ns },
+        Op::Idle(id) => Input::Idle { id, ts_ns },
+        Op::Alloc(id, gpu, bytes) => Input::MemAlloc {
+            id,
+            gpu,
+            bytes,
+            ts_ns,
+        },
+        Op::Free(id, gpu, bytes) => Input::MemFree {
+            id,
+            gpu,
+            bytes,
+            ts_ns,
+        },
+        Op::AllocFailed(id, gpu, bytes) => Input::AllocFailed {
+            id,
+            gpu,
+            bytes,
+            ts_ns,
+        },
+        Op::Exit(id, exit_code) => Input::Exit {
+            id,
+            exit_code,
+            ts_ns,
+        },
+        Op::Tick => Input::Tick { ts_ns },
+        Op::Confirm(n) => match nth(n) {
+            Some((id, action)) => Input::Confirmed { id, action, ts_ns },
+            None => Input::Tick { ts_ns },
+        },
+        Op::TimeOut(n) => match nth(n) {
+            Some((id, ActionKind::Stop)) => Input::TimedOut {
+                id,
+                action: ActionKind::Freeze,
+                ts_ns,
+            },
+            Some((id, action)) => Input::TimedOut { id, action, ts_ns },
+            None => Input::Tick { ts_ns },
+        },
+        Op::Stray(id, action, true) => Input::Confirmed { id, action, ts_ns },
+        Op::Stray(id, action, false) => Input::TimedOut { id, action, ts_ns },
+        Op::Outside(gpu, bytes) => Input::OutsideMem { gpu, bytes, ts_ns },
+    }
+}

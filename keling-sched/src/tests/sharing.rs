@@ -1,0 +1,325 @@
+//! Memory sharing (`Sharing::Memory`) and the overload rule: scenarios. The
+//! property tests are in `properties_sharing`.
+
+use super::*;
+
+/// One GPU of `gib` GiB shared by memory, no cap.
+fn shared(gib: u64, binding: Binding) -> SchedConfig {
+    SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes: gib * GIB,
+        }],
+        sharing: Sharing::Memory,
+        slots_per_gpu: 0,
+        binding,
+        idle_timeout_ms: 500,
+        ..SchedConfig::default()
+    }
+}
+
+fn budget(id: TaskId, priority: u8, gib: u64, gpu: Option<u32>) -> TaskSpec {
+    TaskSpec {
+        gpu,
+        mem_quota_bytes: Some(gib * GIB),
+        ..spec(id, priority)
+    }
+}
+
+fn running(h: &Harness) -> Vec<TaskId> {
+    h.sched
+        .tasks()
+        .into_iter()
+        .filter(|v| v.state == Running && !v.yielded)
+        .map(|v| v.spec.id)
+        .collect()
+}
+
+#[test]
+fn tasks_run_together_while_their_budgets_fit_and_the_next_starts_when_one_exits() {
+    let mut h = Harness::new(shared(8, Binding::AtArrival));
+    for id in 1..=2 {
+        let out = h.arrive(budget(id, 5, 3, Some(0)));
+        assert_eq!(moves(&out), vec![(id, Pending, Running, "placed")]);
+    }
+    let out = h.arrive(budget(3, 5, 4, Some(0)));
+    assert_eq!(
+        out.actions,
+        vec![Action::Place { id: 3, gpu: 0 }, Action::Freeze { id: 3 }]
+    );
+    h.settle(out);
+    assert_eq!(h.state(3), Preempted);
+    assert_eq!(h.sched.wait_reason(3), Some(WaitReason::Memory));
+    assert_eq!(running(&h), vec![1, 2]);
+    h.at_ms(10);
+    h.alloc(1, 0, 3 * GIB);
+    let out = h.exit(1, 0);
+    assert!(out.actions.contains(&Action::Thaw { id: 3 }), "{out:?}");
+    h.settle(out);
+    assert_eq!(running(&h), vec![2, 3]);
+    assert_eq!(h.sched.wait_reason(3), None);
+}
+
+#[test]
+fn a_higher_priority_freezes_the_lower_ones_while_it_works_and_they_resume_after() {
+    let mut h = Harness::new(shared(8, Binding::AtArrival));
+    h.arrive(budget(1, 8, 3, Some(0)));
+    h.arrive(budget(2, 8, 3, Some(0)));
+    h.alloc(1, 0, 3 * GIB);
+    h.alloc(2, 0, 2 * GIB);
+    h.at_ms(5);
+    let out = h.arrive(budget(3, 2, 1, Some(0)));
+    assert_eq!(
+        out.actions,
+        vec![
+            Action::Place { id: 3, gpu: 0 },
+            Action::Freeze { id: 1 },
+            Action::Freeze { id: 2 }
+        ]
+    );
+    let out = h.settle(out);
+    assert!(
+        moves(&out).contains(&(1, Running, Preempted, "preempted_by_higher_priority")),
+        "{out:?}"
+    );
+    assert_eq!(running(&h), vec![3]);
+    assert_eq!(h.sched.wait_reason(2), Some(WaitReason::HigherPriority));
+    // They keep their memory while frozen.
+    assert_eq!(h.view(1).mem_bytes.get(&0), Some(&(3 * GIB)));
+    h.at_ms(100);
+    let out = {
+        let o = h.sched.step(&Input::Idle {
+            id: 3,
+            ts_ns: 100 * MS,
+        });
+        h.settle(o)
+    };
+    assert_eq!(
+        moves(&out),
+        vec![
+            (1, Preempted, Running, "resumed"),
+            (2, Preempted, Running, "resumed")
+        ]
+    );
+    assert_eq!(running(&h), vec![1, 2, 3], "the idle one keeps running too");
+    h.at_ms(120);
+    let out = h.active(3);
+    assert_eq!(
+        out.actions,
+        vec![Action::Freeze { id: 1 }, Action::Freeze { id: 2 }],
+        "working again, it freezes them again"
+    );
+    h.settle(out);
+    assert_eq!(running(&h), vec![3]);
+}
+
+#[test]
+fn equal_priorities_take_turns_only_when_a_cap_makes_them_wait() {
+    // No cap: two equal priorities run side by side past many quanta.
+    let mut h = Harness::new(shared(16, Binding::AtArrival));
+    h.arrive(budget(1, 8, 1, Some(0)));
+    h.arrive(budget(2, 8, 1, Some(0)));
+    for ms in (50..2_000).step_by(50) {
+        h.at_ms(ms);
+        h.active(1);
+        let out = h.active(2);
+        assert!(out.actions.is_empty(), "at {ms} ms: {out:?}");
+    }
+    // A cap of 1: they rotate by the quantum (112 ms at priority 8).
+    let mut h = Harness::new(SchedConfig {
+        slots_per_gpu: 1,
+        ..shared(16, Binding::AtArrival)
+    });
+    h.arrive(budget(1, 8, 1, Some(0)));
+    let out = h.arrive(budget(2, 8, 1, Some(0)));
+    h.settle(out);
+    assert_eq!(h.sched.wait_reason(2), Some(WaitReason::SlotsHeld));
+    h.at_ms(113);
+    let out = {
+        let o = h.active(1);
+        h.settle(o)
+    };
+    assert!(
+        moves(&out).contains(&(1, Running, Preempted, "quantum_expired")),
+        "{out:?}"
+    );
+    assert_eq!(running(&h), vec![2]);
+}
+
+#[test]
+fn memory_held_outside_any_task_is_not_available() {
+    let mut h = Harness::new(shared(8, Binding::AtArrival));
+    h.step(Input::OutsideMem {
+        gpu: 0,
+        bytes: 3 * GIB,
+        ts_ns: 0,
+    });
+    h.arrive(budget(1, 5, 3, Some(0)));
+    let out = {
+        let o = h.arrive(budget(2, 5, 3, Some(0)));
+        h.settle(o)
+    };
+    assert_eq!(moves(&out), vec![(2, Pending, Preempted, "queued")]);
+    assert_eq!(h.sched.outside_mem(), vec![(0, 3 * GIB)]);
+    h.at_ms(1);
+    let out = {
+        let o = h.step(Input::OutsideMem {
+            gpu: 0,
+            bytes: 0,
+            ts_ns: MS,
+        });
+        h.settle(o)
+    };
+    assert_eq!(moves(&out), vec![(2, Preempted, Running, "resumed")]);
+}
+
+#[test]
+fn without_a_budget_a_task_counts_what_it_holds_and_has_peaked_at() {
+    let mut h = Harness::new(shared(8, Binding::AtArrival));
+    h.arrive(spec(1, 5));
+    h.alloc(1, 0, 6 * GIB);
+    h.step(Input::MemFree {
+        id: 1,
+        gpu: 0,
+        bytes: 4 * GIB,
+        ts_ns: 0,
+    });
+    // 1 holds 2 GiB, peaked at 6: 2 GiB left. A 3 GiB budget waits, 2 runs.
+    let out = {
+        let o = h.arrive(budget(2, 5, 3, Some(0)));
+        h.settle(o)
+    };
+    assert_eq!(moves(&out), vec![(2, Pending, Preempted, "queued")]);
+    let out = h.arrive(budget(3, 5, 2, Some(0)));
+    assert_eq!(moves(&out), vec![(3, Pending, Running, "placed")]);
+}
+
+#[test]
+fn late_binding_keeps_a_task_that_does_not_fit_unbound_until_memory_is_free() {
+    let mut h = Harness::new(shared(8, Binding::Late));
+    let unpinned = |id, gib| budget(id, 5, gib, None);
+    for id in 1..=2 {
+        let out = h.arrive(unpinned(id, 3));
+        assert_eq!(out.actions, vec![Action::Place { id, gpu: 0 }]);
+    }
+    assert_eq!(h.arrive(unpinned(3, 4)), Output::default());
+    assert_eq!(h.sched.wait_reason(3), Some(WaitReason::Memory));
+    assert_eq!(h.sched.queue()[0].reason, WaitReason::Memory);
+    // A smaller one behind it fits and goes.
+    let out = h.arrive(unpinned(4, 2));
+    assert_eq!(out.actions, vec![Action::Place { id: 4, gpu: 0 }]);
+    h.at_ms(1);
+    h.exit(4, 0);
+    let out = h.exit(1, 0);
+    assert_eq!(out.actions, vec![Action::Place { id: 3, gpu: 0 }]);
+}
+
+/// The article's overload rule: 8 GPUs would need 8 sessions; one GPU of 100
+/// units with `waiting` tasks waiting behind the one running, whose GPU
+/// peaked at `peak_permille` thousandths, checked at `session_ms`.
+fn overload_case(
+    rule: Option<OverloadRule>,
+    session_ms: u64,
+    peak_permille: u64,
+    waiting: u64,
+) -> Output {
+    let capacity = 1_000 * GIB;
+    let mut h = Harness::new(SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes: capacity,
+        }],
+        overload: rule,
+        default_max_duration_ms: 3_600_000,
+        ..SchedConfig::default()
+    });
+    h.arrive(spec(1, 5));
+    h.alloc(1, 0, peak_permille * GIB);
+    for id in 2..2 + waiting {
+        {
+            let o = h.arrive(spec(id, 5));
+            h.settle(o)
+        };
+    }
+    let mut all = Output::default();
+    for ms in [session_ms / 2, session_ms] {
+        h.at_ms(ms);
+        for out in [h.active(1), h.tick()] {
+            all.actions.extend(out.actions);
+            all.transitions.extend(out.transitions);
+        }
+    }
+    all
+}
+
+fn truncated(out: &Output) -> Option<EnforcementRecord> {
+    out.actions.iter().find_map(|a| match a {
+        Action::Enforce { id: 1, record } => Some(record.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn overload_rule_truncates_exactly_when_all_three_hold() {
+    let rule = Some(OverloadRule::default());
+    // The article's examples: 215 ms, 97.1 %, 10 waiting: truncated.
+    let out = overload_case(rule, 215, 971, 10);
+    let record = truncated(&out).expect("truncated");
+    assert_eq!(
+        record,
+        EnforcementRecord::overloaded(&OverloadRule::default(), 215, 0, 971, 10)
+    );
+    assert!(out.actions.contains(&Action::Kill { id: 1 }), "{out:?}");
+    // 180 ms, 96.2 %, 9 waiting: not.
+    assert_eq!(truncated(&overload_case(rule, 180, 962, 9)), None);
+    // Each threshold alone: 200 ms is not past 200; 94.9 % is under 95; 7 < 8.
+    assert_eq!(truncated(&overload_case(rule, 200, 990, 10)), None);
+    assert_eq!(
+        truncated(&overload_case(rule, 201, 990, 10)).map(|r| r.data.actual_ms),
+        Some(201)
+    );
+    assert_eq!(truncated(&overload_case(rule, 500, 949, 10)), None);
+    assert!(truncated(&overload_case(rule, 500, 950, 10)).is_some());
+    assert_eq!(truncated(&overload_case(rule, 500, 990, 7)), None);
+    assert!(truncated(&overload_case(rule, 500, 990, 8)).is_some());
+    // Off (the default): never.
+    assert_eq!(truncated(&overload_case(None, 215, 971, 10)), None);
+    assert_eq!(truncated(&overload_case(None, 10_000, 1_000, 50)), None);
+}
+
+#[test]
+fn an_overloaded_session_ends_failed_with_its_own_reason() {
+    let mut out = overload_case(Some(OverloadRule::default()), 215, 971, 10);
+    assert!(truncated(&out).is_some());
+    out.transitions.clear();
+    let capacity = 100 * GIB;
+    let mut h = Harness::new(SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes: capacity,
+        }],
+        overload: Some(OverloadRule {
+            min_waiting: 1,
+            ..OverloadRule::default()
+        }),
+        default_hard_kill: false,
+        ..SchedConfig::default()
+    });
+    h.arrive(spec(1, 5));
+    h.alloc(1, 0, 96 * GIB);
+    {
+        let o = h.arrive(spec(2, 9));
+        h.settle(o)
+    };
+    h.at_ms(250);
+    let out = h.tick();
+    assert!(
+        out.actions.contains(&Action::Terminate { id: 1 }),
+        "{out:?}"
+    );
+    let out = h.exit(1, 143);
+    assert!(
+        moves(&out).contains(&(1, Running, Failed, "overloaded")),
+        "{out:?}"
+    );
+}
