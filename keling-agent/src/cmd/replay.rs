@@ -275,7 +275,7 @@ impl ReplayArgs {
         let thresholds = self.overload_session_ms.is_some()
             || self.overload_mem_pct.is_some()
             || self.overload_waiting.is_some();
-        if self.overload || (thresholds && c.overload.is_some()) {
+        if self.overload || self.overload_compare || (thresholds && c.overload.is_some()) {
             let rule = c.overload.unwrap_or_default();
             c.overload = Some(keling_sched::OverloadRule {
                 min_session_ms: self.overload_session_ms.unwrap_or(rule.min_session_ms),
@@ -298,6 +298,12 @@ impl ReplayArgs {
 pub fn replay(args: ReplayArgs) -> anyhow::Result<i32> {
     if args.synthetic {
         return synthetic_runs(&args);
+    }
+    if args.overload_compare || args.seeds.is_some() || args.markdown.is_some() {
+        bail!(
+            "--overload-compare, --seeds and --markdown are for --synthetic runs; to compare \
+             the overload rule on a recording, replay it with and without --overload"
+        );
     }
     let Some(path) = args.input_logs.first() else {
         bail!("an INPUT_LOG is needed");
@@ -564,22 +570,7 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
     // the run's).
     let agent = args.sched_config(None)?;
     let options = |mix, seed| synthetic_options(args, &agent, mix, seed);
-    // With --overload-compare, every run with the rule off and on.
-    let variants: Vec<SchedConfig> = if args.overload_compare {
-        let on = SchedConfig {
-            overload: Some(agent.overload.unwrap_or_default()),
-            ..agent.clone()
-        };
-        vec![
-            SchedConfig {
-                overload: None,
-                ..agent.clone()
-            },
-            on,
-        ]
-    } else {
-        vec![agent.clone()]
-    };
+    let variants = overload_variants(args, &agent);
     let plan: Vec<(SyntheticOptions, Policy, Placement)> = mixes
         .iter()
         .flat_map(|&mix| seeds.iter().map(move |&seed| (mix, seed)))
@@ -736,6 +727,23 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// The agent configs each synthetic run is made with: `agent`, or with
+/// `--overload-compare` `agent` with the overload rule off, then on.
+fn overload_variants(args: &ReplayArgs, agent: &SchedConfig) -> Vec<SchedConfig> {
+    if !args.overload_compare {
+        return vec![agent.clone()];
+    }
+    let on = SchedConfig {
+        overload: Some(agent.overload.unwrap_or_default()),
+        ..agent.clone()
+    };
+    let off = SchedConfig {
+        overload: None,
+        ..agent.clone()
+    };
+    vec![off, on]
 }
 
 /// The options of one synthetic mix and seed; `agent` is the agent's config
@@ -1109,16 +1117,17 @@ mod tests {
     fn marked(flags: &[&str]) -> Vec<(Policy, Placement, bool, SchedConfig)> {
         let args = replay_args(flags);
         let agent = args.sched_config(None).unwrap();
-        let opts = synthetic_options(&args, &agent, Mix::Transcode, 1);
-        let jobs = synthetic::workload(&opts);
-        synthetic_plan(&args)
-            .into_iter()
-            .map(|(policy, placement)| {
+        let mut runs = Vec::new();
+        for (policy, placement) in synthetic_plan(&args) {
+            for v in overload_variants(&args, &agent) {
+                let opts = synthetic_options(&args, &v, Mix::Transcode, 1);
+                let jobs = synthetic::workload(&opts);
                 let r =
                     synthetic::run(&opts, &jobs, policy, placement, &RunLogs::default()).unwrap();
-                (policy, placement, r.default, r.config)
-            })
-            .collect()
+                runs.push((policy, placement, r.default, r.config));
+            }
+        }
+        runs
     }
 
     #[test]
@@ -1160,6 +1169,38 @@ mod tests {
                 "{flags:?} leaves no run at the defaults"
             );
         }
+    }
+
+    /// `--overload-compare` makes each run with the overload rule off and on
+    /// (thresholds from the flags); only the one off can be the default.
+    #[test]
+    fn overload_compare_runs_each_with_the_rule_off_and_on() {
+        let runs = marked(&[
+            "--gpus",
+            "2",
+            "--hours",
+            "0.02",
+            "--policy",
+            "hybrid",
+            "--placement",
+            "late",
+            "--overload-compare",
+            "--overload-waiting",
+            "3",
+        ]);
+        let rules: Vec<Option<keling_sched::OverloadRule>> =
+            runs.iter().map(|r| r.3.overload).collect();
+        assert_eq!(
+            rules,
+            [
+                None,
+                Some(keling_sched::OverloadRule {
+                    min_waiting: 3,
+                    ..Default::default()
+                })
+            ]
+        );
+        assert_eq!(runs.iter().map(|r| r.2).collect::<Vec<_>>(), [true, false]);
     }
 
     #[test]

@@ -111,8 +111,10 @@ struct GpuStat {
     idle_queued_ns: u64,
     /// Memory held here by processes in no task.
     outside: u64,
-    /// Priorities of the tasks `RUNNING` here, with their counts.
-    running_priorities: BTreeMap<u8, u32>,
+    /// The tasks `RUNNING` here.
+    running_ids: std::collections::BTreeSet<TaskId>,
+    /// The tasks with a `Thaw` out here (they run next).
+    thawing_ids: std::collections::BTreeSet<TaskId>,
     /// Under memory sharing: a waiting task could run here now.
     could_run: bool,
 }
@@ -208,20 +210,33 @@ impl Metrics {
         for (&gpu, g) in self.gpus.iter_mut() {
             let n = g.running + g.thawing;
             g.could_run = n < sh.cap && {
-                let best = g.running_priorities.keys().next().copied();
-                let avail = sh
-                    .capacity
-                    .get(&gpu)
-                    .map(|&c| c.saturating_sub(g.outside).saturating_sub(g.mem_bytes));
+                // The running tasks and those being thawed (they run next):
+                // their best priority, and what they may still take (the core
+                // keeps it for them).
+                let admitted = || {
+                    g.running_ids
+                        .iter()
+                        .chain(&g.thawing_ids)
+                        .filter_map(|id| self.tasks.get(id))
+                };
+                let best = admitted().map(|t| t.priority).min();
+                let headroom: u64 = admitted().map(|t| t.extra_on(gpu)).sum();
+                let avail = sh.capacity.get(&gpu).map(|&c| {
+                    c.saturating_sub(g.outside)
+                        .saturating_sub(g.mem_bytes)
+                        .saturating_sub(headroom)
+                });
                 sh.waiting.iter().any(|id| {
                     let Some(t) = self.tasks.get(id) else {
                         return false;
                     };
-                    let here = match t.counted {
-                        Some(None) => true,
-                        Some(Some(on)) => on == gpu,
-                        None => false,
-                    };
+                    // A task being thawed is on its way to run: admitted.
+                    let here = !t.thawing
+                        && match t.counted {
+                            Some(None) => true,
+                            Some(Some(on)) => on == gpu,
+                            None => false,
+                        };
                     // The first task on a GPU always fits (as in the core).
                     here && (n == 0
                         || ((!sh.priorities || best.is_none_or(|b| b >= t.priority))
@@ -360,6 +375,7 @@ impl Metrics {
                     {
                         t.thawing = true;
                         g.thawing += 1;
+                        g.thawing_ids.insert(id);
                     }
                 }
                 _ => {}
@@ -439,8 +455,8 @@ impl Metrics {
             && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
         {
             g.thawing = g.thawing.saturating_sub(1);
+            g.thawing_ids.remove(&id);
         }
-        let priority = t.priority;
         if to == TaskState::Running {
             self.end_wait(id, ts);
             if let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g)) {
@@ -448,18 +464,13 @@ impl Metrics {
                     g.busy_since = ts;
                 }
                 g.running += 1;
-                *g.running_priorities.entry(priority).or_default() += 1;
+                g.running_ids.insert(id);
             }
         } else if from == TaskState::Running
             && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
         {
             g.running = g.running.saturating_sub(1);
-            if let Some(n) = g.running_priorities.get_mut(&priority) {
-                *n -= 1;
-                if *n == 0 {
-                    g.running_priorities.remove(&priority);
-                }
-            }
+            g.running_ids.remove(&id);
             if g.running == 0 {
                 g.busy_ns += ts.saturating_sub(g.busy_since);
             }
@@ -838,6 +849,72 @@ mod tests {
         let late = run(Late, None, false);
         assert_eq!(late.idle_while_queued_gpu_s, 0.0);
         assert_eq!(late.queueing_delay_ms.max, 0.0, "started on GPU 1 at once");
+    }
+
+    /// Under memory sharing a GPU is idle while queued when a waiting task's
+    /// demand fits beside what is held and promised there, not merely when
+    /// it runs fewer tasks than a cap.
+    #[test]
+    fn idle_while_queued_by_memory_counts_where_the_waiting_task_fits() {
+        const GIB: u64 = 1 << 30;
+        let config = SchedConfig {
+            gpus: (0..2)
+                .map(|index| GpuInfo {
+                    index,
+                    capacity_bytes: 8 * GIB,
+                })
+                .collect(),
+            idle_timeout_ms: 1_000_000,
+            sharing: keling_sched::Sharing::Memory,
+            slots_per_gpu: 0,
+            ..SchedConfig::default()
+        };
+        let mut sched = Scheduler::new(config.clone());
+        // Pins are a placement's choices: the waiting task could run on GPU 1.
+        let mut m = Metrics::for_config(&config, keling_sched::Policy::Hybrid).movable_until_run();
+        let mut step = |input: Input| {
+            let out = sched.step(&input);
+            m.observe(&input, &out);
+            out
+        };
+        let budget = |id, gib| TaskSpec {
+            mem_quota_bytes: Some(gib * GIB),
+            ..spec(id, 5, 0)
+        };
+        step(Input::Arrive {
+            spec: budget(1, 6),
+            ts_ns: 0,
+        });
+        // Task 1 holds 2 GiB of its 6: the 4 left are its, task 2's 4 do not fit.
+        step(Input::MemAlloc {
+            id: 1,
+            gpu: 0,
+            bytes: 2 * GIB,
+            ts_ns: MS,
+        });
+        let out = step(Input::Arrive {
+            spec: budget(2, 4),
+            ts_ns: 10 * MS,
+        });
+        assert!(
+            out.actions.contains(&Action::Freeze { id: 2 }),
+            "task 2 waits for memory: {out:?}"
+        );
+        step(Input::Confirmed {
+            id: 2,
+            action: ActionKind::Freeze,
+            ts_ns: 11 * MS,
+        });
+        step(Input::Tick { ts_ns: 110 * MS });
+        let s = m.finish().0;
+        assert_eq!(
+            s.gpus[0].idle_while_queued_s, 0.0,
+            "it does not fit on GPU 0"
+        );
+        assert!(
+            (s.gpus[1].idle_while_queued_s - 0.1).abs() < 1e-12,
+            "GPU 1 ran nothing while task 2, which fits it, waited: {s:?}"
+        );
     }
 
     #[test]
