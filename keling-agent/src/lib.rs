@@ -4,6 +4,7 @@
 //! | module | owns | must not |
 //! |---|---|---|
 //! | [`cmd`] | one module per subcommand: parse its arguments, wire the pipeline, exit code | be imported by any other module |
+//! | [`agent_loop`] | `keling run`'s event loop as a type: one method per event source (kernel events, tick, control requests, wakes, confirmations, fail-safe, scrapes), one drain of kernel events, shutdown; the kernel, ring buffer and fail-safe behind traits (tested without root) | parse arguments or set up the host (`cmd::run` wires it) |
 //! | [`bpf`] | loading the eBPF object, the program table (required / optional per feature), BTF and tracefs offsets, reading the kernel maps | decide anything about scheduling or output |
 //! | [`event`] | draining the ring buffer, decoding raw records into typed events | do I/O besides the ring buffer |
 //! | [`model`] | the process model: processes and threads from decoded events, each joined with its GPU figures | do I/O |
@@ -22,6 +23,7 @@
 //!
 //! The scheduler core is the separate crate `keling-sched` (no I/O, no clock); the
 //! kernel/user contract is `keling-common`.
+pub mod agent_loop;
 pub mod bpf;
 pub mod cmd;
 pub mod control;

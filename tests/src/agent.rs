@@ -99,7 +99,20 @@ pub struct AgentOptions<'a> {
     pub sched_log: Option<PathBuf>,
     /// `--status-interval` in seconds (default 1; 0: only the final status line).
     pub status_interval_s: Option<u64>,
+    /// Run with the agent's own defaults for how GPUs are shared and tasks
+    /// bound. Otherwise (false, the default) the tests written before memory
+    /// sharing became the default get the model they were written for:
+    /// [`SLOT_MODEL`], each flag unless `args` sets it.
+    pub agent_defaults: bool,
 }
+
+/// What `keling run` did by default before memory sharing and late binding
+/// (issue 34): one task per GPU, placed at arrival.
+pub const SLOT_MODEL: [(&str, &str); 3] = [
+    ("--sharing", "slots"),
+    ("--slots", "1"),
+    ("--binding", "at-arrival"),
+];
 
 impl AgentOptions<'_> {
     /// Just these arguments after `run`'s own.
@@ -156,8 +169,19 @@ impl Agent {
             .arg(&sched_log)
             .arg("--input-log")
             .arg(dir.join("inputs.jsonl"))
-            .args(sim.capacity_args())
-            .args(&opts.args)
+            .args(sim.capacity_args());
+        if !opts.agent_defaults {
+            for (flag, value) in SLOT_MODEL {
+                let given = opts
+                    .args
+                    .iter()
+                    .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+                if !given {
+                    cmd.args([flag, value]);
+                }
+            }
+        }
+        cmd.args(&opts.args)
             .envs(opts.env.iter().copied())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();

@@ -242,9 +242,11 @@ fn a_constructed_log_gives_its_known_findings() {
     );
     // Each finding names its GPU or task and its window in words too.
     assert!(
-        html.contains("local imbalance: GPU 1 in window 2 (30-45 s): 500 ms"),
+        html.contains("local imbalance: GPU 1 in window 2 (30-45 s): waits of 500 ms on average"),
         "{html}"
     );
+    // A task that never waited is no row of the task heatmap.
+    assert!(!html.contains("task 1 (anchor)"), "{html}");
     assert!(
         html.contains("saturated: GPU 3 hot for 4 consecutive windows, windows 12-15 (180-240 s)")
     );
@@ -259,8 +261,9 @@ fn a_constructed_log_gives_its_known_findings() {
         2000.0
     );
 
-    // Timelines: every task (7), with running and preempted spans and ends.
-    assert!(html.contains(r#"id="timelines""#) && html.contains(r#"data-tasks="7""#));
+    // Timelines: every task that waited (6: the anchor never did), with running
+    // and preempted spans and ends.
+    assert!(html.contains(r#"id="timelines""#) && html.contains(r#"data-tasks="6""#));
     assert!(
         html.contains(r#"data-state="PREEMPTED""#) && html.contains(r#"data-state="COMPLETED""#)
     );

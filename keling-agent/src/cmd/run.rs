@@ -5,7 +5,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::Context;
@@ -17,19 +17,17 @@ use tokio::{
 };
 
 use crate::{
+    agent_loop::{Agent, HistoLog, Inputs, Settings as LoopSettings},
     bpf::{LoadOptions, Probes, programs::Feature},
     cmd::replay::BindingArg,
     cmd::values::SharingArg,
     control::server,
     defaults,
-    event::{EventStream, decode::Event},
-    gpu::{env::GpuArgs, stats::GpuAccounting},
-    latency::{LatencyRecorder, ModelKind, intervals::IntervalLogAppender},
-    metrics::{Metrics, Sources, http},
-    os::{
-        lock::{InstanceLock, LockError},
-        monotonic_ns,
-    },
+    event::EventStream,
+    gpu::env::GpuArgs,
+    latency::{LatencyRecorder, ModelKind},
+    metrics::http,
+    os::lock::{InstanceLock, LockError},
     sched::{
         access::AccessPolicy,
         cgroup,
@@ -37,7 +35,7 @@ use crate::{
         daemon::{Daemon, DaemonSettings},
         host::{RealHost, Wake},
         log::Logs,
-        supervisor::{self, Notice},
+        supervisor,
         worker::Confirmation,
     },
     sched_log::{INPUT_LOG_VERSION, InputLogHeader},
@@ -110,7 +108,9 @@ pub struct RunArgs {
     /// `--hard-kill`) when at once it has run more than
     /// `--overload-session-ms` since it arrived, its GPU's memory in use peaked
     /// at `--overload-mem-pct` % of capacity or more during it, and at least
-    /// `--overload-waiting` tasks wait for that GPU.
+    /// `--overload-waiting` tasks wait for that GPU. Without this flag, the
+    /// config file's `[overload]` section (if any) turns it on with its own
+    /// thresholds.
     #[arg(long)]
     pub overload: bool,
     /// The overload rule's session threshold, ms (the article's 200).
@@ -258,123 +258,6 @@ fn bind_metrics(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
     })?;
     listener.set_nonblocking(true)?;
     Ok(listener)
-}
-
-/// `--histo-log`: the interval log the agent appends to.
-struct HistoLog {
-    path: PathBuf,
-    log: IntervalLogAppender<std::fs::File>,
-    failed: bool,
-}
-
-impl HistoLog {
-    fn open(path: &Path) -> anyhow::Result<Self> {
-        let file = crate::os::files::open_for_writing(path, crate::os::files::Write::Append)
-            .with_context(|| format!("open the histogram log {}", path.display()))?;
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let log = IntervalLogAppender::start(file, wall, monotonic_ns())
-            .with_context(|| format!("write the histogram log {}", path.display()))?;
-        Ok(Self {
-            path: path.to_owned(),
-            log,
-            failed: false,
-        })
-    }
-
-    /// Appends what `latency` recorded since the last call. A write error is said
-    /// once and survived (the scheduler does not depend on the log).
-    fn append(&mut self, latency: &mut LatencyRecorder) {
-        let Some(iv) = latency.take_interval() else {
-            return;
-        };
-        match self.log.append(&iv, latency.model(), monotonic_ns()) {
-            Ok(()) if self.failed => {
-                self.failed = false;
-                log::info!("histogram log {}: writing again", self.path.display());
-            }
-            Ok(()) => {}
-            Err(e) if !self.failed => {
-                self.failed = true;
-                log::warn!(
-                    "histogram log {}: {e} (an interval is lost)",
-                    self.path.display()
-                );
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    forks: u64,
-    execs: u64,
-    exits: u64,
-    active: u64,
-    gpu: u64,
-}
-
-impl Counters {
-    fn count(&mut self, event: &Event) {
-        match event {
-            Event::Fork(_) => self.forks += 1,
-            Event::Exec(_) => self.execs += 1,
-            Event::Exit(_) => self.exits += 1,
-            Event::Switch(_) | Event::Active(_) => self.active += 1,
-            _ => self.gpu += 1,
-        }
-    }
-}
-
-fn gpu_line(acc: &GpuAccounting) -> String {
-    let holders = acc
-        .totals
-        .iter()
-        .filter(|((pid, gpu), t)| *pid != 0 && *gpu == keling_common::ALL_GPUS && t.bytes > 0)
-        .count();
-    let per_gpu: Vec<String> = acc
-        .totals
-        .iter()
-        .filter(|((pid, gpu), _)| *pid == 0 && *gpu < keling_common::NO_GPU)
-        .map(|((_, gpu), t)| {
-            format!(
-                "gpu{gpu} {} MiB (peak {} MiB)",
-                t.bytes >> 20,
-                t.peak_bytes >> 20
-            )
-        })
-        .collect();
-    let undecoded: u64 = acc.undecoded_per_reason.iter().sum();
-    if per_gpu.is_empty() {
-        return "; no GPU memory seen yet".into();
-    }
-    format!(
-        "; GPU memory: {} held by {holders} processes; {undecoded} calls undecoded",
-        per_gpu.join(", ")
-    )
-}
-
-fn status_line(
-    started: Instant,
-    c: &Counters,
-    decode_errors: u64,
-    drops: u64,
-    tracked: usize,
-) -> String {
-    format!(
-        "keling: up {}s, processes seen: {} forks, {} execs, {} exits; {} activity signals and {} GPU events traced; \
-         {tracked} tracked; {drops} events lost; {} undecodable",
-        started.elapsed().as_secs(),
-        c.forks,
-        c.execs,
-        c.exits,
-        c.active,
-        c.gpu,
-        decode_errors
-    )
 }
 
 /// GPU capacities: the flag, else the config file, else NVML.
@@ -544,7 +427,9 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         None => log::info!("control socket: root only (no `keling` group and no [access] group)"),
     }
     let capacities = gpus.clone();
-    let config = sched_config(&args, gpus);
+    let mut config = sched_config(&args, gpus);
+    // Without --overload, the config file's [overload] section.
+    config.overload = config.overload.or_else(|| file_config.overload_rule());
     if config.binding == keling_sched::Binding::Late {
         if config.gpus.is_empty() {
             log::warn!(
@@ -578,9 +463,9 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
     }
     runtime.block_on(async move {
         // The fail-safe, before anything can be frozen.
-        let mut failsafe = supervisor::spawn(failsafe_settings)?;
-        let (confirm_tx, mut confirm_rx) = mpsc::unbounded_channel::<Confirmation>();
-        let (wake_tx, mut wake_rx) = mpsc::unbounded_channel::<Wake>();
+        let failsafe = supervisor::spawn(failsafe_settings)?;
+        let (confirm_tx, confirm_rx) = mpsc::unbounded_channel::<Confirmation>();
+        let (wake_tx, wake_rx) = mpsc::unbounded_channel::<Wake>();
         let access = file_config.access_policy.clone();
         let mut logs = Logs::open_bounded(
             args.sched_log.as_deref(),
@@ -598,7 +483,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             confirm_tx,
             wake_tx,
         )?;
-        let mut daemon = Daemon::new(
+        let daemon = Daemon::new(
             Scheduler::new(config),
             LatencyRecorder::new(args.timeout_model),
             logs,
@@ -610,21 +495,12 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             },
             Box::new(host),
         );
-        daemon.exclude(failsafe.pid());
-        let mut histo = match &args.histo_log {
-            Some(path) => {
-                daemon.latency_mut().keep_intervals();
-                Some(HistoLog::open(path)?)
-            }
+        let histo = match &args.histo_log {
+            Some(path) => Some(HistoLog::open(path)?),
             None => None,
         };
-        let mut histo_tick = tokio::time::interval_at(
-            tokio::time::Instant::now() + Duration::from_secs(args.histo_interval),
-            Duration::from_secs(args.histo_interval),
-        );
-        let mut metrics = Metrics::new(args.metrics_grace_s.saturating_mul(1_000_000_000));
         // Kept here, so that with no endpoint the channel stays open and quiet.
-        let (scrape_tx, mut scrapes) = mpsc::channel::<http::Scrape>(http::QUEUE);
+        let (scrape_tx, scrapes) = mpsc::channel::<http::Scrape>(http::QUEUE);
         let metrics_at = match metrics_listener {
             Some(listener) => {
                 let listener = TcpListener::from_std(listener)?;
@@ -634,25 +510,39 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             }
             None => None,
         };
-        let (request_tx, mut requests) = mpsc::channel(64);
+        let (request_tx, requests) = mpsc::channel(64);
         server::spawn(bind_socket(&socket, &access)?, request_tx, admit(&access));
-        let mut events = EventStream::new(probes.take_events()?)?;
+        let events = EventStream::new(probes.take_events()?)?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sighup = signal(SignalKind::hangup())?;
-        let period = Duration::from_secs(args.status_interval.max(1));
-        let mut status = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        // Scheduler clock, heartbeats, and the drain of detail events (they do not
-        // wake us): every RUN_TICK_MS while a task lives, else every IDLE_TICK_MS
-        // (nothing then depends on the time; an arrival wakes the loop anyway).
-        let mut next_tick = tokio::time::Instant::now();
-        // A quarter of the fail-safe's watchdog at most: the heartbeat rides on it.
-        let idle_tick_ms = defaults::IDLE_TICK_MS.min((args.watchdog_ms / 4).max(defaults::RUN_TICK_MS));
-        let started = Instant::now();
-        let mut c = Counters::default();
-        let mut drops_seen = 0u64;
-        let mut last_check = Instant::now();
-        let mut last_reconcile = Instant::now();
+        let shutdown = async move {
+            tokio::select! {
+                _ = sigint.recv() => {}
+                _ = sigterm.recv() => {}
+                _ = sighup.recv() => {}
+            }
+        };
+        let agent = Agent::new(
+            daemon,
+            probes,
+            events,
+            failsafe,
+            Inputs {
+                requests,
+                confirmations: confirm_rx,
+                wakes: wake_rx,
+                scrapes,
+            },
+            histo,
+            LoopSettings {
+                status_interval_s: args.status_interval,
+                histo_interval_s: args.histo_interval,
+                watchdog_ms: args.watchdog_ms,
+                metrics_grace_ns: args.metrics_grace_s.saturating_mul(1_000_000_000),
+                capacities,
+            },
+        );
         let mut outputs = String::new();
         if let Some(at) = metrics_at {
             outputs += &format!("; metrics http://{at}/metrics");
@@ -665,101 +555,9 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             keling_common::lines::AGENT_READY,
             socket.display()
         );
-        // Nothing in here ends the agent but a signal to stop, or a fail-safe that
-        // cannot be restarted: every other error is reported and survived.
-        // Per process, the kernel's count of full tables its books needed, as last
-        // told to the daemon.
-        let mut books_seen: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
-        let result = loop {
-            failsafe.heartbeat();
-            if daemon.needs_clock() {
-                // A task arrived while the clock ran slow: back to full rate now.
-                let full = tokio::time::Instant::now() + Duration::from_millis(defaults::RUN_TICK_MS);
-                next_tick = next_tick.min(full);
-            }
-            tokio::select! {
-                ready = events.ready() => {
-                    if let Err(e) = ready {
-                        log::warn!("event ring buffer: {e}");
-                    }
-                    check_books(&probes, &mut daemon, &mut books_seen);
-                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics, &probes, &mut books_seen));
-                }
-                _ = tokio::time::sleep_until(next_tick) => {
-                    check_books(&probes, &mut daemon, &mut books_seen);
-                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics, &probes, &mut books_seen));
-                    daemon.tick();
-                    let period = if daemon.needs_clock() {
-                        defaults::RUN_TICK_MS
-                    } else {
-                        idle_tick_ms
-                    };
-                    // From now: a late tick is not made up for.
-                    next_tick = tokio::time::Instant::now() + Duration::from_millis(period);
-                    if last_check.elapsed() >= Duration::from_millis(100) {
-                        last_check = Instant::now();
-                        // Lost events may have been exits or forks: check who is whose.
-                        let drops: u64 = probes.drops_per_cpu().map(|d| d.iter().sum()).unwrap_or(0);
-                        if drops > drops_seen || last_reconcile.elapsed() >= Duration::from_secs(1) {
-                            if drops > drops_seen {
-                                log::debug!("{} events lost: checking task membership", drops - drops_seen);
-                            }
-                            drops_seen = drops;
-                            last_reconcile = Instant::now();
-                            daemon.reconcile_members();
-                        }
-                    }
-                }
-                Some(conf) = confirm_rx.recv() => daemon.confirmed(conf),
-                Some(wake) = wake_rx.recv() => {
-                    if matches!(wake, Wake::Exited(_)) {
-                        // The trace's exit event (with the code) is handled first.
-                        check_books(&probes, &mut daemon, &mut books_seen);
-                    events.drain(|e| ingest(e, &mut c, &mut daemon, &mut metrics, &probes, &mut books_seen));
-                    }
-                    daemon.woken(wake);
-                }
-                Some(incoming) = requests.recv() => {
-                    daemon.handle(incoming, &mut |pid| probes.track(pid, pid));
-                }
-                notice = failsafe.notice() => match notice {
-                    Notice::Tripped => daemon.refreeze_after_failsafe(),
-                    Notice::Gone => {
-                        log::warn!("the fail-safe (pid {}) died: starting another", failsafe.pid());
-                        match supervisor::spawn(failsafe_settings) {
-                            Ok(f) => {
-                                daemon.exclude(f.pid());
-                                log::info!("fail-safe restarted as pid {}", f.pid());
-                                failsafe = f;
-                            }
-                            Err(e) => break Err(anyhow::anyhow!(
-                                "the fail-safe died and cannot be restarted ({e:#}): \
-                                 stopping rather than freezing tasks without one"
-                            )),
-                        }
-                    }
-                },
-                Some(scrape) = scrapes.recv() => {
-                    let text = render_metrics(&mut metrics, &probes, &daemon, &capacities, &c, events.decode_errors);
-                    let _ = scrape.reply.send(text);
-                }
-                _ = histo_tick.tick(), if histo.is_some() => {
-                    if let Some(h) = &mut histo {
-                        h.append(daemon.latency_mut());
-                    }
-                }
-                _ = status.tick(), if args.status_interval > 0 => {
-                    eprintln!("{}", status_report(&probes, started, &c, events.decode_errors));
-                }
-                _ = sigint.recv() => break Ok(0),
-                _ = sigterm.recv() => break Ok(0),
-                _ = sighup.recv() => break Ok(0),
-            }
-        };
-        daemon.shutdown();
-        if let Some(h) = &mut histo {
-            h.append(daemon.latency_mut());
-        }
+        // Nothing in there ends the agent but a signal to stop, or a fail-safe
+        // that cannot be restarted: every other error is reported and survived.
+        let result = agent.run(shutdown).await;
         drop(scrape_tx);
         // Only the socket: a file someone put in its place stays.
         if std::fs::symlink_metadata(&socket)
@@ -767,116 +565,6 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         {
             let _ = std::fs::remove_file(&socket);
         }
-        eprintln!("{} (stopped)", status_report(&probes, started, &c, events.decode_errors));
-        drop(daemon);
-        drop(failsafe);
         result
     })
-}
-
-/// Tells the daemon of every process whose books the kernel found a table full for
-/// since the last look (`TABLE_FULL_PID`). Read before each batch of events, so
-/// that an allocation the batch holds is judged knowing the figure may be wrong.
-fn check_books(
-    probes: &Probes,
-    daemon: &mut Daemon,
-    seen: &mut std::collections::HashMap<u32, u64>,
-) {
-    let now = match probes.table_full_pids() {
-        Ok(now) => now,
-        Err(e) => {
-            log::debug!("full tables per process unavailable: {e:#}");
-            return;
-        }
-    };
-    for (pid, n) in now {
-        // Remembered only once told to the process's task: a child that filled a
-        // table before its fork reached the daemon is told again next time.
-        if seen.get(&pid) != Some(&n) && daemon.books_unsure(pid) {
-            seen.insert(pid, n);
-        }
-    }
-}
-
-/// One decoded event: counted, handed to the scheduler, and an exit noted for `/metrics`.
-/// Memory that would take a task over its quota is judged after one more look at
-/// the full tables: the kernel counted any before it sent the event, so the core
-/// knows whether the figure may be wrong before it decides.
-fn ingest(
-    e: &Event,
-    c: &mut Counters,
-    daemon: &mut Daemon,
-    metrics: &mut Metrics,
-    probes: &Probes,
-    books_seen: &mut std::collections::HashMap<u32, u64>,
-) {
-    c.count(e);
-    let charged = match e {
-        Event::GpuAlloc(a) => Some((a.header.pid, a.bytes)),
-        Event::GpuCharge(m) => Some((m.to_pid, m.bytes)),
-        _ => None,
-    };
-    if let Some((pid, bytes)) = charged
-        && daemon.would_pass_quota(pid, bytes)
-    {
-        check_books(probes, daemon, books_seen);
-    }
-    if let Event::Exit(x) = e
-        && x.group_dead != 0
-    {
-        metrics.table.exited(x.header.pid, monotonic_ns());
-    }
-    daemon.on_event(e);
-}
-
-/// The `/metrics` text: the last one when it is recent enough (a burst of scrapes
-/// costs one rendering), else rendered from the maps and the daemon now.
-fn render_metrics(
-    metrics: &mut Metrics,
-    probes: &Probes,
-    daemon: &Daemon,
-    capacities: &[GpuInfo],
-    c: &Counters,
-    decode_errors: u64,
-) -> Arc<String> {
-    let now_ns = monotonic_ns();
-    if let Some(text) = metrics.cached(now_ns) {
-        return text;
-    }
-    let accounting = probes
-        .gpu_accounting()
-        .inspect_err(|e| log::debug!("metrics: GPU accounting unavailable: {e:#}"))
-        .ok();
-    let drops = probes.drops_per_cpu().map(|d| d.iter().sum()).unwrap_or(0);
-    let status = daemon.status();
-    metrics.render(&Sources {
-        accounting: accounting.as_ref(),
-        capacities,
-        events: c.forks + c.execs + c.exits + c.active + c.gpu,
-        drops,
-        decode_errors,
-        status: &status,
-        latency: daemon.latency(),
-        task_of: &|pid| daemon.task_of(pid),
-        now_ns,
-    })
-}
-
-/// The periodic status line; a failure to read the maps is shown, not fatal.
-fn status_report(probes: &Probes, started: Instant, c: &Counters, decode_errors: u64) -> String {
-    let read = || -> anyhow::Result<String> {
-        let drops = probes.drops_per_cpu()?.iter().sum();
-        let gpu = gpu_line(&probes.gpu_accounting()?);
-        Ok(format!(
-            "{}{gpu}",
-            status_line(
-                started,
-                c,
-                decode_errors,
-                drops,
-                probes.tracked_processes()?
-            )
-        ))
-    };
-    read().unwrap_or_else(|e| format!("keling: status unavailable: {e:#}"))
 }

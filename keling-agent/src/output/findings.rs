@@ -71,9 +71,20 @@ pub struct Findings {
     threads: BTreeMap<u32, ThreadTimes>,
     frozen: BTreeMap<u32, Frozen>,
     last_ns: u64,
+    /// Where the timeline's seconds count from: findings name times the way the
+    /// timeline does, not as raw kernel timestamps.
+    start_ns: u64,
 }
 
 impl Findings {
+    /// Findings whose times count seconds from `start_ns`, as the timeline does.
+    pub fn new(start_ns: u64) -> Self {
+        Findings {
+            start_ns,
+            ..Findings::default()
+        }
+    }
+
     pub fn event(&mut self, event: &Event) {
         let h = event.header();
         self.last_ns = self.last_ns.max(h.ts_ns);
@@ -183,7 +194,7 @@ impl Findings {
                 f.count,
                 calls.join(", "),
                 statuses.join(", "),
-                Self::at(f.first_ns)
+                self.at(f.first_ns)
             );
             if f.requested_bytes > 0 {
                 line.push_str(&format!(", asking for {} in all", mib(f.requested_bytes)));
@@ -247,8 +258,9 @@ impl Findings {
         out
     }
 
-    fn at(ts_ns: u64) -> String {
-        format!("ts {ts_ns}")
+    /// A moment as the timeline shows it: seconds from its start.
+    fn at(&self, ts_ns: u64) -> String {
+        format!("{:.6} s", ts_ns.saturating_sub(self.start_ns) as f64 / 1e9)
     }
 }
 
@@ -319,7 +331,7 @@ mod tests {
         let r = f.report(0);
         assert_eq!(
             r[0],
-            "pid 42: 1 failed GPU calls (1 x RM_ALLOC; 1 x NV_ERR_NO_MEMORY), the first at ts 1000, asking for 1024.0 MiB in all"
+            "pid 42: 1 failed GPU calls (1 x RM_ALLOC; 1 x NV_ERR_NO_MEMORY), the first at 0.000001 s, asking for 1024.0 MiB in all"
         );
         assert_eq!(
             r[1],

@@ -195,7 +195,7 @@ impl TextSink {
             out,
             start_ns,
             switches,
-            findings: Findings::default(),
+            findings: Findings::new(start_ns),
         }
     }
 }

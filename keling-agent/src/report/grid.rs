@@ -151,6 +151,22 @@ impl Grid {
         values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64
     }
 
+    /// The mean of the up-to-8 cells around `(r, c)` (the cell itself left out),
+    /// and how many there are: what a local imbalance is told against.
+    pub fn neighbours_mean(&self, r: usize, c: usize) -> (f64, usize) {
+        let mut sum = 0.0;
+        let mut n = 0;
+        for rr in r.saturating_sub(1)..=(r + 1).min(self.rows.len() - 1) {
+            for cc in c.saturating_sub(1)..=(c + 1).min(self.windows() - 1) {
+                if (rr, cc) != (r, c) {
+                    sum += self.cells[rr][cc];
+                    n += 1;
+                }
+            }
+        }
+        (if n == 0 { 0.0 } else { sum / n as f64 }, n)
+    }
+
     /// `"w12 (180-195 s)"`: a window by index and offset from the start.
     pub fn window_name(&self, first: usize, last: usize) -> String {
         let s = |w: usize| w as u64 * self.window_ns / 1_000_000_000;
@@ -265,6 +281,7 @@ impl Grid {
                 }
                 let variance = self.neighbourhood_variance(r, c);
                 if variance > LOCAL_VARIANCE_MS2 {
+                    let (around, n) = self.neighbours_mean(r, c);
                     found.push(Finding {
                         kind: FindingKind::LocalImbalance,
                         rows: vec![self.rows[r].clone()],
@@ -273,11 +290,12 @@ impl Grid {
                         peak_ms: self.cells[r][c],
                         variance_ms2: Some(variance),
                         text: format!(
-                            "local imbalance: {} in {}: {:.0} ms, 3x3 variance {:.0} ms²",
+                            "local imbalance: {} in {}: waits of {:.0} ms on average, against {:.0} ms in the {} cells around it",
                             self.rows[r],
                             self.window_name(c, c),
                             self.cells[r][c],
-                            variance
+                            around,
+                            n
                         ),
                     });
                 }
@@ -357,6 +375,13 @@ mod tests {
         assert!((v - 250.0f64.powi(2) * 8.0 / 81.0).abs() < 1e-9, "{v}");
         assert!(
             f[2].text.contains("GPU 1") && f[2].text.contains("window 2 (30-45 s)"),
+            "{}",
+            f[2].text
+        );
+        // Told in waits a person can compare, not as a variance.
+        assert!(
+            f[2].text
+                .ends_with("waits of 250 ms on average, against 0 ms in the 8 cells around it"),
             "{}",
             f[2].text
         );

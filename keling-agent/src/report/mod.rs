@@ -309,6 +309,8 @@ pub fn build(logs: &[PathBuf], opts: &ReportOptions) -> anyhow::Result<Report> {
             ));
         }
     }
+    // A task that never waited explains no queueing: it is not a row.
+    tasks.retain(|t| t.2 > 0.0);
     let total_tasks = tasks.len();
     tasks.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.3.cmp(&b.3)));
     tasks.truncate(opts.task_rows);

@@ -9,6 +9,11 @@
 //! hard_kill = true
 //! manage_unmatched = false # schedule GPU processes Keling did not launch and no rule names
 //!
+//! [overload]               # the overload rule (off without this section or `keling run --overload`)
+//! session_ms = 200         # a running session past this long (since it arrived)
+//! mem_peak_pct = 95        # on a GPU whose memory in use peaked at this % of capacity
+//! min_waiting = 8          # while at least this many tasks wait for it: truncated (4004)
+//!
 //! [[gpu]]                  # capacities when neither NVML nor the simulator tells
 //! index = 0
 //! capacity_bytes = 85899345920
@@ -71,6 +76,9 @@ pub struct Config {
     pub access: AccessSection,
     #[serde(default, rename = "grant")]
     pub grants: Vec<Spanned<GrantSection>>,
+    /// `[overload]`: the overload rule on, with these thresholds (the
+    /// article's where left out).
+    pub overload: Option<Spanned<OverloadSection>>,
     /// `access` and `grants`, resolved (names to ids) and checked.
     #[serde(skip)]
     pub access_policy: AccessPolicy,
@@ -83,6 +91,28 @@ pub struct AccessSection {
     pub group: Option<Spanned<String>>,
     pub min_priority: Option<Spanned<u8>>,
     pub mem_quota_bytes: Option<u64>,
+}
+
+/// `[overload]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverloadSection {
+    pub session_ms: Option<u64>,
+    pub mem_peak_pct: Option<u32>,
+    pub min_waiting: Option<u32>,
+}
+
+impl Config {
+    /// The overload rule `[overload]` asks for, if any.
+    pub fn overload_rule(&self) -> Option<keling_sched::OverloadRule> {
+        let o = self.overload.as_ref()?.get_ref();
+        let article = keling_sched::OverloadRule::default();
+        Some(keling_sched::OverloadRule {
+            min_session_ms: o.session_ms.unwrap_or(article.min_session_ms),
+            mem_peak_pct: o.mem_peak_pct.unwrap_or(article.mem_peak_pct),
+            min_waiting: o.min_waiting.unwrap_or(article.min_waiting),
+        })
+    }
 }
 
 /// One `[[grant]]` as written.
@@ -167,6 +197,16 @@ impl Config {
             }
         };
         check_priority(&config.defaults.priority)?;
+        if let Some(o) = &config.overload
+            && o.get_ref()
+                .mem_peak_pct
+                .is_some_and(|pct| !(1..=100).contains(&pct))
+        {
+            return Err((
+                line_of(text, o.span()),
+                "overload: mem_peak_pct must be a percentage of capacity, 1-100".to_owned(),
+            ));
+        }
         for rule in &config.rules {
             let line = line_of(text, rule.span());
             let r = rule.get_ref();
@@ -377,6 +417,25 @@ priority = 12
         );
         let (s, managed) = c.settings_for(&facts("bash", 0, "/"));
         assert_eq!((s.rule, s.priority, managed), (None, Some(9), false));
+    }
+
+    #[test]
+    fn an_overload_section_turns_the_rule_on_with_the_article_thresholds_by_default() {
+        assert_eq!(Config::parse("").unwrap().overload_rule(), None);
+        let c = Config::parse("[overload]\nmin_waiting = 3\n").unwrap();
+        assert_eq!(
+            c.overload_rule(),
+            Some(keling_sched::OverloadRule {
+                min_session_ms: 200,
+                mem_peak_pct: 95,
+                min_waiting: 3,
+            })
+        );
+        let (line, what) = Config::parse("\n[overload]\nmem_peak_pct = 150\n").unwrap_err();
+        assert_eq!(line, 2, "{what}");
+        assert!(what.contains("1-100"), "{what}");
+        let (_, what) = Config::parse("[overload]\nsession = 1\n").unwrap_err();
+        assert!(what.contains("session"), "{what}");
     }
 
     #[test]

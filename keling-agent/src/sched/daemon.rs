@@ -2,8 +2,9 @@
 //! inputs, carries out the core's actions (freezes, thaws and stops on the
 //! actuation thread, [`super::worker`]; signals through each task's
 //! [`Actuator`](super::actuator::Actuator)), feeds confirmations back, measures
-//! each decision's latency, answers control requests, and exports status and the
-//! logs.
+//! each decision's latency, and writes the logs. The control requests it serves
+//! are in `requests` (one method each); what `keling status` shows is rendered
+//! from its state, read only, by `status_view`.
 //!
 //! Beside it, each with one job: [`super::launch`] (launch requests and the held
 //! children of launched tasks), [`super::members`] (which process is whose,
@@ -26,8 +27,7 @@
 //!
 //! Memory inputs come from video memory only ([`memory_inputs`]).
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
-    os::fd::OwnedFd,
+    collections::{HashMap, VecDeque},
     time::Duration,
 };
 
@@ -37,7 +37,7 @@ use keling_sched::{Action, ActionKind, Input, Output, Scheduler, TaskId, TaskSta
 use super::sharing::OutsideMemory;
 use super::{
     config::Config,
-    history::{self, Histories},
+    history::Histories,
     host::{Host, Wake},
     launch::{self, Launches},
     log::Logs,
@@ -46,14 +46,9 @@ use super::{
     worker::{Confirmation, Job},
 };
 use crate::{
-    control::{
-        ArchiveSummary, ErrorKind, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, PlacementStatus,
-        Reply, ReplyError, Request, STATUS_ARCHIVED_MAX, SignalRequest, StatusPage, StatusReply,
-        TaskHistory, TaskStatus,
-        server::{Incoming, Peer, Replier},
-    },
+    control::{ExportFormat, StatusReply},
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
-    latency::{DecisionTimes, LatencyRecorder, Stage, Verdict},
+    latency::{DecisionTimes, LatencyRecorder, Verdict},
     sched_log::Record,
 };
 
@@ -408,154 +403,6 @@ impl Daemon {
         self.step_now(&input);
     }
 
-    /// Answers one control request. `track` makes the probes follow a process.
-    pub fn handle(&mut self, incoming: Incoming, track: &mut dyn FnMut(u32) -> anyhow::Result<()>) {
-        let Incoming {
-            request,
-            fds,
-            reply,
-            peer,
-            conn,
-        } = incoming;
-        match request {
-            Request::Status(_) => reply.send(Reply::Status(Box::new(
-                self.status_for(Some(peer.creds.uid)),
-            ))),
-            Request::StatusPage(page) => reply.send(Reply::Status(Box::new(
-                self.status_page(Some(peer.creds.uid), page),
-            ))),
-            Request::History(id) => reply.send(match self.history(id, peer.creds.uid) {
-                Some(h) => Reply::History(Box::new(h)),
-                None => Reply::Error(ReplyError::new(
-                    ErrorKind::NotFound,
-                    format!(
-                        "no task {id} (finished tasks are kept for {} s, the last {} of them)",
-                        self.settings.archive_retention_ns / 1_000_000_000,
-                        self.settings.archive_max
-                    ),
-                )),
-            }),
-            Request::Export(format) => reply.send(match self.export(format) {
-                Ok(text) => Reply::Export(text),
-                Err(e) => Reply::Error(ReplyError::new(ErrorKind::Internal, format!("{e:#}"))),
-            }),
-            Request::Launch(req) => {
-                if let Err(e) = self.launch(&req, &fds, &peer, conn, &reply, track) {
-                    log::info!("launch by uid {} refused: {e}", peer.creds.uid);
-                    reply.send(Reply::Error(e));
-                }
-            }
-            Request::Signal(s) => reply.send(self.signal_request(&s, &peer)),
-            Request::Forward(signal) => self.forward(conn, signal),
-        }
-    }
-
-    /// `{"signal": ...}`: the task's owner or root may signal it.
-    fn signal_request(&mut self, s: &SignalRequest, peer: &Peer) -> Reply {
-        let Some(t) = self.members.get(s.task) else {
-            return Reply::Error(ReplyError::new(
-                ErrorKind::NotFound,
-                format!("no running task {}", s.task),
-            ));
-        };
-        if !self.config.access_policy.may_act_on(&peer.creds, t.uid) {
-            return Reply::Error(ReplyError::new(
-                ErrorKind::NotPermitted,
-                format!(
-                    "task {} belongs to uid {}: only its owner or root may signal it",
-                    s.task, t.uid
-                ),
-            ));
-        }
-        if !(1..=64).contains(&s.signal) {
-            return Reply::Error(ReplyError::new(
-                ErrorKind::Invalid,
-                format!("{} is not a signal", s.signal),
-            ));
-        }
-        if self.launches.is_held(s.task) {
-            let n = self
-                .launches
-                .signal(s.task, s.signal, &mut self.clients, &mut *self.host);
-            return Reply::Signalled(n);
-        }
-        Reply::Signalled(t.actuator.signal(s.signal))
-    }
-
-    /// A signal forwarded by a launch's client to its own task.
-    fn forward(&mut self, conn: u64, signal: i32) {
-        if !FORWARDED_SIGNALS.contains(&signal) {
-            log::warn!("connection {conn}: signal {signal} is not one that is forwarded");
-            return;
-        }
-        let Some(&id) = self.conn_task.get(&conn) else {
-            return;
-        };
-        if self.launches.is_held(id) {
-            self.launches
-                .signal(id, signal, &mut self.clients, &mut *self.host);
-            return;
-        }
-        if let Some(t) = self.members.get(id) {
-            let n = t.actuator.signal(signal);
-            log::debug!(
-                "forwarded signal {signal} to {n} process(es) of pid {}",
-                t.pid
-            );
-        }
-    }
-
-    /// Starts a launched task (see [`super::launch`]): it arrives in the core at
-    /// once, held until the core places it.
-    fn launch(
-        &mut self,
-        req: &LaunchRequest,
-        stdio: &[OwnedFd],
-        peer: &Peer,
-        conn: u64,
-        reply: &Replier,
-        track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
-    ) -> Result<(), ReplyError> {
-        let creds = &peer.creds;
-        let terms = launch::terms(
-            req,
-            creds,
-            &self.config,
-            self.settings.default_priority,
-            &self.sched,
-            self.host.now_ns(),
-        )?;
-        let id = self.next_id;
-        self.next_id += 1;
-        let started = launch::start(id, req, stdio, creds, conn, &terms, &mut *self.host, track)?;
-        let pid = started.task.pid;
-        self.members.insert(id, started.task, None);
-        self.launches.hold(id, terms.env_gpu);
-        self.conn_task.insert(conn, id);
-        self.clients
-            .add(reply.clone(), started.accepted, req.notify_preempt);
-        self.histories.owner(id, creds.uid);
-        log::info!(
-            "task {id}: pid {pid} {:?} for uid {} {}",
-            req.argv,
-            creds.uid,
-            terms.placement()
-        );
-        self.step_now(&Input::Arrive {
-            spec: terms.spec(req, id, pid),
-            ts_ns: self.host.now_ns(),
-        });
-        if let Some(q) = self.sched.queued(id) {
-            log::info!(
-                "task {id}: queued unbound at position {} ({})",
-                q.position,
-                q.reason.as_str()
-            );
-            self.clients.tell_queued(id, pid, &self.sched);
-        }
-        Ok(())
-    }
-
     /// Something came back from off the loop.
     pub fn woken(&mut self, wake: Wake) {
         match wake {
@@ -832,140 +679,22 @@ impl Daemon {
         self.members.task_of(pid)
     }
 
-    /// What `keling status` shows.
+    /// What `keling status` shows (to nobody in particular: `/metrics`).
     pub fn status(&self) -> StatusReply {
-        self.status_for(None)
+        self.view().status_for(None)
     }
 
-    /// What `keling status` shows to `caller` (its tasks marked as its own).
-    pub fn status_for(&self, caller: Option<u32>) -> StatusReply {
-        self.status_page(caller, StatusPage::default())
-    }
-
-    /// What `keling status` shows to `caller` (its tasks marked as its own):
-    /// every live task, and the archived ones of `page` (those that finished
-    /// last, after skipping `page.skip`; at most [`STATUS_ARCHIVED_MAX`]), all
-    /// sorted by id. Its size and the time it takes are bounded by the live tasks
-    /// and the archive's cap, whatever ran before.
-    pub fn status_page(&self, caller: Option<u32>, page: StatusPage) -> StatusReply {
-        let now = self.host.now_ns();
-        let views = self.sched.live_tasks();
-        let archived = self
-            .sched
-            .recent_archived(page.skip, page.archived.min(STATUS_ARCHIVED_MAX));
-        let kept = self.sched.archived_len();
-        let archive = ArchiveSummary {
-            kept,
-            listed: archived.len(),
-            skipped: page.skip.min(kept),
-            max_kept: self.settings.archive_max,
-            retention_s: self.settings.archive_retention_ns / 1_000_000_000,
-            completed: self.finished.completed,
-            failed: self.finished.failed,
-            forgotten: self.finished.forgotten,
-        };
-        let mut tasks: Vec<TaskStatus> = views
-            .iter()
-            .chain(&archived)
-            .map(|t| self.task_status(&views, t, caller, now))
-            .collect();
-        // By id, as before the archive was paged.
-        tasks.sort_unstable_by_key(|t| t.id);
-        // Per stage, for the actions that are confirmed (what `cargo xtask bench` shows).
-        let stages_by_action = ["freeze", "thaw"]
-            .into_iter()
-            .map(|action| {
-                let per = Stage::ALL
-                    .iter()
-                    .filter_map(|&stage| {
-                        let p = self.latency.percentiles(stage, Some(action))?;
-                        Some((stage.as_str().to_owned(), p))
-                    })
-                    .collect();
-                (action.to_owned(), per)
-            })
-            .collect();
-        let weights = self.sched.placement_weights(now);
-        let mut used: BTreeMap<u32, f64> = weights.iter().map(|&(g, _)| (g, 0.0)).collect();
-        // Archived tasks hold no memory.
-        for t in &views {
-            for (g, b) in &t.mem_bytes {
-                *used.entry(*g).or_default() += *b as f64;
-            }
+    /// The daemon's state as `keling status` reads it.
+    fn view(&self) -> StatusView<'_> {
+        StatusView {
+            sched: &self.sched,
+            latency: &self.latency,
+            host: &*self.host,
+            members: &self.members,
+            histories: &self.histories,
+            settings: &self.settings,
+            finished: &self.finished,
         }
-        let used: Vec<f64> = used.into_values().collect();
-        StatusReply {
-            caller_uid: caller,
-            tasks,
-            latency: self.latency.status(),
-            stages_by_action,
-            placement: PlacementStatus {
-                weights,
-                load_balance_error: keling_sched::load_balance_error(&used),
-            },
-            archive,
-            gpus: super::sharing::gpu_memory(&self.sched),
-        }
-    }
-
-    /// One task as `keling status` shows it to `caller`.
-    fn task_status(
-        &self,
-        views: &[keling_sched::TaskView],
-        t: &keling_sched::TaskView,
-        caller: Option<u32>,
-        now: u64,
-    ) -> TaskStatus {
-        let rt = self.members.get(t.spec.id);
-        let history = self.histories.get(t.spec.id);
-        let uid = rt.map(|r| r.uid).or(history.and_then(|h| h.uid));
-        let end = t.finished_ns.unwrap_or(now);
-        TaskStatus {
-            id: t.spec.id,
-            pid: t.spec.pid,
-            name: bounded_name(&t.spec.name),
-            priority: t.spec.priority,
-            class: t.class,
-            state: t.state.as_str().to_owned(),
-            gpu: t.gpu,
-            mem_bytes: t.mem_bytes.values().sum(),
-            mem_bytes_per_gpu: t.mem_bytes.clone(),
-            mem_unsure: t.mem_unsure,
-            on_gpu_ms: t.on_gpu_ms,
-            elapsed_ms: end.saturating_sub(t.arrived_ns) / 1_000_000,
-            wants_gpu: t.wants_gpu,
-            yielded: t.yielded,
-            in_flight: t.in_flight,
-            cgroup: rt
-                .and_then(|r| r.cgroup.as_ref())
-                .map(|c| c.to_string_lossy().into_owned()),
-            uid,
-            mine: caller.is_some() && uid == caller,
-            state_for_ms: now.saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
-                / 1_000_000,
-            waiting: history::waiting(views, t, history, now),
-            queued: self.sched.queued(t.spec.id),
-            wait_reason: self.sched.wait_reason(t.spec.id),
-            pinned_gpu: t.spec.gpu,
-            ending_reason: t.ending_reason,
-            exit_code: t.exit_code,
-        }
-    }
-
-    /// `keling status TASK`: the task now, its transitions and its decisions.
-    pub fn history(&self, id: TaskId, caller: u32) -> Option<TaskHistory> {
-        let view = self.sched.task(id)?;
-        let views = self.sched.live_tasks();
-        let task = self.task_status(&views, &view, Some(caller), self.host.now_ns());
-        let h = self.histories.get(id);
-        Some(TaskHistory {
-            task,
-            arrived_ns: view.arrived_ns,
-            transitions: h.map_or_else(Vec::new, |h| h.transitions.iter().cloned().collect()),
-            decisions: h.map_or_else(Vec::new, |h| h.decisions.iter().cloned().collect()),
-            transitions_dropped: h.map_or(0, |h| h.transitions_dropped),
-            decisions_dropped: h.map_or(0, |h| h.decisions_dropped),
-        })
     }
 
     /// Thaws every task and continues every process it stopped (the agent is
@@ -978,19 +707,6 @@ impl Daemon {
         }
         self.host.forget_stopped();
     }
-}
-
-/// The most bytes of a task's name a status shows (a launch's argv[0] may be
-/// as long as the request): a reply's size stays bounded by its task count.
-const NAME_MAX_SHOWN: usize = 255;
-
-/// `name`, cut at [`NAME_MAX_SHOWN`] bytes (on a character boundary).
-fn bounded_name(name: &str) -> String {
-    let mut end = name.len().min(NAME_MAX_SHOWN);
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    name[..end].to_owned()
 }
 
 /// Gives the memory the allocator keeps free back to the system (glibc keeps
@@ -1096,6 +812,10 @@ fn memory_inputs(
 
 #[cfg(test)]
 mod behaviour;
+mod requests;
+mod status_view;
+
+use status_view::StatusView;
 
 #[cfg(test)]
 mod tests {
@@ -1145,19 +865,6 @@ mod tests {
             via_xfer: false,
             bytes: 4096,
         })
-    }
-
-    #[test]
-    fn a_status_shows_at_most_255_bytes_of_a_name() {
-        assert_eq!(bounded_name("train"), "train");
-        let long = "é".repeat(1000);
-        let shown = bounded_name(&long);
-        assert_eq!(
-            shown.len(),
-            254,
-            "cut before the character that would pass 255"
-        );
-        assert!(long.starts_with(&shown));
     }
 
     #[test]

@@ -219,6 +219,100 @@ proptest! {
     }
 }
 
+/// Confirms everything `sched` has in flight, now, until nothing is.
+fn settle_all(sched: &mut Scheduler, ts_ns: u64) {
+    for _ in 0..16 {
+        let due: Vec<(TaskId, ActionKind)> = sched
+            .live_tasks()
+            .iter()
+            .filter_map(|v| v.in_flight.map(|k| (v.spec.id, k)))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        for (id, action) in due {
+            sched.step(&Input::Confirmed { id, action, ts_ns });
+        }
+    }
+    panic!("actuations never settle");
+}
+
+/// Late binding under memory sharing, settled: no task queued unbound would
+/// fit a GPU it may use: each has a cap reached, a higher priority that wants
+/// it (running there, or waiting there), or too little memory for its budget
+/// beside what the GPU holds and what its running tasks may still take (the
+/// first task on an empty GPU always fits).
+fn check_settled_queue(sched: &Scheduler) {
+    let cap = sched.config().cap();
+    let live: Vec<TaskView> = sched
+        .tasks()
+        .into_iter()
+        .filter(|v| v.state.is_live())
+        .collect();
+    let gpus = each_gpu(sched, &live);
+    for q in sched.queue() {
+        if q.reason == WaitReason::Ending {
+            continue;
+        }
+        let u = sched.task(q.id).expect("queued task");
+        let p = u.spec.priority;
+        let budget = u128::from(u.spec.mem_quota_bytes.unwrap_or(0));
+        for cfg in &sched.config().gpus {
+            let gpu = cfg.index;
+            let g = gpus.iter().find(|g| g.gpu == gpu);
+            let (running, waiting): (Vec<&TaskView>, Vec<&TaskView>) = g
+                .map_or((Vec::new(), Vec::new()), |g| {
+                    (g.running.clone(), g.waiting.clone())
+                });
+            let cap_reached = running.len() >= cap;
+            let higher = running.iter().any(|r| r.wants_gpu && r.spec.priority < p)
+                || waiting.iter().any(|w| w.wants_gpu && w.spec.priority < p);
+            let held = g.map_or(0, |g| g.held);
+            let extras: u128 = running.iter().map(|v| extra(sched, v, gpu)).sum();
+            let avail = u128::from(cfg.capacity_bytes).saturating_sub(u128::from(
+                sched
+                    .outside_mem()
+                    .into_iter()
+                    .find(|&(o, _)| o == gpu)
+                    .map_or(0, |(_, b)| b),
+            ));
+            let no_memory = !running.is_empty() && budget > 0 && held + extras + budget > avail;
+            assert!(
+                cap_reached || higher || no_memory,
+                "task {} (priority {p}, budget {budget}) waits queued ({:?}) though it fits GPU {gpu}: {} running, held {held}, to come {extras}, avail {avail}",
+                q.id,
+                q.reason,
+                running.len()
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::default())]
+
+    /// Late binding under memory sharing: after every step, once actuations
+    /// settle, no queued task would fit a GPU (property 2 for tasks that wait
+    /// unbound), and properties 1 and 3 hold for the bound ones.
+    #[test]
+    fn prop_late_binding_under_sharing_leaves_no_fitting_task_queued(
+        ops in prop::collection::vec((arb_shared_op(false), 0u64..=15), 1..150),
+        cap in prop_oneof![3 => Just(0u32), 1 => 2u32..=3],
+    ) {
+        let config = SchedConfig { binding: Binding::Late, ..shared_config(cap) };
+        let mut sched = Scheduler::new(config);
+        let mut ts_ns = 0;
+        for (op, advance_ms) in &ops {
+            ts_ns += advance_ms * MS;
+            let input = input_for(&sched, op, ts_ns);
+            sched.step(&input);
+            settle_all(&mut sched, ts_ns);
+            check_settled_queue(&sched);
+            check_settled_sharing(&sched);
+        }
+    }
+}
+
 /// `op` as an input at `ts_ns`; feedback goes to what `sched` has in flight.
 fn input_for(sched: &Scheduler, op: &Op, ts_ns: u64) -> Input {
     let in_flight: Vec<(TaskId, ActionKind)> = sched

@@ -323,3 +323,77 @@ fn an_overloaded_session_ends_failed_with_its_own_reason() {
         "{out:?}"
     );
 }
+
+/// What the overload rule decided comes out the same from a fresh core fed
+/// the same inputs and the configuration as an input log's header holds them
+/// (JSON): a recording replays it exactly.
+#[test]
+fn the_overload_rule_replays_exactly_from_its_recorded_inputs() {
+    let config = SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes: 100 * GIB,
+        }],
+        sharing: Sharing::Memory,
+        slots_per_gpu: 1,
+        overload: Some(OverloadRule {
+            min_waiting: 2,
+            ..OverloadRule::default()
+        }),
+        ..SchedConfig::default()
+    };
+    let mut inputs = vec![Input::Arrive {
+        spec: spec(1, 5),
+        ts_ns: 0,
+    }];
+    inputs.push(Input::MemAlloc {
+        id: 1,
+        gpu: 0,
+        bytes: 97 * GIB,
+        ts_ns: MS,
+    });
+    for id in 2..5 {
+        inputs.push(Input::Arrive {
+            spec: spec(id, 9),
+            ts_ns: 2 * MS,
+        });
+    }
+    for ms in (10..400).step_by(10) {
+        inputs.push(Input::Tick { ts_ns: ms * MS });
+    }
+    let run = |config: SchedConfig, inputs: &[Input]| -> Vec<Output> {
+        let mut sched = Scheduler::new(config);
+        let mut outs = Vec::new();
+        for input in inputs {
+            let out = sched.step(input);
+            // A perfect actuator, recorded as the agent records it.
+            for (id, action) in actuations(&out) {
+                outs.push(sched.step(&Input::Confirmed {
+                    id,
+                    action,
+                    ts_ns: input.ts_ns(),
+                }));
+            }
+            outs.push(out);
+        }
+        outs
+    };
+    let recorded = run(config.clone(), &inputs);
+    assert!(
+        recorded.iter().flat_map(|o| &o.actions).any(
+            |a| matches!(a, Action::Enforce { id: 1, record } if record.code == OVERLOADED_CODE)
+        ),
+        "the rule truncated task 1"
+    );
+    let header = serde_json::to_string(&config).unwrap();
+    let lines: Vec<String> = inputs
+        .iter()
+        .map(|i| serde_json::to_string(i).unwrap())
+        .collect();
+    let config: SchedConfig = serde_json::from_str(&header).unwrap();
+    let inputs: Vec<Input> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(run(config, &inputs), recorded);
+}

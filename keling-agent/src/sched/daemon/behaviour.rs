@@ -750,3 +750,79 @@ async fn a_burst_of_short_tasks_leaves_a_bounded_archive_and_a_small_status() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Memory that processes in no task hold reaches the core at the next tick
+/// (once per change), and `keling status` shows it per GPU beside what tasks
+/// hold: a launch whose budget no longer fits beside it waits, for memory.
+#[test]
+fn memory_outside_tasks_reaches_the_core_and_status_per_gpu() {
+    use keling_common::{EventHeader, EventKind, nvidia::escape};
+
+    use crate::event::decode::{Event, GpuAllocEvent, MemKind};
+
+    let gib = 1u64 << 30;
+    let mut a = agent(SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes: 8 * gib,
+        }],
+        sharing: keling_sched::Sharing::Memory,
+        slots_per_gpu: 0,
+        binding: keling_sched::Binding::Late,
+        idle_timeout_ms: 3_600_000,
+        ..SchedConfig::default()
+    });
+    let (first, _c1) = a.running(8, None);
+    let outside = Event::GpuAlloc(GpuAllocEvent {
+        header: EventHeader {
+            kind: EventKind::GpuAlloc as u32,
+            cpu: 0,
+            ts_ns: a.host.now_ns(),
+            pid: 4242,
+            tid: 4242,
+        },
+        client: 1,
+        parent: 2,
+        handle: 3,
+        class: 0x40,
+        mem_kind: MemKind::Video,
+        gpu: Some(0),
+        escape: escape::ALLOC,
+        via_xfer: false,
+        bytes: 5 * gib,
+    });
+    a.daemon.on_event(&outside);
+    assert_eq!(a.status().gpus[0].outside_bytes, 0, "told at the next tick");
+    a.daemon.tick();
+    let gpus = a.status().gpus;
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(
+        (
+            gpus[0].capacity_bytes,
+            gpus[0].tasks_bytes,
+            gpus[0].outside_bytes,
+            gpus[0].free_bytes
+        ),
+        (8 * gib, 0, 5 * gib, 3 * gib)
+    );
+    // 5 GiB outside and a first task: a 4 GiB budget does not fit beside it.
+    let (reply, _rx) = Replier::for_test();
+    a.handle(
+        Request::Launch(LaunchRequest {
+            mem_quota_bytes: Some(4 * gib),
+            ..launch_request(8, None)
+        }),
+        reply,
+    );
+    let waiting = a
+        .status()
+        .tasks
+        .into_iter()
+        .find(|t| t.id != first)
+        .expect("the second launch");
+    assert_eq!(
+        waiting.wait_reason,
+        Some(keling_sched::WaitReason::Memory),
+        "{waiting:?}"
+    );
+}

@@ -1,0 +1,104 @@
+//! What the loop reads and talks to besides its channels, each behind a trait so
+//! that a test drives the loop without root or a kernel: the kernel's maps
+//! ([`Kernel`]), the event ring buffer ([`EventSource`]) and the fail-safe
+//! ([`Guard`]). The real ones are the probes, [`EventStream`] and [`FailSafe`].
+use std::{collections::BTreeMap, future::Future};
+
+use crate::{
+    bpf::Probes,
+    event::{EventStream, decode::Event},
+    gpu::stats::GpuAccounting,
+    sched::supervisor::{self, FailSafe, Notice},
+};
+
+/// The kernel's maps, as the loop reads and writes them.
+pub trait Kernel {
+    /// Traces `pid` (a launched task's root) and what it starts.
+    fn track(&mut self, pid: u32) -> anyhow::Result<()>;
+    /// Per process, how often a table its GPU memory books needed was full.
+    fn table_full_pids(&self) -> anyhow::Result<BTreeMap<u32, u64>>;
+    /// Events the kernel could not hand over (ring buffer full), on all CPUs.
+    fn drops(&self) -> anyhow::Result<u64>;
+    /// The exact GPU figures.
+    fn gpu_accounting(&self) -> anyhow::Result<GpuAccounting>;
+    /// How many processes are traced.
+    fn tracked_processes(&self) -> anyhow::Result<usize>;
+}
+
+impl Kernel for Probes {
+    fn track(&mut self, pid: u32) -> anyhow::Result<()> {
+        Probes::track(self, pid, pid)
+    }
+
+    fn table_full_pids(&self) -> anyhow::Result<BTreeMap<u32, u64>> {
+        Probes::table_full_pids(self)
+    }
+
+    fn drops(&self) -> anyhow::Result<u64> {
+        Ok(self.drops_per_cpu()?.iter().sum())
+    }
+
+    fn gpu_accounting(&self) -> anyhow::Result<GpuAccounting> {
+        Probes::gpu_accounting(self)
+    }
+
+    fn tracked_processes(&self) -> anyhow::Result<usize> {
+        Probes::tracked_processes(self)
+    }
+}
+
+/// The kernel's decoded events.
+pub trait EventSource {
+    /// Waits until events the loop must not wait for are there (others are
+    /// drained on the tick).
+    fn ready(&mut self) -> impl Future<Output = std::io::Result<()>>;
+    /// Hands every event waiting to `on_event`, in order.
+    fn drain(&mut self, on_event: impl FnMut(&Event));
+    /// Records that did not decode so far.
+    fn decode_errors(&self) -> u64;
+}
+
+impl EventSource for EventStream {
+    fn ready(&mut self) -> impl Future<Output = std::io::Result<()>> {
+        EventStream::ready(self)
+    }
+
+    fn drain(&mut self, on_event: impl FnMut(&Event)) {
+        EventStream::drain(self, on_event);
+    }
+
+    fn decode_errors(&self) -> u64 {
+        self.decode_errors
+    }
+}
+
+/// The agent's link to the fail-safe that thaws everything when it stops
+/// sending heartbeats.
+pub trait Guard: Sized {
+    /// The fail-safe's pid (the daemon never schedules it).
+    fn pid(&self) -> u32;
+    /// Sends a heartbeat if one is due. Never blocks.
+    fn heartbeat(&self);
+    /// Waits for the fail-safe to say something.
+    fn notice(&self) -> impl Future<Output = Notice>;
+    /// Starts another fail-safe as this one was started (this one is gone).
+    fn restart(&self) -> anyhow::Result<Self>;
+}
+
+impl Guard for FailSafe {
+    fn pid(&self) -> u32 {
+        FailSafe::pid(self)
+    }
+
+    fn heartbeat(&self) {
+        FailSafe::heartbeat(self);
+    }
+
+    fn notice(&self) -> impl Future<Output = Notice> {
+        FailSafe::notice(self)
+    }
+
+    fn restart(&self) -> anyhow::Result<Self> {
+        supervisor::spawn(self.settings())
+    }
+}
