@@ -402,7 +402,7 @@ fn gib_bytes(gib: f64) -> u64 {
 fn draw_mem_bytes(class: &JobClass, rng: &mut Rng) -> u64 {
     let (lo, hi) = (gib_bytes(class.mem_gib.0), gib_bytes(class.mem_gib.1));
     let mib = (hi - lo) >> 20;
-    lo + (rng.next_u64() % (mib + 1) << 20)
+    lo + ((rng.next_u64() % (mib + 1)) << 20)
 }
 
 /// The offered work per job arrival of the mixed mix, s.
