@@ -409,7 +409,9 @@ mod tests {
             doc.find(MARKDOWN_BEGIN).unwrap(),
             doc.find(MARKDOWN_END).unwrap(),
         );
-        let table = &doc[begin + MARKDOWN_BEGIN.len()..end];
+        let table = doc[begin + MARKDOWN_BEGIN.len()..end]
+            .strip_prefix('\n')
+            .unwrap();
         assert_eq!(
             splice(doc, table).as_deref(),
             Some(doc),
