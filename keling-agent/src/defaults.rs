@@ -86,6 +86,25 @@ pub const METRICS_ADDR: &str = "127.0.0.1:9475";
 /// `keling run`: an exited process leaves `/metrics` this long after its exit, s.
 pub const METRICS_GRACE_S: u64 = 60;
 
+/// The scheduler core's config `keling run` builds when no flag, config file or
+/// environment variable changes it, GPUs aside (it finds those on the host).
+/// `keling run`'s flags default to the constants above, and `keling replay`
+/// (no header, and `--synthetic`'s default run) starts from this; a test
+/// compares it with what `keling run` builds from its parsed default flags.
+pub fn sched_config() -> keling_sched::SchedConfig {
+    keling_sched::SchedConfig {
+        gpus: Vec::new(),
+        slots_per_gpu: SLOTS_PER_GPU,
+        sharing: SHARING,
+        binding: BINDING,
+        idle_timeout_ms: IDLE_TIMEOUT_MS,
+        default_max_duration_ms: MAX_DURATION_MS,
+        default_grace_ms: GRACE_PERIOD_MS,
+        default_hard_kill: true,
+        ..keling_sched::SchedConfig::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

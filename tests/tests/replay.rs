@@ -185,6 +185,10 @@ fn keling_replay_command_line() {
         &format!("0={gib80}"),
         "--gpu-capacity",
         &format!("1={gib80}"),
+        // The recording placed at arrival (`weighted`); the agent binds late
+        // by default.
+        "--binding",
+        "at-arrival",
         "--stats",
     ]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
@@ -195,7 +199,8 @@ fn keling_replay_command_line() {
         "{stdout}"
     );
 
-    // The wrong config (2 slots) is a different run: not reproduced, exit 2.
+    // The wrong config (the agent's default late binding, for a recording
+    // placed at arrival) is a different run: not reproduced, exit 2.
     let (code, stdout, _) = keling(&[
         headerless.to_str().unwrap(),
         "--sched-log",
@@ -204,8 +209,6 @@ fn keling_replay_command_line() {
         &format!("0={gib80}"),
         "--gpu-capacity",
         &format!("1={gib80}"),
-        "--slots",
-        "2",
     ]);
     assert_eq!(code, Some(2), "{stdout}");
     assert!(stdout.contains("NOT REPRODUCED"), "{stdout}");

@@ -7,7 +7,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use keling_sched::{Binding, GpuInfo, Policy, SchedConfig};
+use keling_sched::{Binding, GpuInfo, Policy, SchedConfig, Sharing};
 use serde::Serialize;
 
 use crate::{
@@ -16,6 +16,7 @@ use crate::{
         Summary,
         exact::{self, Reproduction},
         log::{InputLogReader, read_sched_log},
+        seeds::{self, Aggregate, Figures, OverSeeds},
         synthetic::{self, Mix, Placement, RunLogs, SyntheticOptions, SyntheticRun},
         what_if::{self, WhatIf, WhatIfOptions},
     },
@@ -25,14 +26,6 @@ use crate::{
 /// The design articles' figures for their weighting on their mix.
 const ARTICLES_LOAD_BALANCE_ERROR: f64 = 0.0228;
 const ARTICLES_MEAN_QUEUEING_DELAY_MS: f64 = 42.3;
-
-/// Issue 16's goals, reported by `--synthetic` (never asserted).
-/// Transcode mix: load-balance error of busy time, mean queueing delay.
-const GOAL_TRANSCODE_LOAD_BALANCE_ERROR: f64 = 0.01;
-const GOAL_TRANSCODE_MEAN_QUEUEING_DELAY_MS: f64 = ARTICLES_MEAN_QUEUEING_DELAY_MS;
-/// Mixed mix: load-balance error, real-time classes' queueing p99.
-const GOAL_MIXED_LOAD_BALANCE_ERROR: f64 = 0.05;
-const GOAL_MIXED_REAL_TIME_P99_MS: f64 = 20.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PolicyArg {
@@ -101,9 +94,31 @@ pub struct ReplayArgs {
     /// As `keling run --gpu-capacity` (repeat for each GPU).
     #[arg(long = "gpu-capacity", value_name = "INDEX=BYTES", value_parser = super::values::gpu_capacity)]
     pub gpu_capacity: Vec<GpuInfo>,
-    /// As `keling run --slots` [default: 1].
+    /// As `keling run --slots`: tasks at once on a GPU (by slots), or their
+    /// cap (by memory, 0: none) [default: the agent's].
     #[arg(long)]
     pub slots: Option<u32>,
+    /// As `keling run --sharing`: `memory`, every task whose memory fits runs
+    /// at once; `slots`, `--slots` tasks at once [default: the agent's].
+    #[arg(long, value_enum, value_name = "SHARING")]
+    pub sharing: Option<super::values::SharingArg>,
+    /// As `keling run --overload`: the first design article's overload rule on
+    /// (with a recording: what it would have done).
+    #[arg(long)]
+    pub overload: bool,
+    /// As `keling run --overload-session-ms` [default: 200].
+    #[arg(long, value_name = "MS")]
+    pub overload_session_ms: Option<u64>,
+    /// As `keling run --overload-mem-pct` [default: 95].
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub overload_mem_pct: Option<u32>,
+    /// As `keling run --overload-waiting` [default: 8].
+    #[arg(long, value_name = "N")]
+    pub overload_waiting: Option<u32>,
+    /// Synthetic: make every run twice, with the overload rule off and on (its
+    /// thresholds from the flags above), to compare them.
+    #[arg(long)]
+    pub overload_compare: bool,
     /// As `keling run --idle-timeout-ms` [default: 300].
     #[arg(long)]
     pub idle_timeout_ms: Option<u64>,
@@ -147,18 +162,34 @@ pub struct ReplayArgs {
     /// Synthetic: the workload's seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Synthetic: run every seed of a range or list (`1-20`, `1,4,9`) and
+    /// report each figure's median and worst seed per mix, policy and placement.
+    #[arg(long, value_name = "SEEDS", value_parser = parse_seeds, conflicts_with = "seed")]
+    pub seeds: Option<Seeds>,
     /// Synthetic: GPUs.
     #[arg(long, default_value_t = 8)]
     pub gpus: u32,
     /// Synthetic: hours of arrivals to simulate.
-    #[arg(long, default_value_t = 72.0)]
+    #[arg(long, default_value_t = 24.0)]
     pub hours: f64,
     /// Synthetic: offered GPU work over GPU capacity.
     #[arg(long, default_value_t = 0.7)]
     pub load: f64,
-    /// Synthetic: memory of each GPU, GiB.
-    #[arg(long, default_value_t = 80)]
+    /// Synthetic: memory of each GPU, GiB (an H100's; the H200 has 141).
+    #[arg(long, default_value_t = synthetic::GPU_MEMORY_GIB)]
     pub gpu_memory_gib: u64,
+    /// Synthetic: jobs declare their memory budget (their class's upper end, as
+    /// `keling launch --mem-quota` would); `false`: the core learns a job's
+    /// memory only as it allocates.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub budgets: bool,
+    /// Synthetic: write the table of medians and worst seeds as Markdown into
+    /// FILE between its `<!-- keling replay --markdown: begin/end -->` marks
+    /// (`-`: print it). The docs' table: `keling replay --synthetic --mix
+    /// mixed --mix transcode --seeds 1-20 --placement late --placement weighted
+    /// --markdown docs/replay.md`.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
     /// Synthetic: placements to compare (repeat; default: late and weighted
     /// with every policy, the three pinning placements with the hybrid one).
     #[arg(long, value_enum)]
@@ -187,6 +218,41 @@ pub struct ReplayArgs {
     pub stats: bool,
 }
 
+/// Seeds of `--seeds`, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seeds(pub Vec<u64>);
+
+/// The most seeds one command runs.
+const MAX_SEEDS: usize = 1000;
+
+fn parse_seeds(s: &str) -> Result<Seeds, String> {
+    let mut seeds: Vec<u64> = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let num = |x: &str| {
+            x.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{x:?} is not a seed (a number, or a range like 1-20)"))
+        };
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(part)?, num(part)?),
+        };
+        if b < a {
+            return Err(format!("{part}: a range goes up (1-20)"));
+        }
+        if b - a >= MAX_SEEDS as u64 || seeds.len() + (b - a) as usize >= MAX_SEEDS {
+            return Err(format!("at most {MAX_SEEDS} seeds"));
+        }
+        for seed in a..=b {
+            if !seeds.contains(&seed) {
+                seeds.push(seed);
+            }
+        }
+    }
+    Ok(Seeds(seeds))
+}
+
 impl ReplayArgs {
     /// The config: `base` (a header's, or the agent's defaults) with the flags.
     fn sched_config(&self, base: Option<&SchedConfig>) -> anyhow::Result<SchedConfig> {
@@ -196,14 +262,7 @@ impl ReplayArgs {
             return serde_json::from_str(&text)
                 .with_context(|| format!("{}: not a scheduler config (JSON)", path.display()));
         }
-        let mut c = base.cloned().unwrap_or_else(|| SchedConfig {
-            slots_per_gpu: defaults::SLOTS_PER_GPU,
-            idle_timeout_ms: defaults::IDLE_TIMEOUT_MS,
-            default_max_duration_ms: defaults::MAX_DURATION_MS,
-            default_grace_ms: defaults::GRACE_PERIOD_MS,
-            default_hard_kill: true,
-            ..SchedConfig::default()
-        });
+        let mut c = base.cloned().unwrap_or_else(defaults::sched_config);
         if !self.gpu_capacity.is_empty() {
             c.gpus = self.gpu_capacity.clone();
         } else if let Some(path) = &self.config {
@@ -212,7 +271,20 @@ impl ReplayArgs {
                 c.gpus = file.gpus;
             }
         }
-        c.slots_per_gpu = self.slots.map_or(c.slots_per_gpu, |s| s.max(1));
+        c.sharing = self.sharing.map_or(c.sharing, Sharing::from);
+        let thresholds = self.overload_session_ms.is_some()
+            || self.overload_mem_pct.is_some()
+            || self.overload_waiting.is_some();
+        if self.overload || self.overload_compare || (thresholds && c.overload.is_some()) {
+            let rule = c.overload.unwrap_or_default();
+            c.overload = Some(keling_sched::OverloadRule {
+                min_session_ms: self.overload_session_ms.unwrap_or(rule.min_session_ms),
+                mem_peak_pct: self.overload_mem_pct.unwrap_or(rule.mem_peak_pct),
+                min_waiting: self.overload_waiting.unwrap_or(rule.min_waiting),
+            });
+        }
+        // By memory 0 is "no cap"; by slots it counts as 1.
+        c.slots_per_gpu = self.slots.unwrap_or(c.slots_per_gpu);
         c.idle_timeout_ms = self.idle_timeout_ms.unwrap_or(c.idle_timeout_ms);
         c.default_max_duration_ms = self.max_duration_ms.unwrap_or(c.default_max_duration_ms);
         c.default_grace_ms = self.grace_period_ms.unwrap_or(c.default_grace_ms);
@@ -226,6 +298,12 @@ impl ReplayArgs {
 pub fn replay(args: ReplayArgs) -> anyhow::Result<i32> {
     if args.synthetic {
         return synthetic_runs(&args);
+    }
+    if args.overload_compare || args.seeds.is_some() || args.markdown.is_some() {
+        bail!(
+            "--overload-compare, --seeds and --markdown are for --synthetic runs; to compare \
+             the overload rule on a recording, replay it with and without --overload"
+        );
     }
     let Some(path) = args.input_logs.first() else {
         bail!("an INPUT_LOG is needed");
@@ -475,10 +553,10 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
     if !args.input_logs.is_empty() {
         bail!("give either INPUT_LOG or --synthetic");
     }
-    if args.binding.is_some() || args.placement_seed.is_some() {
+    if args.binding.is_some() {
         bail!(
-            "--synthetic chooses the binding by placement (`--placement late` binds late, \
-             with --seed as its tie-break seed)"
+            "--synthetic chooses the binding by placement: `--placement late` binds late, \
+             `--placement weighted` at arrival (the other placements pin)"
         );
     }
     let mut mixes: Vec<Mix> = Vec::new();
@@ -487,25 +565,24 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
             mixes.push(m);
         }
     }
-    let options = |mix| SyntheticOptions {
-        mix,
-        seed: args.seed,
-        gpus: args.gpus.max(1),
-        hours: args.hours,
-        load: args.load,
-        gpu_capacity_bytes: args.gpu_memory_gib << 30,
-        slots_per_gpu: args.slots.unwrap_or(defaults::SLOTS_PER_GPU).max(1),
-        idle_timeout_ms: args.idle_timeout_ms.unwrap_or(defaults::IDLE_TIMEOUT_MS),
-        tick_ms: args.tick_ms.max(1),
-        active_ms: args.active_ms.max(1),
-        actuation_ms: args.actuation_ms,
-    };
+    let seeds = args.seeds.clone().map_or_else(|| vec![args.seed], |s| s.0);
+    // The agent's config with the flags that change it (GPUs and binding are
+    // the run's).
+    let agent = args.sched_config(None)?;
+    let options = |mix, seed| synthetic_options(args, &agent, mix, seed);
+    let variants = overload_variants(args, &agent);
     let plan: Vec<(SyntheticOptions, Policy, Placement)> = mixes
         .iter()
-        .flat_map(|&mix| {
+        .flat_map(|&mix| seeds.iter().map(move |&seed| (mix, seed)))
+        .flat_map(|(mix, seed)| {
+            let variants = &variants;
             synthetic_plan(args)
                 .into_iter()
-                .map(move |(policy, placement)| (options(mix), policy, placement))
+                .flat_map(move |(policy, placement)| {
+                    variants
+                        .iter()
+                        .map(move |v| (synthetic_options(args, v, mix, seed), policy, placement))
+                })
         })
         .collect();
     let logs = RunLogs {
@@ -514,65 +591,113 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
     };
     if (logs.input_log.is_some() || logs.sched_log.is_some()) && plan.len() != 1 {
         bail!(
-            "--write-input-log and --write-sched-log need one run: give --policy, --placement and one --mix"
+            "--write-input-log and --write-sched-log need one run: give --policy, --placement, one --mix and one seed"
         );
     }
-    let jobs: Vec<(Mix, Vec<synthetic::Job>)> = mixes
+    let workloads: Vec<((Mix, u64), Vec<synthetic::Job>)> = mixes
         .iter()
-        .map(|&mix| (mix, synthetic::workload(&options(mix))))
+        .flat_map(|&mix| seeds.iter().map(move |&seed| (mix, seed)))
+        .map(|(mix, seed)| ((mix, seed), synthetic::workload(&options(mix, seed))))
         .collect();
-    let jobs_of = |mix: Mix| {
-        jobs.iter()
-            .find(|(m, _)| *m == mix)
+    let jobs_of = |mix: Mix, seed: u64| {
+        workloads
+            .iter()
+            .find(|(k, _)| *k == (mix, seed))
             .map_or(&[][..], |(_, j)| &j[..])
     };
-    let threads = args.jobs.clamp(1, plan.len().max(1));
-    let mut results: Vec<Option<anyhow::Result<Timed>>> = (0..plan.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let chunks: Vec<Vec<usize>> = (0..threads)
-            .map(|t| (t..plan.len()).step_by(threads).collect())
-            .collect();
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|indices| {
-                let (plan, logs, jobs_of) = (&plan, &logs, &jobs_of);
-                scope.spawn(move || {
-                    indices
-                        .into_iter()
-                        .map(|i| {
-                            let (opts, policy, placement) = &plan[i];
-                            let started = Instant::now();
-                            let run =
-                                synthetic::run(opts, jobs_of(opts.mix), *policy, *placement, logs);
-                            let wall_s = started.elapsed().as_secs_f64();
-                            (
-                                i,
-                                run.map(|run| Timed {
-                                    inputs_per_s: run.summary.inputs as f64 / wall_s.max(1e-9),
-                                    run,
-                                    wall_s,
-                                }),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for h in handles {
-            for (i, r) in h.join().expect("a synthetic run panicked") {
-                results[i] = Some(r);
-            }
+    // One seed: every run's whole summary is kept (per class, per GPU, JSON);
+    // several: each run is reduced to its figures as it ends.
+    let keep_runs = seeds.len() == 1;
+    let runs = run_all(&plan, args.jobs, |opts, policy, placement| {
+        let started = Instant::now();
+        let run = synthetic::run(opts, jobs_of(opts.mix, opts.seed), policy, placement, &logs)?;
+        let wall_s = started.elapsed().as_secs_f64();
+        Ok(Done {
+            figures: Figures::of(&run),
+            inputs: run.summary.inputs,
+            timed: keep_runs.then(|| Timed {
+                inputs_per_s: run.summary.inputs as f64 / wall_s.max(1e-9),
+                run,
+                wall_s,
+            }),
+            wall_s,
+        })
+    })?;
+    let figures: Vec<Figures> = runs.iter().map(|d| d.figures.clone()).collect();
+    let aggregates = seeds::aggregate(&figures);
+    if let Some(path) = &args.markdown {
+        let what = format!(
+            "Seeds {}, {} GPUs x {} GiB, {} h of arrivals at load {}, jobs {}declaring their budgets; \
+             medians over the seeds, then the worst seed's figure and the seed; the agent's \
+             defaults in bold (generated by `keling replay --synthetic{} --seeds {} --hours {} \
+             --markdown FILE`).",
+            seeds_text(&seeds),
+            args.gpus,
+            args.gpu_memory_gib,
+            args.hours,
+            args.load,
+            if args.budgets { "" } else { "not " },
+            mixes
+                .iter()
+                .map(|m| format!(" --mix {}", m.as_str()))
+                .collect::<String>()
+                + &args
+                    .placement
+                    .iter()
+                    .map(|p| format!(" --placement {}", p.as_str()))
+                    .collect::<String>(),
+            seeds_text(&seeds),
+            args.hours
+        );
+        let table = seeds::markdown(&what, &aggregates);
+        if path.as_os_str() == "-" {
+            print!("{table}");
+        } else {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read {}", path.display()))?;
+            let Some(new) = seeds::splice(&text, &table) else {
+                bail!(
+                    "{}: no table marks to write between: put a line `{}` and a line `{}` \
+                     where the table goes (once each)",
+                    path.display(),
+                    seeds::MARKDOWN_BEGIN,
+                    seeds::MARKDOWN_END
+                );
+            };
+            std::fs::write(path, new).with_context(|| format!("write {}", path.display()))?;
+            eprintln!("keling: wrote the table into {}", path.display());
         }
-    });
-    let runs = results
-        .into_iter()
-        .map(|r| r.expect("every run ran"))
-        .collect::<anyhow::Result<Vec<Timed>>>()?;
+    }
+    if !keep_runs {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&SeedsReport {
+                    options: options(mixes.first().copied().unwrap_or_default(), seeds[0]),
+                    seeds: seeds.clone(),
+                    runs: figures,
+                    aggregates: aggregates.clone(),
+                })?
+            );
+        } else if args.markdown.is_none() {
+            print_seeds(&seeds, &aggregates);
+        }
+        if args.stats {
+            let inputs: u64 = runs.iter().map(|d| d.inputs).sum();
+            let wall_s: f64 = runs.iter().map(|d| d.wall_s).sum();
+            println!(
+                "stats: {} runs, {inputs} inputs in {wall_s:.1} s of run time: {:.2} M inputs/s (one thread a run, simulation included)",
+                runs.len(),
+                inputs as f64 / wall_s.max(1e-9) / 1e6
+            );
+        }
+        return Ok(0);
+    }
     let report = SyntheticReport {
-        options: options(mixes.first().copied().unwrap_or_default()),
-        mixes: jobs
+        options: options(mixes.first().copied().unwrap_or_default(), seeds[0]),
+        mixes: workloads
             .iter()
-            .map(|(mix, j)| MixJobs {
+            .map(|((mix, _), j)| MixJobs {
                 mix: *mix,
                 jobs: j.len(),
             })
@@ -581,11 +706,11 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
             load_balance_error: ARTICLES_LOAD_BALANCE_ERROR,
             mean_queueing_delay_ms: ARTICLES_MEAN_QUEUEING_DELAY_MS,
         },
-        runs,
+        runs: runs.into_iter().filter_map(|d| d.timed).collect(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
+    } else if args.markdown.is_none() {
         print_synthetic(&report);
     }
     if args.stats {
@@ -604,17 +729,221 @@ fn synthetic_runs(args: &ReplayArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The agent configs each synthetic run is made with: `agent`, or with
+/// `--overload-compare` `agent` with the overload rule off, then on.
+fn overload_variants(args: &ReplayArgs, agent: &SchedConfig) -> Vec<SchedConfig> {
+    if !args.overload_compare {
+        return vec![agent.clone()];
+    }
+    let on = SchedConfig {
+        overload: Some(agent.overload.unwrap_or_default()),
+        ..agent.clone()
+    };
+    let off = SchedConfig {
+        overload: None,
+        ..agent.clone()
+    };
+    vec![off, on]
+}
+
+/// The options of one synthetic mix and seed; `agent` is the agent's config
+/// with the flags that change it.
+fn synthetic_options(
+    args: &ReplayArgs,
+    agent: &SchedConfig,
+    mix: Mix,
+    seed: u64,
+) -> SyntheticOptions {
+    SyntheticOptions {
+        mix,
+        seed,
+        gpus: args.gpus.max(1),
+        hours: args.hours,
+        load: args.load,
+        gpu_capacity_bytes: args.gpu_memory_gib << 30,
+        budgets: args.budgets,
+        agent: agent.clone(),
+        tick_ms: args.tick_ms.max(1),
+        active_ms: args.active_ms.max(1),
+        actuation_ms: args.actuation_ms,
+    }
+}
+
+/// One run's outcome.
+struct Done {
+    figures: Figures,
+    inputs: u64,
+    wall_s: f64,
+    /// The whole run, when kept.
+    timed: Option<Timed>,
+}
+
+#[derive(Serialize)]
+struct SeedsReport {
+    /// The options of the first mix and seed (the others differ by those only).
+    options: SyntheticOptions,
+    seeds: Vec<u64>,
+    runs: Vec<Figures>,
+    aggregates: Vec<Aggregate>,
+}
+
+/// `1-20` for a run of consecutive seeds, else the list.
+fn seeds_text(seeds: &[u64]) -> String {
+    let consecutive = seeds.windows(2).all(|w| w[1] == w[0] + 1);
+    match (seeds.first(), seeds.last()) {
+        (Some(a), Some(b)) if consecutive && seeds.len() > 1 => format!("{a}-{b}"),
+        _ => seeds
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+/// Runs every item of `plan` on `threads` threads, each taking the next item
+/// when it is done with one (the runs' lengths differ a lot), and says on
+/// standard error how far it is when there is more than one.
+fn run_all(
+    plan: &[(SyntheticOptions, Policy, Placement)],
+    threads: usize,
+    run: impl Fn(&SyntheticOptions, Policy, Placement) -> anyhow::Result<Done> + Sync,
+) -> anyhow::Result<Vec<Done>> {
+    use std::sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    };
+    let threads = threads.clamp(1, plan.len().max(1));
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<anyhow::Result<Done>>>> =
+        Mutex::new((0..plan.len()).map(|_| None).collect());
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= plan.len() || failed.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let (opts, policy, placement) = &plan[i];
+                    let r = run(opts, *policy, *placement);
+                    let n = finished.fetch_add(1, Ordering::Relaxed) + 1;
+                    if plan.len() > 1 {
+                        let elapsed = started.elapsed().as_secs_f64();
+                        eprintln!(
+                            "keling: [{n}/{}] {} seed {} {} {}: {} ({:.0} s in, about {:.0} s left)",
+                            plan.len(),
+                            opts.mix.as_str(),
+                            opts.seed,
+                            policy.as_str(),
+                            placement.as_str(),
+                            match &r {
+                                Ok(d) => format!("{:.1} s", d.wall_s),
+                                Err(e) => format!("failed: {e:#}"),
+                            },
+                            elapsed,
+                            elapsed / n as f64 * (plan.len() - n) as f64
+                        );
+                    }
+                    failed.fetch_or(r.is_err(), Ordering::Relaxed);
+                    results.lock().expect("not poisoned")[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("not poisoned")
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+fn print_seeds(seeds: &[u64], aggregates: &[Aggregate]) {
+    println!(
+        "synthetic runs over seeds {}: median / worst (seed) of each figure; * the agent's defaults",
+        seeds_text(seeds)
+    );
+    let pct = |x: f64| format!("{:.2}%", x * 100.0);
+    let ms = |x: f64| format!("{x:.1} ms");
+    let num = |x: f64| format!("{x:.0}");
+    let cell = |o: &OverSeeds, f: &dyn Fn(f64) -> String| {
+        format!("{} / {} ({})", f(o.median), f(o.worst), o.worst_seed)
+    };
+    println!(
+        "{:<9} {:<7} {:<14} {:>24} {:>24} {:>30} {:>30} {:>18} {:>14}",
+        "mix",
+        "policy",
+        "placement",
+        "LBE busy",
+        "LBE mem",
+        "queue mean",
+        "real-time p99",
+        "idle-q GPU-s",
+        "evictions"
+    );
+    for a in aggregates {
+        println!(
+            "{:<9} {:<7} {:<14} {:>24} {:>24} {:>30} {:>30} {:>18} {:>14}",
+            a.mix.as_str(),
+            a.policy.as_str(),
+            format!(
+                "{}{}{}",
+                a.placement.as_str(),
+                if a.overload { "+ov" } else { "" },
+                if a.default { " *" } else { "" }
+            ),
+            cell(&a.lbe_busy, &pct),
+            cell(&a.lbe_mem, &pct),
+            cell(&a.queue_mean_ms, &ms),
+            a.rt_p99_ms
+                .as_ref()
+                .map_or("-".to_owned(), |o| cell(o, &ms)),
+            cell(&a.idle_while_queued_gpu_s, &num),
+            cell(&a.evictions, &num),
+        );
+    }
+    for a in aggregates.iter().filter(|a| a.default) {
+        println!(
+            "mix {} at the agent's defaults ({} {}): goals (reported, not asserted):",
+            a.mix.as_str(),
+            a.policy.as_str(),
+            a.placement.as_str()
+        );
+        for g in seeds::goals(a) {
+            println!(
+                "  {}: {}: {}",
+                g.goal,
+                g.figure,
+                if g.met { "met" } else { "NOT met" }
+            );
+        }
+    }
+    if !aggregates.iter().any(|a| a.default) {
+        println!(
+            "(no run at the agent's defaults: a flag changed its policy, placement, config or tick)"
+        );
+    }
+}
+
 fn print_synthetic(r: &SyntheticReport) {
     let o = &r.options;
     println!(
-        "synthetic runs: seed {}, {} GPUs x {} GiB, {} slot(s) each, {} h of arrivals at load {:.2}; \
-         tick {} ms, activity every {} ms, actuation {} ms",
+        "synthetic runs: seed {}, {} GPUs x {} GiB, slots per GPU {}, {} h of arrivals at load {:.2}, \
+         budgets {}; tick {} ms, activity every {} ms, actuation {} ms; * the agent's defaults",
         o.seed,
         o.gpus,
         o.gpu_capacity_bytes >> 30,
-        o.slots_per_gpu,
+        o.agent.slots_per_gpu,
         o.hours,
         o.load,
+        if o.budgets {
+            "declared"
+        } else {
+            "not declared"
+        },
         o.tick_ms,
         o.active_ms,
         o.actuation_ms
@@ -632,8 +961,19 @@ fn print_synthetic(r: &SyntheticReport) {
         if let Some(first) = runs.first() {
             print_synthetic_detail(first);
         }
-        println!("mix {}: goals (reported, not asserted):", m.mix.as_str());
-        for t in &runs {
+        // The goals are the defaults': those runs, or every run when a flag
+        // left none at the defaults.
+        let any_default = runs.iter().any(|t| t.run.default);
+        println!(
+            "mix {}: goals (reported, not asserted){}:",
+            m.mix.as_str(),
+            if any_default {
+                ", the agent's defaults"
+            } else {
+                ", no run at the agent's defaults"
+            }
+        );
+        for t in runs.iter().filter(|t| t.run.default || !any_default) {
             println!(
                 "  {:<6} {:<13} {}",
                 t.run.policy.as_str(),
@@ -651,7 +991,7 @@ fn print_synthetic(r: &SyntheticReport) {
 
 fn print_synthetic_table(runs: &[&Timed]) {
     println!(
-        "{:<9} {:<7} {:<13} {:>11} {:>11} {:>12} {:>9} {:>8} {:>8} {:>12} {:>8} {:>6} {:>9} {:>9}",
+        "{:<9} {:<7} {:<14} {:>11} {:>11} {:>12} {:>9} {:>8} {:>8} {:>12} {:>8} {:>6} {:>9} {:>9}",
         "mix",
         "policy",
         "placement",
@@ -671,10 +1011,19 @@ fn print_synthetic_table(runs: &[&Timed]) {
         let s = &t.run.summary;
         let busy = s.gpus.iter().map(|g| g.busy_share).sum::<f64>() / s.gpus.len().max(1) as f64;
         println!(
-            "{:<9} {:<7} {:<13} {:>8.1} ms {:>8.0} ms {:>9.1} ms {:>9} {:>8} {:>8} {:>12.0} {:>8} {:>6} {:>9} {:>9}",
+            "{:<9} {:<7} {:<14} {:>8.1} ms {:>8.0} ms {:>9.1} ms {:>9} {:>8} {:>8} {:>12.0} {:>8} {:>6} {:>9} {:>9}",
             t.run.mix.as_str(),
             t.run.policy.as_str(),
-            t.run.placement.as_str(),
+            format!(
+                "{}{}{}",
+                t.run.placement.as_str(),
+                if t.run.config.overload.is_some() {
+                    "+ov"
+                } else {
+                    ""
+                },
+                if t.run.default { " *" } else { "" }
+            ),
             s.queueing_delay_ms.mean,
             s.queueing_delay_ms.p99,
             s.wait_to_start_ms.mean,
@@ -716,44 +1065,154 @@ fn print_synthetic_detail(t: &Timed) {
     println!("  GPU busy share: {}", busy.join(", "));
 }
 
-/// One run against issue 16's goals for its mix.
+/// One run against issue 34's goals for its mix.
 fn goals(run: &SyntheticRun) -> String {
-    let s = &run.summary;
-    let verdict = |met: bool| if met { "met" } else { "NOT met" };
-    let lbe = s.load_balance_error;
-    let idle = s.idle_while_queued_gpu_s;
-    match run.mix {
-        Mix::Transcode => {
-            let q = s.queueing_delay_ms.mean;
-            format!(
-                "load-balance error {} (goal <= {}: {}), mean queueing delay {:.1} ms (goal <= {} ms: {}), idle while queued {:.0} GPU-s",
-                pct(lbe),
-                pct(GOAL_TRANSCODE_LOAD_BALANCE_ERROR),
-                verdict(lbe <= GOAL_TRANSCODE_LOAD_BALANCE_ERROR),
-                q,
-                GOAL_TRANSCODE_MEAN_QUEUEING_DELAY_MS,
-                verdict(q <= GOAL_TRANSCODE_MEAN_QUEUEING_DELAY_MS),
-                idle
-            )
-        }
-        Mix::Mixed => {
-            let rt_p99 = s
-                .by_name
+    let a = seeds::aggregate(&[Figures::of(run)]);
+    a.first()
+        .map(|a| {
+            seeds::goals(a)
                 .iter()
-                .filter(|c| keling_sched::class_of(c.priority) == keling_sched::Class::RealTime)
-                .map(|c| c.queueing_delay_ms.p99)
-                .fold(0.0, f64::max);
-            format!(
-                "load-balance error {} (goal <= {}: {}), real-time p99 {:.1} ms (goal <= {} ms: {}), idle while queued {:.0} GPU-s (goal 0: {})",
-                pct(lbe),
-                pct(GOAL_MIXED_LOAD_BALANCE_ERROR),
-                verdict(lbe <= GOAL_MIXED_LOAD_BALANCE_ERROR),
-                rt_p99,
-                GOAL_MIXED_REAL_TIME_P99_MS,
-                verdict(rt_p99 <= GOAL_MIXED_REAL_TIME_P99_MS),
-                idle,
-                verdict(idle == 0.0)
-            )
+                .map(|g| {
+                    format!(
+                        "{}: {}: {}",
+                        g.goal,
+                        g.figure,
+                        if g.met { "met" } else { "NOT met" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn replay_args(flags: &[&str]) -> ReplayArgs {
+        let argv = ["keling", "replay", "--synthetic"].iter().chain(flags);
+        match super::super::Cli::try_parse_from(argv).unwrap().command {
+            super::super::Command::Replay(a) => a,
+            _ => unreachable!(),
         }
+    }
+
+    /// `keling run` with no flag: its parsed defaults through the function
+    /// that builds its config.
+    fn keling_run_default(gpus: Vec<GpuInfo>) -> SchedConfig {
+        match super::super::Cli::try_parse_from(["keling", "run"])
+            .unwrap()
+            .command
+        {
+            super::super::Command::Run(a) => super::super::run::sched_config(&a, gpus),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The runs `args` makes for one mix (a few simulated minutes each), and
+    /// their `default` marks and configs.
+    fn marked(flags: &[&str]) -> Vec<(Policy, Placement, bool, SchedConfig)> {
+        let args = replay_args(flags);
+        let agent = args.sched_config(None).unwrap();
+        let mut runs = Vec::new();
+        for (policy, placement) in synthetic_plan(&args) {
+            for v in overload_variants(&args, &agent) {
+                let opts = synthetic_options(&args, &v, Mix::Transcode, 1);
+                let jobs = synthetic::workload(&opts);
+                let r =
+                    synthetic::run(&opts, &jobs, policy, placement, &RunLogs::default()).unwrap();
+                runs.push((policy, placement, r.default, r.config));
+            }
+        }
+        runs
+    }
+
+    #[test]
+    fn the_run_marked_default_has_keling_runs_default_config() {
+        let small = ["--gpus", "2", "--hours", "0.02", "--mix", "transcode"];
+        let runs = marked(&small);
+        assert_eq!(runs.len(), 11, "4 policies x late/weighted, 3 pinning");
+        let defaults: Vec<_> = runs.iter().filter(|r| r.2).collect();
+        assert_eq!(
+            defaults.len(),
+            1,
+            "exactly one run is keling run's: {runs:?}"
+        );
+        let (policy, placement, _, config) = defaults[0];
+        assert_eq!(*policy, Policy::default());
+        assert!(!placement.pins());
+        assert_eq!(config, &keling_run_default(config.gpus.clone()));
+        assert_eq!(config.gpus.len(), 2);
+        assert!(config.gpus.iter().all(|g| g.capacity_bytes == 80 << 30));
+        // Every other run differs from it.
+        for r in runs.iter().filter(|r| !r.2) {
+            assert!(
+                r.0 != *policy || r.1 != *placement,
+                "the same policy and placement must be the default: {r:?}"
+            );
+        }
+        // A flag that changes the agent's config, policy or tick: none is.
+        for flags in [
+            &["--slots", "3"][..],
+            &["--idle-timeout-ms", "50"],
+            &["--placement-seed", "9"],
+            &["--policy", "fifo"],
+            &["--tick-ms", "50"],
+            &["--placement", "round-robin"],
+        ] {
+            let args: Vec<&str> = small.iter().chain(flags).copied().collect();
+            assert!(
+                marked(&args).iter().all(|r| !r.2),
+                "{flags:?} leaves no run at the defaults"
+            );
+        }
+    }
+
+    /// `--overload-compare` makes each run with the overload rule off and on
+    /// (thresholds from the flags); only the one off can be the default.
+    #[test]
+    fn overload_compare_runs_each_with_the_rule_off_and_on() {
+        let runs = marked(&[
+            "--gpus",
+            "2",
+            "--hours",
+            "0.02",
+            "--policy",
+            "hybrid",
+            "--placement",
+            "late",
+            "--overload-compare",
+            "--overload-waiting",
+            "3",
+        ]);
+        let rules: Vec<Option<keling_sched::OverloadRule>> =
+            runs.iter().map(|r| r.3.overload).collect();
+        assert_eq!(
+            rules,
+            [
+                None,
+                Some(keling_sched::OverloadRule {
+                    min_waiting: 3,
+                    ..Default::default()
+                })
+            ]
+        );
+        assert_eq!(runs.iter().map(|r| r.2).collect::<Vec<_>>(), [true, false]);
+    }
+
+    #[test]
+    fn seeds_parse_as_ranges_and_lists() {
+        assert_eq!(parse_seeds("1-3").unwrap(), Seeds(vec![1, 2, 3]));
+        assert_eq!(parse_seeds("4, 1-2,2").unwrap(), Seeds(vec![4, 1, 2]));
+        assert_eq!(parse_seeds("7").unwrap(), Seeds(vec![7]));
+        assert!(parse_seeds("3-1").is_err());
+        assert!(parse_seeds("x").is_err());
+        assert!(parse_seeds("1-18446744073709551615").is_err());
+        assert!(parse_seeds("1-999,2000-2001").is_err());
+        assert_eq!(seeds_text(&[1, 2, 3]), "1-3");
+        assert_eq!(seeds_text(&[1, 3]), "1,3");
     }
 }

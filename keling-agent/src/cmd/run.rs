@@ -342,6 +342,29 @@ fn admit(access: &AccessPolicy) -> server::Admit {
     })
 }
 
+/// The scheduler core's config from `keling run`'s flags and the GPUs found.
+/// With every flag at its default it is [`defaults::sched_config`] with `gpus`
+/// (`keling replay --synthetic`'s default run relies on it; a test checks).
+pub(crate) fn sched_config(args: &RunArgs, gpus: Vec<GpuInfo>) -> SchedConfig {
+    SchedConfig {
+        gpus,
+        slots_per_gpu: args.slots,
+        sharing: args.sharing.into(),
+        overload: args.overload.then_some(keling_sched::OverloadRule {
+            min_session_ms: args.overload_session_ms,
+            mem_peak_pct: args.overload_mem_pct,
+            min_waiting: args.overload_waiting,
+        }),
+        idle_timeout_ms: args.idle_timeout_ms,
+        default_max_duration_ms: args.max_duration_ms,
+        default_grace_ms: args.grace_period_ms,
+        default_hard_kill: args.hard_kill,
+        binding: args.binding.into(),
+        placement_seed: args.placement_seed,
+        ..SchedConfig::default()
+    }
+}
+
 pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
     let failsafe_settings = supervisor::Settings {
         watchdog: Duration::from_millis(args.watchdog_ms.max(1)),
@@ -408,26 +431,9 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         None => log::info!("control socket: root only (no `keling` group and no [access] group)"),
     }
     let capacities = gpus.clone();
-    let config = SchedConfig {
-        gpus,
-        slots_per_gpu: args.slots,
-        sharing: args.sharing.into(),
-        overload: args
-            .overload
-            .then_some(keling_sched::OverloadRule {
-                min_session_ms: args.overload_session_ms,
-                mem_peak_pct: args.overload_mem_pct,
-                min_waiting: args.overload_waiting,
-            })
-            .or_else(|| file_config.overload_rule()),
-        idle_timeout_ms: args.idle_timeout_ms,
-        default_max_duration_ms: args.max_duration_ms,
-        default_grace_ms: args.grace_period_ms,
-        default_hard_kill: args.hard_kill,
-        binding: args.binding.into(),
-        placement_seed: args.placement_seed,
-        ..SchedConfig::default()
-    };
+    let mut config = sched_config(&args, gpus);
+    // Without --overload, the config file's [overload] section.
+    config.overload = config.overload.or_else(|| file_config.overload_rule());
     if config.binding == keling_sched::Binding::Late {
         if config.gpus.is_empty() {
             log::warn!(

@@ -95,7 +95,7 @@ pub fn replay(
     policy: Policy,
     recorded: Option<&[Decision]>,
 ) -> anyhow::Result<Reproduction> {
-    let mut metrics = Metrics::new(config.gpus.iter().map(|g| g.index)).with_slots(config.slots());
+    let mut metrics = Metrics::for_config(&config, policy);
     let mut sched = Scheduler::with_policy(config, policy);
     let mut replayed = Vec::new();
     for input in inputs {

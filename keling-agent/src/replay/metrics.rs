@@ -62,6 +62,38 @@ struct TaskStat {
     /// How it is counted among the waiting tasks: `Some(None)` on any GPU,
     /// `Some(Some(g))` on GPU g only, `None` not at all.
     counted: Option<Option<u32>>,
+    /// Its declared memory budget (the spec's quota).
+    budget: Option<u64>,
+    /// The most it has held, all GPUs together.
+    peak: u64,
+}
+
+impl TaskStat {
+    /// What it may still take on `gpu` under memory sharing: its budget,
+    /// else what it holds and has peaked at, less what it holds there (the
+    /// core's demand).
+    fn extra_on(&self, gpu: u32) -> u64 {
+        let held: u64 = self.mem.iter().map(|m| m.1).sum();
+        let here = self.mem.iter().find(|m| m.0 == gpu).map_or(0, |m| m.1);
+        self.budget
+            .unwrap_or(held.max(self.peak))
+            .saturating_sub(here)
+    }
+}
+
+/// Memory sharing as the core's config has it, for "idle while queued".
+#[derive(Clone, Debug)]
+struct Sharing {
+    /// Tasks at most at once on a GPU.
+    cap: u32,
+    /// Each GPU's capacity (unknown: memory never keeps a task out).
+    capacity: BTreeMap<u32, u64>,
+    /// Priorities count (not under FIFO and round robin).
+    priorities: bool,
+    /// Tasks counted among the waiting ones.
+    waiting: std::collections::BTreeSet<TaskId>,
+    /// Something changed since the GPUs' flags were computed.
+    dirty: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -77,6 +109,14 @@ struct GpuStat {
     thawing: u32,
     /// Time with a free slot while a task that may run here waited.
     idle_queued_ns: u64,
+    /// Memory held here by processes in no task.
+    outside: u64,
+    /// The tasks `RUNNING` here.
+    running_ids: std::collections::BTreeSet<TaskId>,
+    /// The tasks with a `Thaw` out here (they run next).
+    thawing_ids: std::collections::BTreeSet<TaskId>,
+    /// Under memory sharing: a waiting task could run here now.
+    could_run: bool,
 }
 
 impl GpuStat {
@@ -108,6 +148,8 @@ pub struct Metrics {
     waiting_anywhere: u64,
     /// Per GPU, waiting tasks that may run there only.
     waiting_on: BTreeMap<u32, u64>,
+    /// Under memory sharing, what "idle while queued" needs.
+    sharing: Option<Sharing>,
 }
 
 impl Metrics {
@@ -127,6 +169,80 @@ impl Metrics {
             movable: false,
             waiting_anywhere: 0,
             waiting_on: BTreeMap::new(),
+            sharing: None,
+        }
+    }
+
+    /// Metrics over `config`'s GPUs, counting "idle while queued" as its
+    /// sharing has it: under [`keling_sched::Sharing::Memory`] a GPU is idle
+    /// while a task waits that could run there (below the cap, its memory
+    /// fitting beside what is held there, nobody of a higher priority
+    /// running there); by slots, while a slot is free.
+    pub fn for_config(config: &keling_sched::SchedConfig, policy: keling_sched::Policy) -> Self {
+        let mut m = Metrics::new(config.gpus.iter().map(|g| g.index)).with_slots(config.slots());
+        if config.sharing == keling_sched::Sharing::Memory {
+            m.sharing = Some(Sharing {
+                cap: u32::try_from(config.cap()).unwrap_or(u32::MAX),
+                capacity: config
+                    .gpus
+                    .iter()
+                    .map(|g| (g.index, g.capacity_bytes))
+                    .collect(),
+                priorities: matches!(
+                    policy,
+                    keling_sched::Policy::Hybrid | keling_sched::Policy::Goav
+                ),
+                waiting: Default::default(),
+                dirty: false,
+            });
+        }
+        m
+    }
+
+    /// Under memory sharing: which GPUs a waiting task could run on now.
+    fn recompute_could_run(&mut self) {
+        let Some(sh) = &mut self.sharing else {
+            return;
+        };
+        if !std::mem::take(&mut sh.dirty) {
+            return;
+        }
+        for (&gpu, g) in self.gpus.iter_mut() {
+            let n = g.running + g.thawing;
+            g.could_run = n < sh.cap && {
+                // The running tasks and those being thawed (they run next):
+                // their best priority, and what they may still take (the core
+                // keeps it for them).
+                let admitted = || {
+                    g.running_ids
+                        .iter()
+                        .chain(&g.thawing_ids)
+                        .filter_map(|id| self.tasks.get(id))
+                };
+                let best = admitted().map(|t| t.priority).min();
+                let headroom: u64 = admitted().map(|t| t.extra_on(gpu)).sum();
+                let avail = sh.capacity.get(&gpu).map(|&c| {
+                    c.saturating_sub(g.outside)
+                        .saturating_sub(g.mem_bytes)
+                        .saturating_sub(headroom)
+                });
+                sh.waiting.iter().any(|id| {
+                    let Some(t) = self.tasks.get(id) else {
+                        return false;
+                    };
+                    // A task being thawed is on its way to run: admitted.
+                    let here = !t.thawing
+                        && match t.counted {
+                            Some(None) => true,
+                            Some(Some(on)) => on == gpu,
+                            None => false,
+                        };
+                    // The first task on a GPU always fits (as in the core).
+                    here && (n == 0
+                        || ((!sh.priorities || best.is_none_or(|b| b >= t.priority))
+                            && avail.is_none_or(|a| t.extra_on(gpu) <= a)))
+                })
+            };
         }
     }
 
@@ -150,6 +266,14 @@ impl Metrics {
             return;
         }
         let elapsed = ts - self.now_ns;
+        if self.sharing.is_some() {
+            for g in self.gpus.values_mut() {
+                if g.could_run {
+                    g.idle_queued_ns += elapsed;
+                }
+            }
+            return;
+        }
         let slots = self.slots;
         for (gpu, g) in self.gpus.iter_mut() {
             let waiting =
@@ -191,6 +315,13 @@ impl Metrics {
             Some(Some(g)) => *self.waiting_on.entry(g).or_default() += 1,
             None => {}
         }
+        if let Some(sh) = &mut self.sharing {
+            if now.is_some() {
+                sh.waiting.insert(id);
+            } else {
+                sh.waiting.remove(&id);
+            }
+        }
     }
 
     /// Keep every wait (for [`Metrics::waits`]).
@@ -216,8 +347,12 @@ impl Metrics {
                     waiting_since: Some(ts),
                     arrived_ns: ts,
                     pinned,
+                    budget: spec.mem_quota_bytes,
                     ..TaskStat::default()
                 });
+            }
+            Input::OutsideMem { gpu, bytes, .. } => {
+                self.gpus.entry(*gpu).or_default().outside = *bytes;
             }
             Input::Idle { id, .. } => self.end_wait(*id, ts),
             Input::MemAlloc { id, gpu, bytes, .. } => self.memory(*id, *gpu, *bytes, 0, ts),
@@ -240,6 +375,7 @@ impl Metrics {
                     {
                         t.thawing = true;
                         g.thawing += 1;
+                        g.thawing_ids.insert(id);
                     }
                 }
                 _ => {}
@@ -257,6 +393,12 @@ impl Metrics {
         for tr in &out.transitions {
             self.recount(tr.task);
         }
+        if let Some(sh) = &mut self.sharing {
+            sh.dirty |= !out.actions.is_empty()
+                || !out.transitions.is_empty()
+                || !matches!(input, Input::Tick { .. } | Input::Active { .. });
+        }
+        self.recompute_could_run();
     }
 
     /// A placement record of a scheduling log (for reports): the task arrived
@@ -313,6 +455,7 @@ impl Metrics {
             && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
         {
             g.thawing = g.thawing.saturating_sub(1);
+            g.thawing_ids.remove(&id);
         }
         if to == TaskState::Running {
             self.end_wait(id, ts);
@@ -321,11 +464,13 @@ impl Metrics {
                     g.busy_since = ts;
                 }
                 g.running += 1;
+                g.running_ids.insert(id);
             }
         } else if from == TaskState::Running
             && let Some(g) = gpu.and_then(|g| self.gpus.get_mut(&g))
         {
             g.running = g.running.saturating_sub(1);
+            g.running_ids.remove(&id);
             if g.running == 0 {
                 g.busy_ns += ts.saturating_sub(g.busy_since);
             }
@@ -376,6 +521,8 @@ impl Metrics {
         };
         let sub = sub.min(*held);
         *held = held.saturating_add(add) - sub;
+        let total: u64 = t.mem.iter().map(|m| m.1).sum();
+        t.peak = t.peak.max(total);
         self.gpus.entry(gpu).or_default().mem_change(ts, add, sub);
     }
 
@@ -702,6 +849,72 @@ mod tests {
         let late = run(Late, None, false);
         assert_eq!(late.idle_while_queued_gpu_s, 0.0);
         assert_eq!(late.queueing_delay_ms.max, 0.0, "started on GPU 1 at once");
+    }
+
+    /// Under memory sharing a GPU is idle while queued when a waiting task's
+    /// demand fits beside what is held and promised there, not merely when
+    /// it runs fewer tasks than a cap.
+    #[test]
+    fn idle_while_queued_by_memory_counts_where_the_waiting_task_fits() {
+        const GIB: u64 = 1 << 30;
+        let config = SchedConfig {
+            gpus: (0..2)
+                .map(|index| GpuInfo {
+                    index,
+                    capacity_bytes: 8 * GIB,
+                })
+                .collect(),
+            idle_timeout_ms: 1_000_000,
+            sharing: keling_sched::Sharing::Memory,
+            slots_per_gpu: 0,
+            ..SchedConfig::default()
+        };
+        let mut sched = Scheduler::new(config.clone());
+        // Pins are a placement's choices: the waiting task could run on GPU 1.
+        let mut m = Metrics::for_config(&config, keling_sched::Policy::Hybrid).movable_until_run();
+        let mut step = |input: Input| {
+            let out = sched.step(&input);
+            m.observe(&input, &out);
+            out
+        };
+        let budget = |id, gib| TaskSpec {
+            mem_quota_bytes: Some(gib * GIB),
+            ..spec(id, 5, 0)
+        };
+        step(Input::Arrive {
+            spec: budget(1, 6),
+            ts_ns: 0,
+        });
+        // Task 1 holds 2 GiB of its 6: the 4 left are its, task 2's 4 do not fit.
+        step(Input::MemAlloc {
+            id: 1,
+            gpu: 0,
+            bytes: 2 * GIB,
+            ts_ns: MS,
+        });
+        let out = step(Input::Arrive {
+            spec: budget(2, 4),
+            ts_ns: 10 * MS,
+        });
+        assert!(
+            out.actions.contains(&Action::Freeze { id: 2 }),
+            "task 2 waits for memory: {out:?}"
+        );
+        step(Input::Confirmed {
+            id: 2,
+            action: ActionKind::Freeze,
+            ts_ns: 11 * MS,
+        });
+        step(Input::Tick { ts_ns: 110 * MS });
+        let s = m.finish().0;
+        assert_eq!(
+            s.gpus[0].idle_while_queued_s, 0.0,
+            "it does not fit on GPU 0"
+        );
+        assert!(
+            (s.gpus[1].idle_while_queued_s - 0.1).abs() < 1e-12,
+            "GPU 1 ran nothing while task 2, which fits it, waited: {s:?}"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@
 pub mod exact;
 pub mod log;
 pub mod metrics;
+pub mod seeds;
 pub mod synthetic;
 pub mod what_if;
 

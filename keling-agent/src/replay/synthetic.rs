@@ -62,6 +62,8 @@ const ALLOC_RETRY_NS: u64 = S;
 const ALLOC_MAX_FAILURES: u32 = 30;
 /// A terminated process exits this long after SIGTERM.
 const TERMINATE_EXIT_NS: u64 = 100 * MS;
+/// Mixed into the seed for the stream jobs' memory is drawn from.
+const MEM_STREAM: u64 = 0x4D45_4D00_B17E_5EED;
 /// Exit code of a job that gave up for lack of memory.
 const OOM_EXIT_CODE: i32 = 2;
 
@@ -70,7 +72,10 @@ const OOM_EXIT_CODE: i32 = 2;
 pub struct JobClass {
     pub name: &'static str,
     pub priority: u8,
-    pub mem_gib: u64,
+    /// GPU memory a job of the class peaks at, GiB: drawn uniformly in
+    /// `[mem_gib.0, mem_gib.1]` per job. The upper end is the budget its jobs
+    /// declare (as `keling launch --mem-quota` would).
+    pub mem_gib: (f64, f64),
     /// Mean GPU work, s.
     pub mean_work_s: f64,
     /// Share of arrivals.
@@ -82,7 +87,7 @@ pub struct JobClass {
 const fn class(
     name: &'static str,
     priority: u8,
-    mem_gib: u64,
+    mem_gib: (f64, f64),
     mean_work_s: f64,
     share: f64,
     max_duration_ms: Option<u64>,
@@ -102,18 +107,39 @@ const fn class(
 /// goes to the few long ones (training and fine-tuning are 4% of the jobs and
 /// about 80% of the work), as on shared GPU hosts.
 pub const CLASSES: [JobClass; 12] = [
-    class("rt-inference", 0, 4, 2.0, 0.20, None),
-    class("rt-speech", 1, 2, 1.0, 0.15, None),
-    class("rt-video-preview", 2, 6, 5.0, 0.10, None),
-    class("notebook", 3, 8, 30.0, 0.08, None),
-    class("llm-inference", 4, 16, 10.0, 0.12, None),
-    class("image-generation", 5, 10, 20.0, 0.10, None),
-    class("live-transcode", 6, 3, 60.0, 0.06, None),
-    class("batch-transcode", 8, 3, 300.0, 0.07, None),
-    class("video-generation", 9, 24, 600.0, 0.04, Some(6 * 3_600_000)),
-    class("embedding", 10, 12, 180.0, 0.04, None),
-    class("fine-tuning", 12, 40, 2_700.0, 0.02, Some(12 * 3_600_000)),
-    class("training", 14, 60, 10_800.0, 0.02, Some(86_400_000)),
+    class("rt-inference", 0, (3.0, 4.0), 2.0, 0.20, None),
+    class("rt-speech", 1, (1.5, 2.0), 1.0, 0.15, None),
+    class("rt-video-preview", 2, (4.0, 6.0), 5.0, 0.10, None),
+    class("notebook", 3, (4.0, 8.0), 30.0, 0.08, None),
+    class("llm-inference", 4, (12.0, 16.0), 10.0, 0.12, None),
+    class("image-generation", 5, (8.0, 10.0), 20.0, 0.10, None),
+    class("live-transcode", 6, (2.0, 3.0), 60.0, 0.06, None),
+    class("batch-transcode", 8, (2.0, 3.0), 300.0, 0.07, None),
+    class(
+        "video-generation",
+        9,
+        (20.0, 24.0),
+        600.0,
+        0.04,
+        Some(6 * 3_600_000),
+    ),
+    class("embedding", 10, (8.0, 12.0), 180.0, 0.04, None),
+    class(
+        "fine-tuning",
+        12,
+        (32.0, 40.0),
+        2_700.0,
+        0.02,
+        Some(12 * 3_600_000),
+    ),
+    class(
+        "training",
+        14,
+        (48.0, 60.0),
+        10_800.0,
+        0.02,
+        Some(86_400_000),
+    ),
 ];
 
 /// Transcoding classes' session limit: generous for minutes-long jobs that
@@ -123,7 +149,7 @@ const TRANSCODE_LIMIT_MS: Option<u64> = Some(6 * 3_600_000);
 const fn transcode(
     name: &'static str,
     priority: u8,
-    mem_gib: u64,
+    mem_gib: (f64, f64),
     mean_work_s: f64,
     share: f64,
 ) -> JobClass {
@@ -144,18 +170,18 @@ const fn transcode(
 /// re-encodes (8, background). Shares: the lower rungs of a ladder are asked
 /// for most; H.264 half the jobs, HEVC 30%, AV1 20%.
 pub const TRANSCODE_CLASSES: [JobClass; 12] = [
-    transcode("h264-480p", 3, 1, 60.0, 0.15),
-    transcode("h264-720p", 3, 2, 120.0, 0.15),
-    transcode("h264-1080p", 3, 4, 240.0, 0.15),
-    transcode("h264-2160p", 3, 8, 600.0, 0.05),
-    transcode("hevc-480p", 5, 1, 90.0, 0.09),
-    transcode("hevc-720p", 5, 2, 180.0, 0.09),
-    transcode("hevc-1080p", 5, 4, 360.0, 0.09),
-    transcode("hevc-2160p", 5, 8, 900.0, 0.03),
-    transcode("av1-480p", 8, 1, 150.0, 0.06),
-    transcode("av1-720p", 8, 2, 300.0, 0.06),
-    transcode("av1-1080p", 8, 4, 600.0, 0.06),
-    transcode("av1-2160p", 8, 8, 1_500.0, 0.02),
+    transcode("h264-480p", 3, (0.75, 1.0), 60.0, 0.15),
+    transcode("h264-720p", 3, (1.5, 2.0), 120.0, 0.15),
+    transcode("h264-1080p", 3, (3.0, 4.0), 240.0, 0.15),
+    transcode("h264-2160p", 3, (6.0, 8.0), 600.0, 0.05),
+    transcode("hevc-480p", 5, (0.75, 1.0), 90.0, 0.09),
+    transcode("hevc-720p", 5, (1.5, 2.0), 180.0, 0.09),
+    transcode("hevc-1080p", 5, (3.0, 4.0), 360.0, 0.09),
+    transcode("hevc-2160p", 5, (6.0, 8.0), 900.0, 0.03),
+    transcode("av1-480p", 8, (0.75, 1.0), 150.0, 0.06),
+    transcode("av1-720p", 8, (1.5, 2.0), 300.0, 0.06),
+    transcode("av1-1080p", 8, (3.0, 4.0), 600.0, 0.06),
+    transcode("av1-2160p", 8, (6.0, 8.0), 1_500.0, 0.02),
 ];
 
 /// Which job classes a synthetic run draws from.
@@ -219,6 +245,11 @@ impl Placement {
         Placement::LeastLoaded,
     ];
 
+    /// Its jobs name a GPU (the placement's choice, made at arrival).
+    pub fn pins(self) -> bool {
+        !matches!(self, Placement::Late | Placement::Weighted)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Placement::Late => "late",
@@ -239,13 +270,24 @@ pub struct SyntheticOptions {
     pub hours: f64,
     /// Offered GPU work over GPU capacity.
     pub load: f64,
+    /// Each GPU's memory.
     pub gpu_capacity_bytes: u64,
-    pub slots_per_gpu: u32,
-    pub idle_timeout_ms: u64,
+    /// Jobs declare their budget (their class's upper end) as `keling launch
+    /// --mem-quota` would; without, the core knows a job's memory only once
+    /// it has allocated it.
+    pub budgets: bool,
+    /// The agent's config but for the GPUs (from `gpus` and
+    /// `gpu_capacity_bytes`) and, for the `late` and `weighted` placements, the
+    /// binding: [`crate::defaults::sched_config`], `keling run`'s defaults,
+    /// unless a flag changes a field.
+    pub agent: SchedConfig,
     pub tick_ms: u64,
     pub active_ms: u64,
     pub actuation_ms: u64,
 }
+
+/// The synthetic GPUs' memory by default: an H100's 80 GiB (the H200 has 141).
+pub const GPU_MEMORY_GIB: u64 = 80;
 
 impl Default for SyntheticOptions {
     fn default() -> Self {
@@ -253,11 +295,11 @@ impl Default for SyntheticOptions {
             mix: Mix::Mixed,
             seed: 1,
             gpus: 8,
-            hours: 72.0,
+            hours: 24.0,
             load: 0.7,
-            gpu_capacity_bytes: 80 * GIB,
-            slots_per_gpu: crate::defaults::SLOTS_PER_GPU,
-            idle_timeout_ms: crate::defaults::IDLE_TIMEOUT_MS,
+            gpu_capacity_bytes: GPU_MEMORY_GIB * GIB,
+            budgets: true,
+            agent: crate::defaults::sched_config(),
             tick_ms: crate::defaults::RUN_TICK_MS,
             active_ms: 100,
             actuation_ms: 1,
@@ -266,21 +308,39 @@ impl Default for SyntheticOptions {
 }
 
 impl SyntheticOptions {
-    /// The core's config for these options (the agent's defaults otherwise).
-    pub fn sched_config(&self) -> SchedConfig {
-        SchedConfig {
+    /// The core's config for a run with `placement`: the agent's with these
+    /// GPUs; `late` binds late and `weighted` at arrival, and the pinning
+    /// placements keep the agent's binding (their jobs name a GPU).
+    pub fn sched_config(&self, placement: Placement) -> SchedConfig {
+        let mut config = SchedConfig {
             gpus: (0..self.gpus)
                 .map(|index| GpuInfo {
                     index,
                     capacity_bytes: self.gpu_capacity_bytes,
                 })
                 .collect(),
-            slots_per_gpu: self.slots_per_gpu,
-            idle_timeout_ms: self.idle_timeout_ms,
-            default_max_duration_ms: crate::defaults::MAX_DURATION_MS,
-            default_grace_ms: crate::defaults::GRACE_PERIOD_MS,
-            ..SchedConfig::default()
+            ..self.agent.clone()
+        };
+        match placement {
+            Placement::Late => config.binding = Binding::Late,
+            Placement::Weighted => config.binding = Binding::AtArrival,
+            _ => {}
         }
+        config
+    }
+
+    /// Whether a run under `policy` and `placement` is what `keling run` does
+    /// with its defaults on these GPUs: the agent's policy, config and tick,
+    /// jobs that name no GPU.
+    pub fn is_agent_default(&self, policy: Policy, placement: Placement) -> bool {
+        let agent = SchedConfig {
+            gpus: self.sched_config(placement).gpus,
+            ..crate::defaults::sched_config()
+        };
+        policy == Policy::default()
+            && !placement.pins()
+            && self.sched_config(placement) == agent
+            && self.tick_ms == crate::defaults::RUN_TICK_MS
     }
 }
 
@@ -327,7 +387,22 @@ pub struct Job {
     pub class: usize,
     pub arrive_ns: u64,
     pub work_ns: u64,
+    /// GPU memory it allocates when it first runs and holds to its end (its peak).
     pub mem_bytes: u64,
+    /// The budget it declares: its class's upper end.
+    pub budget_bytes: u64,
+}
+
+/// GiB as bytes, rounded down to a MiB.
+fn gib_bytes(gib: f64) -> u64 {
+    ((gib * 1024.0) as u64) << 20
+}
+
+/// A job of `class`'s peak memory: uniform in the class's range, whole MiB.
+fn draw_mem_bytes(class: &JobClass, rng: &mut Rng) -> u64 {
+    let (lo, hi) = (gib_bytes(class.mem_gib.0), gib_bytes(class.mem_gib.1));
+    let mib = (hi - lo) >> 20;
+    lo + ((rng.next_u64() % (mib + 1)) << 20)
 }
 
 /// The offered work per job arrival of the mixed mix, s.
@@ -339,6 +414,9 @@ pub fn mean_work_s() -> f64 {
 pub fn workload(opts: &SyntheticOptions) -> Vec<Job> {
     let classes = opts.mix.classes();
     let mut rng = Rng::new(opts.seed);
+    // Memory from a stream of its own: the arrivals, classes and work are those
+    // the seed gave before jobs carried a drawn memory.
+    let mut mem_rng = Rng::new(opts.seed ^ MEM_STREAM);
     let horizon_ns = (opts.hours * 3600.0 * S as f64) as u64;
     let rate_per_s = opts.load * f64::from(opts.gpus) / opts.mix.mean_work_s();
     let sigma = 0.6;
@@ -366,7 +444,8 @@ pub fn workload(opts: &SyntheticOptions) -> Vec<Job> {
             class,
             arrive_ns,
             work_ns: ((work_s * S as f64) as u64).max(MS),
-            mem_bytes: c.mem_gib * GIB,
+            mem_bytes: draw_mem_bytes(c, &mut mem_rng),
+            budget_bytes: gib_bytes(c.mem_gib.1),
         });
     }
     jobs
@@ -418,8 +497,14 @@ impl Proc {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SyntheticRun {
     pub mix: Mix,
+    pub seed: u64,
     pub policy: Policy,
     pub placement: Placement,
+    /// What `keling run` does with its defaults
+    /// ([`SyntheticOptions::is_agent_default`]).
+    pub default: bool,
+    /// The core's config it ran with.
+    pub config: SchedConfig,
     pub jobs: usize,
     pub completed: u64,
     pub gave_up_for_memory: u64,
@@ -656,7 +741,7 @@ impl Sim<'_> {
                     name: c.name.to_owned(),
                     priority: c.priority,
                     gpu: pin,
-                    mem_quota_bytes: None,
+                    mem_quota_bytes: self.opts.budgets.then_some(job.budget_bytes),
                     max_duration_ms: c.max_duration_ms,
                     grace_ms: None,
                     hard_kill: None,
@@ -800,11 +885,8 @@ pub fn run(
     placement: Placement,
     logs: &RunLogs,
 ) -> anyhow::Result<SyntheticRun> {
-    let mut config = opts.sched_config();
-    if placement == Placement::Late {
-        config.binding = Binding::Late;
-        config.placement_seed = opts.seed;
-    }
+    let config = opts.sched_config(placement);
+    let default = opts.is_agent_default(policy, placement);
     let gpus = opts.gpus.max(1) as usize;
     let input_log = match &logs.input_log {
         Some(path) => Some(InputLogWriter::create(
@@ -825,9 +907,7 @@ pub fn run(
         opts,
         jobs,
         placement,
-        metrics: Metrics::new(config.gpus.iter().map(|g| g.index))
-            .with_slots(config.slots())
-            .movable_until_run(),
+        metrics: Metrics::for_config(&config, policy).movable_until_run(),
         sched: Scheduler::with_policy(config, policy),
         queue: BinaryHeap::new(),
         seq: 0,
@@ -879,8 +959,11 @@ pub fn run(
     let offered: f64 = jobs.iter().map(|j| j.work_ns as f64).sum();
     Ok(SyntheticRun {
         mix: opts.mix,
+        seed: opts.seed,
         policy,
         placement,
+        default,
+        config: sim.sched.config().clone(),
         jobs: jobs.len(),
         completed: sim.completed,
         gave_up_for_memory: sim.gave_up,
@@ -931,8 +1014,13 @@ mod tests {
         let classes = Mix::Transcode.classes();
         let total: f64 = classes.iter().map(|c| c.share).sum();
         assert!((total - 1.0).abs() < 1e-9, "{total}");
-        let mems: Vec<u64> = classes.iter().map(|c| c.mem_gib).collect();
-        assert_eq!((mems.iter().min(), mems.iter().max()), (Some(&1), Some(&8)));
+        let lo = classes.iter().map(|c| c.mem_gib.0).fold(f64::MAX, f64::min);
+        let hi = classes.iter().map(|c| c.mem_gib.1).fold(0.0, f64::max);
+        assert_eq!(
+            (lo, hi),
+            (0.75, 8.0),
+            "a few GiB each: 1-8 GiB by resolution"
+        );
         assert!(
             classes
                 .iter()
@@ -1008,6 +1096,86 @@ mod tests {
         let c = r.comparison.unwrap();
         assert!(c.recorded > 100, "{} decisions", c.recorded);
         assert_eq!((c.match_rate, c.first_difference), (1.0, None));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Jobs carry their memory: a peak within their class's range (whole MiB),
+    /// the range's upper end as their budget; the same seed draws the same.
+    #[test]
+    fn jobs_carry_memory_within_their_class_range() {
+        for mix in Mix::ALL {
+            let opts = SyntheticOptions {
+                mix,
+                hours: 20.0,
+                ..small()
+            };
+            let jobs = workload(&opts);
+            assert!(jobs.len() > 100, "{}", jobs.len());
+            assert_eq!(jobs, workload(&opts), "same seed, same jobs");
+            for j in &jobs {
+                let c = &mix.classes()[j.class];
+                let (lo, hi) = (c.mem_gib.0 * GIB as f64, c.mem_gib.1 * GIB as f64);
+                assert!(
+                    (lo..=hi).contains(&(j.mem_bytes as f64)),
+                    "{}: {} bytes",
+                    c.name,
+                    j.mem_bytes
+                );
+                assert_eq!(j.mem_bytes % (1 << 20), 0);
+                assert_eq!(j.budget_bytes as f64, hi, "{}", c.name);
+            }
+            // The draw spreads over the range, not one value per class.
+            let first = jobs[0].class;
+            let mut mems: Vec<u64> = jobs
+                .iter()
+                .filter(|j| j.class == first)
+                .map(|j| j.mem_bytes)
+                .collect();
+            mems.sort_unstable();
+            mems.dedup();
+            assert!(mems.len() > 3, "{mems:?}");
+            // Another seed draws other memory.
+            let other = workload(&SyntheticOptions { seed: 2, ..opts });
+            assert_ne!(
+                jobs.iter().map(|j| j.mem_bytes).collect::<Vec<_>>(),
+                other.iter().map(|j| j.mem_bytes).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    /// The core hears each job's budget in its spec (as `keling launch
+    /// --mem-quota`), or none with `budgets` off.
+    #[test]
+    fn jobs_declare_their_budget_to_the_core() {
+        let dir = std::env::temp_dir().join(format!("keling-budgets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for budgets in [true, false] {
+            let opts = SyntheticOptions {
+                hours: 0.2,
+                budgets,
+                tick_ms: 100,
+                ..small()
+            };
+            let jobs = workload(&opts);
+            let path = dir.join(format!("in-{budgets}.jsonl"));
+            let logs = RunLogs {
+                input_log: Some(path.clone()),
+                sched_log: None,
+            };
+            run(&opts, &jobs, Policy::Hybrid, Placement::Late, &logs).unwrap();
+            let reader = super::super::log::InputLogReader::open(&path).unwrap();
+            let quotas: Vec<(TaskId, Option<u64>)> = reader
+                .filter_map(|i| match i.unwrap() {
+                    Input::Arrive { spec, .. } => Some((spec.id, spec.mem_quota_bytes)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(quotas.len(), jobs.len());
+            for (id, quota) in quotas {
+                let job = &jobs[id as usize - 1];
+                assert_eq!(quota, budgets.then_some(job.budget_bytes));
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -97,7 +97,7 @@ pub fn replay(
     policy: Policy,
     options: WhatIfOptions,
 ) -> anyhow::Result<WhatIf> {
-    let mut metrics = Metrics::new(config.gpus.iter().map(|g| g.index)).with_slots(config.slots());
+    let mut metrics = Metrics::for_config(&config, policy);
     let mut sched = Scheduler::with_policy(config, policy);
     // Feedback is due in the order it was owed: every delay is the same and the
     // core's clock never goes back.
