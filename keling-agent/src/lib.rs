@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | [`cmd`] | one module per subcommand: parse its arguments, wire the pipeline, exit code | be imported by any other module |
 //! | [`agent_loop`] | `keling run`'s event loop as a type: one method per event source (kernel events, tick, control requests, wakes, confirmations, fail-safe, scrapes), one drain of kernel events, shutdown; the kernel, ring buffer and fail-safe behind traits (tested without root) | parse arguments or set up the host (`cmd::run` wires it) |
+//! | [`trace_loop`] | `keling trace`'s event loop as a type: one method per source (kernel events, the command's end, tick, deadline, signals), the one drain into the model and the sink, the summary; the kernel's maps, ring buffer and signals behind traits (tested without root) | parse arguments or find the processes to trace (`cmd::trace` does) |
 //! | [`bpf`] | loading the eBPF object, the program table (required / optional per feature), BTF and tracefs offsets, reading the kernel maps | decide anything about scheduling or output |
 //! | [`event`] | draining the ring buffer, decoding raw records into typed events | do I/O besides the ring buffer |
 //! | [`model`] | the process model: processes and threads from decoded events, each joined with its GPU figures | do I/O |
@@ -40,3 +41,4 @@ pub mod replay;
 pub mod report;
 pub mod sched;
 pub mod sched_log;
+pub mod trace_loop;

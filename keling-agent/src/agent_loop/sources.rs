@@ -1,12 +1,13 @@
 //! What the loop reads and talks to besides its channels, each behind a trait so
 //! that a test drives the loop without root or a kernel: the kernel's maps
-//! ([`Kernel`]), the event ring buffer ([`EventSource`]) and the fail-safe
-//! ([`Guard`]). The real ones are the probes, [`EventStream`] and [`FailSafe`].
+//! ([`Kernel`]), the event ring buffer ([`EventSource`], the event module's)
+//! and the fail-safe ([`Guard`]). The real ones are the probes,
+//! [`EventStream`](crate::event::EventStream) and [`FailSafe`].
 use std::{collections::BTreeMap, future::Future};
 
+pub use crate::event::EventSource;
 use crate::{
     bpf::Probes,
-    event::{EventStream, decode::Event},
     gpu::stats::GpuAccounting,
     sched::supervisor::{self, FailSafe, Notice},
 };
@@ -44,31 +45,6 @@ impl Kernel for Probes {
 
     fn tracked_processes(&self) -> anyhow::Result<usize> {
         Probes::tracked_processes(self)
-    }
-}
-
-/// The kernel's decoded events.
-pub trait EventSource {
-    /// Waits until events the loop must not wait for are there (others are
-    /// drained on the tick).
-    fn ready(&mut self) -> impl Future<Output = std::io::Result<()>>;
-    /// Hands every event waiting to `on_event`, in order.
-    fn drain(&mut self, on_event: impl FnMut(&Event));
-    /// Records that did not decode so far.
-    fn decode_errors(&self) -> u64;
-}
-
-impl EventSource for EventStream {
-    fn ready(&mut self) -> impl Future<Output = std::io::Result<()>> {
-        EventStream::ready(self)
-    }
-
-    fn drain(&mut self, on_event: impl FnMut(&Event)) {
-        EventStream::drain(self, on_event);
-    }
-
-    fn decode_errors(&self) -> u64 {
-        self.decode_errors
     }
 }
 

@@ -6,7 +6,7 @@
 //! the loop and the test both wait, so [`settle`] returns once the loop has
 //! handled everything sent to it.
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::BTreeMap,
     future::Future,
     sync::{Arc, Mutex},
     time::Duration,
@@ -19,13 +19,16 @@ use tokio::{
     time::Instant,
 };
 
-use super::{Agent, EventSource, Guard, Inputs, Kernel, Settings};
+use super::{Agent, Guard, Inputs, Kernel, Settings};
 use crate::{
     control::{
         LaunchRequest, Reply, Request, StatusReply, TaskStatus,
         server::{Incoming, Peer, Replier, TestReceiver},
     },
-    event::decode::{DeviceFile, Event, GpuOpenEvent, OpenHow},
+    event::{
+        decode::{DeviceFile, Event, GpuOpenEvent, OpenHow},
+        fake::{FakeEvents, Ring},
+    },
     gpu::stats::GpuAccounting,
     latency::{LatencyRecorder, ModelKind},
     metrics::http::Scrape,
@@ -80,42 +83,6 @@ impl Kernel for FakeKernel {
 
     fn tracked_processes(&self) -> anyhow::Result<usize> {
         Ok(self.maps().tracked.len())
-    }
-}
-
-/// The ring buffer: events the test sends, each waking the loop or not (a
-/// detail event, drained on the tick or before a wake).
-struct FakeEvents {
-    rx: mpsc::UnboundedReceiver<(Event, bool)>,
-    waiting: VecDeque<Event>,
-}
-
-impl EventSource for FakeEvents {
-    async fn ready(&mut self) -> std::io::Result<()> {
-        loop {
-            match self.rx.recv().await {
-                Some((event, wakes)) => {
-                    self.waiting.push_back(event);
-                    if wakes {
-                        return Ok(());
-                    }
-                }
-                None => std::future::pending().await,
-            }
-        }
-    }
-
-    fn drain(&mut self, mut on_event: impl FnMut(&Event)) {
-        while let Ok((event, _)) = self.rx.try_recv() {
-            self.waiting.push_back(event);
-        }
-        while let Some(event) = self.waiting.pop_front() {
-            on_event(&event);
-        }
-    }
-
-    fn decode_errors(&self) -> u64 {
-        0
     }
 }
 
@@ -182,7 +149,7 @@ struct World {
     host: FakeHost,
     kernel: FakeKernel,
     guard: Arc<Mutex<GuardLog>>,
-    events: mpsc::UnboundedSender<(Event, bool)>,
+    events: Ring,
     notices: mpsc::UnboundedSender<Notice>,
     requests: mpsc::Sender<Incoming>,
     confirmations: mpsc::UnboundedSender<Confirmation>,
@@ -220,7 +187,7 @@ fn world(rules: &str, watchdog_ms: u64) -> (World, TestAgent) {
         Box::new(host.clone()),
     );
     let kernel = FakeKernel::default();
-    let (events, events_rx) = mpsc::unbounded_channel();
+    let (events, fake_events) = FakeEvents::new();
     let (notices, notices_rx) = mpsc::unbounded_channel();
     let guard = Arc::new(Mutex::new(GuardLog::default()));
     let (requests, requests_rx) = mpsc::channel(64);
@@ -230,10 +197,7 @@ fn world(rules: &str, watchdog_ms: u64) -> (World, TestAgent) {
     let agent = Agent::new(
         daemon,
         kernel.clone(),
-        FakeEvents {
-            rx: events_rx,
-            waiting: VecDeque::new(),
-        },
+        fake_events,
         FakeGuard {
             pid: GUARD_PID,
             log: guard.clone(),
@@ -425,13 +389,13 @@ impl World {
 
     /// A kernel event that wakes the loop.
     async fn event(&self, event: Event) {
-        self.events.send((event, true)).unwrap();
+        self.events.event(event);
         settle().await;
     }
 
     /// A kernel event that waits in the ring buffer for the next drain.
     fn detail_event(&self, event: Event) {
-        self.events.send((event, false)).unwrap();
+        self.events.detail(event);
     }
 
     async fn notice(&self, notice: Notice) {

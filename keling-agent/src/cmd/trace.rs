@@ -3,7 +3,7 @@
 //! with their descendants.
 //!
 //! The pipeline: kernel ring buffer -> [`EventStream`] (decode) -> [`Model`] +
-//! an output [`Sink`]. The trace ends when every tracked process has exited (the
+//! an output [`Sink`](crate::output::Sink), in [`Tracer`]'s loop. The trace ends when every tracked process has exited (the
 //! kernel's tracked map is the judge, so dropped events cannot make it hang or end
 //! early; with `--comm` it waits for more), after `--duration`, or on Ctrl-C (the
 //! first one goes to a command Keling started, the next ends the trace); the
@@ -11,26 +11,22 @@
 use std::{
     ffi::OsString,
     fs::File,
-    io::{BufRead, BufReader, BufWriter, Seek, Write},
-    os::fd::OwnedFd,
+    io::{BufReader, BufWriter, Seek, Write},
     path::PathBuf,
     time::Duration,
 };
 
 use anyhow::Context;
-use tokio::{
-    io::unix::{AsyncFd, AsyncFdReadyGuard},
-    signal::unix::{SignalKind, signal},
-};
 
 use crate::{
     bpf::{LoadOptions, Probes, programs::Feature},
     defaults,
-    event::{EventStream, decode::ExitStatus},
-    gpu::{env::GpuArgs, nvml::NvmlCheck, stats::gpu_stats},
+    event::EventStream,
+    gpu::env::GpuArgs,
     model::Model,
     os::{self, monotonic_ns, spawn::HeldChild},
-    output::{self, Format, Sink, Summary, decision::SchedLogReader},
+    output::{self, Format},
+    trace_loop::{Child, End, Tracer, UnixSignals},
 };
 
 /// The output's write buffer. The drain timer flushes it every tick, so a line
@@ -90,21 +86,6 @@ pub struct TraceArgs {
     /// probes track it, so nothing it does is missed.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
-}
-
-/// The command we started: we wait for it and exit with its code. (Absent when
-/// attached to a process someone else started.)
-struct Child {
-    pid: u32,
-    pidfd: AsyncFd<OwnedFd>,
-}
-
-/// Resolves when the child's pidfd is readable (it exited); never without a child.
-async fn child_readable(child: &Option<Child>) -> std::io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
-    match child {
-        Some(c) => c.pidfd.readable().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Runs the trace; returns the exit code `keling` should exit with.
@@ -178,12 +159,7 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
             let comm = comm.rsplit('/').next().unwrap_or_default().to_owned();
             model.add_process(pid, std::process::id(), comm, &[pid]);
             let pid = held.release(&args.command[0])?;
-            let pidfd = os::pidfd_open(pid).context("pidfd_open")?;
-            let child = Child {
-                pid,
-                pidfd: os::async_fd(pidfd)?,
-            };
-            (Some(child), out)
+            (Some(Child::new(pid)?), out)
         }
         None => {
             // The kernel follows future execs into these names from here on, so a
@@ -242,9 +218,13 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
         wait_for_comms: !comms.is_empty(),
         duration,
     };
-    runtime.block_on(event_loop(
-        probes, model, sink, child, start_ns, end, sched_log,
-    ))
+    runtime.block_on(async move {
+        let events = EventStream::new(probes.take_events()?)?;
+        let signals = UnixSignals::new()?;
+        Tracer::new(probes, events, model, sink, child, start_ns, end, sched_log)
+            .run(signals)
+            .await
+    })
 }
 
 /// A name as the kernel keeps it in `comm`: at most 15 bytes.
@@ -262,223 +242,4 @@ fn comm_key(name: &str) -> String {
         &name[..end]
     );
     name[..end].to_owned()
-}
-
-/// When the trace ends besides Ctrl-C.
-struct End {
-    /// `--comm`: processes may still exec into a followed name, so the trace does
-    /// not end when none is left.
-    wait_for_comms: bool,
-    duration: Option<Duration>,
-}
-
-/// Resolves at `at`; never without one.
-async fn until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The decisions the scheduling log gained since the last call, about processes
-/// the trace follows, to the sink (complete lines only: a line being written is
-/// read on a later call).
-fn follow_sched_log(
-    log: &mut Option<BufReader<File>>,
-    reader: &mut SchedLogReader,
-    pending: &mut String,
-    model: &Model,
-    sink: &mut Box<dyn Sink + Send>,
-) -> anyhow::Result<()> {
-    let Some(log) = log else {
-        return Ok(());
-    };
-    loop {
-        let n = log
-            .read_line(pending)
-            .context("reading the scheduling log")?;
-        if n == 0 || !pending.ends_with('\n') {
-            return Ok(());
-        }
-        if let Some(d) = reader.line(pending.trim_end(), monotonic_ns())
-            && model.has_process(d.pid)
-        {
-            sink.decision(&d).context("writing the trace")?;
-        }
-        pending.clear();
-    }
-}
-
-/// Decodes everything waiting into the model and the sink.
-fn drain(
-    events: &mut EventStream,
-    model: &mut Model,
-    sink: &mut Box<dyn Sink + Send>,
-) -> anyhow::Result<()> {
-    let mut failed = None;
-    events.drain(|event| {
-        model.apply(event);
-        if failed.is_none()
-            && let Err(e) = sink.event(event)
-        {
-            failed = Some(e);
-        }
-    });
-    failed.map_or(Ok(()), |e| Err(e).context("writing the trace"))
-}
-
-async fn event_loop(
-    mut probes: Probes,
-    mut model: Model,
-    mut sink: Box<dyn Sink + Send>,
-    child: Option<Child>,
-    start_ns: u64,
-    end: End,
-    mut sched_log: Option<BufReader<File>>,
-) -> anyhow::Result<i32> {
-    let stop_at = end.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut timed_out = false;
-    let mut decisions = SchedLogReader::default();
-    let mut pending_line = String::new();
-    let mut events = EventStream::new(probes.take_events()?)?;
-    // Detail events (switches, plain ioctls) do not wake us: drain on this tick too.
-    let tick_period = Duration::from_millis(defaults::TRACE_TICK_MS);
-    let mut tick = tokio::time::interval(tick_period);
-    let nvml_every = (defaults::NVML_CHECK_EVERY_S * 1000 / defaults::TRACE_TICK_MS).max(1);
-    // Drops are checked a few times a second.
-    let drops_every = (400 / defaults::TRACE_TICK_MS).max(1);
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigusr1 = signal(SignalKind::user_defined1())?;
-    let nvml = NvmlCheck::open();
-    let mut snapshots = 0u64;
-    let mut interrupts = 0;
-    let mut reported_drops = 0u64;
-    let mut ticks = 0u64;
-    let mut child_status: Option<ExitStatus> = None;
-    loop {
-        let child_running = child.is_some() && child_status.is_none();
-        tokio::select! {
-            ready = events.ready() => {
-                ready?;
-                drain(&mut events, &mut model, &mut sink)?;
-            }
-            guard = child_readable(&child), if child_running => {
-                let mut guard = guard?;
-                let pid = child.as_ref().expect("child_running").pid;
-                child_status = os::try_wait(pid).map(ExitStatus::from_wait_status);
-                if child_status.is_none() {
-                    guard.clear_ready(); // spurious wake-up
-                }
-            }
-            _ = until(stop_at) => {
-                log::info!("--duration reached: tracing stops");
-                timed_out = true;
-                break;
-            }
-            _ = tick.tick() => {
-                drain(&mut events, &mut model, &mut sink)?;
-                follow_sched_log(&mut sched_log, &mut decisions, &mut pending_line, &model, &mut sink)?;
-                sink.flush()?;
-                ticks += 1;
-                // Every few seconds, when NVML is there: its view next to ours.
-                if ticks.is_multiple_of(nvml_every) && nvml.available() {
-                    let (procs, _) = gpu_stats(&probes.gpu_accounting()?);
-                    sink.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
-                }
-                if ticks.is_multiple_of(drops_every) {
-                    let per_cpu = probes.drops_per_cpu()?;
-                    let total: u64 = per_cpu.iter().sum();
-                    if total > reported_drops {
-                        reported_drops = total;
-                        sink.drops(monotonic_ns(), &per_cpu)?;
-                    }
-                }
-                if !child_running && !end.wait_for_comms && probes.tracked_processes()? == 0 {
-                    // Files the traced processes shared with others may have been
-                    // released by them just now.
-                    probes.settle_orphans(Duration::from_secs(1)).await?;
-                    break;
-                }
-            }
-            _ = sigusr1.recv() => {
-                // Everything the kernel wrote so far first, then the exact figures.
-                drain(&mut events, &mut model, &mut sink)?;
-                let (procs, gpus) = gpu_stats(&probes.gpu_accounting()?);
-                snapshots += 1;
-                sink.gpu_snapshot(monotonic_ns(), snapshots, &procs, &gpus)?;
-                sink.nvml_check(monotonic_ns(), &nvml.compare(&procs))?;
-            }
-            _ = sigint.recv() => {
-                interrupts += 1;
-                if let (Some(c), true, 1) = (&child, child_running, interrupts) {
-                    log::info!("interrupt: passed to the traced command; again to stop tracing");
-                    // SAFETY: our own child, not yet reaped.
-                    unsafe { libc::kill(c.pid as i32, libc::SIGINT) };
-                } else {
-                    break;
-                }
-            }
-            _ = sigterm.recv() => {
-                interrupts += 1;
-                if let (Some(c), true, 1) = (&child, child_running, interrupts) {
-                    // SAFETY: our own child, not yet reaped.
-                    unsafe { libc::kill(c.pid as i32, libc::SIGTERM) };
-                } else {
-                    break;
-                }
-            }
-        }
-    }
-    // Whatever the kernel wrote before we stopped.
-    drain(&mut events, &mut model, &mut sink)?;
-    follow_sched_log(
-        &mut sched_log,
-        &mut decisions,
-        &mut pending_line,
-        &model,
-        &mut sink,
-    )?;
-    let per_cpu = probes.drops_per_cpu()?;
-    let now = monotonic_ns();
-    sink.drops(now, &per_cpu)?;
-    let acc = probes.gpu_accounting()?;
-    let calls = probes.call_counts()?;
-    let (gpu_procs, gpus) = gpu_stats(&acc);
-    let processes = model.summary(gpu_procs);
-    if model.unreported_switch_ins > 0 {
-        log::debug!(
-            "{} switches onto a traced thread reached no tracepoint (docs/limits.md); \
-             on-CPU times come from the kernel's own counter",
-            model.unreported_switch_ins
-        );
-    }
-    sink.summary(&Summary {
-        ts_ns: now,
-        duration_ns: now.saturating_sub(start_ns),
-        events: model.events,
-        drops: per_cpu.iter().sum(),
-        decode_errors: events.decode_errors,
-        processes: &processes,
-        gpus: &gpus,
-        undecoded: &acc.undecoded_per_reason,
-        table_full_at: &acc.table_full_at,
-        calls: &calls,
-        ioctl_backend: probes.ioctl_backend.name(),
-    })?;
-    sink.flush()?;
-    Ok(match (child, child_status) {
-        (Some(_), Some(status)) => status.code(),
-        (Some(c), None) if timed_out => {
-            // Traced for as long as asked: it goes on untraced.
-            log::info!("command {} goes on untraced", c.pid);
-            0
-        }
-        (Some(c), None) => {
-            // Stopped tracing before the command ended: it goes on untraced.
-            log::warn!("stopped tracing; command {} is still running", c.pid);
-            130
-        }
-        (None, _) => 0,
-    })
 }

@@ -2,10 +2,14 @@
 //! ([`decode`]); the picture of processes and threads built from them is
 //! [`crate::model`]'s. Both `keling trace` and `keling run` read the kernel through
 //! [`EventStream`], the one place that drains the ring buffer.
+use std::future::Future;
+
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 pub mod decode;
+#[cfg(test)]
+pub mod fake;
 
 use decode::Event;
 
@@ -52,5 +56,30 @@ impl EventStream {
                 }
             }
         }
+    }
+}
+
+/// The kernel's decoded events.
+pub trait EventSource {
+    /// Waits until events the loop must not wait for are there (others are
+    /// drained on the tick).
+    fn ready(&mut self) -> impl Future<Output = std::io::Result<()>>;
+    /// Hands every event waiting to `on_event`, in order.
+    fn drain(&mut self, on_event: impl FnMut(&Event));
+    /// Records that did not decode so far.
+    fn decode_errors(&self) -> u64;
+}
+
+impl EventSource for EventStream {
+    fn ready(&mut self) -> impl Future<Output = std::io::Result<()>> {
+        EventStream::ready(self)
+    }
+
+    fn drain(&mut self, on_event: impl FnMut(&Event)) {
+        EventStream::drain(self, on_event);
+    }
+
+    fn decode_errors(&self) -> u64 {
+        self.decode_errors
     }
 }
