@@ -259,12 +259,12 @@ pub mod fabric {
     pub const MAP_FLAGS: usize = 44;
 }
 
-/// Class 0xFD params: allocSize@8 in the 40-byte struct before 550, @48 in
-/// the 80-byte one from 550 on.
+/// Class 0xFD params: allocSize@8 in the 40-byte struct before 545, @48 in
+/// the 80-byte one from 545 on (545.23.06's headers; [`branch::nv00fd`]).
 pub mod multicast {
     pub const ALLOC_SIZE_LEGACY: usize = 8;
     pub const ALLOC_SIZE: usize = 48;
-    pub const SINCE: u32 = 550;
+    pub const SINCE: u32 = 545;
 }
 
 /// RM_CONTROL commands on the client (class 0x0000, `ctrl0000unix.h`) that
