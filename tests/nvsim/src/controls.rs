@@ -2093,6 +2093,68 @@ mod tests {
     }
 
     #[test]
+    fn params_sizes_follow_each_branchs_headers() {
+        // (cmd, sizeof at 535.261.03 / 550.163.01 / 555.58.02 / 570.211.01 / 580.142)
+        let rows: &[(u32, [usize; 5])] = &[
+            (0x13e, [776, 776, 776, 1032, 1032]),
+            (0x214, [256, 256, 256, 256, 384]),
+            (0x0080_0289, [4, 4, 8, 8, 8]),
+            (0x0080_0292, [644, 700, 404, 404, 804]),
+            (0x2080_0102, [516, 524, 524, 524, 564]),
+            (0x2080_012f, [984, 1024, 1224, 1464, 1464]),
+            (0x2080_0170, [252, 260, 260, 340, 340]),
+            (0x2080_01a3, [40, 48, 48, 48, 56]),
+            (0x2080_121b, [6168, 6168, 6168, 6168, 9240]),
+            (0x2080_1228, [448, 472, 472, 488, 488]),
+            (0x2080_1303, [436, 444, 444, 460, 1028]),
+            (0x2080_182a, [104, 104, 104, 112, 112]),
+            (0x2080_2a0a, [68, 136, 136, 136, 136]),
+            (0x2080_3801, [1928, 1928, 1928, 1928, 1928]),
+        ];
+        let tags = [
+            Version(535, 261, 3),
+            Version(550, 163, 1),
+            Version(555, 58, 2),
+            Version(570, 211, 1),
+            Version(580, 142, 0),
+        ];
+        for &(c, sizes) in rows {
+            for (v, n) in tags.iter().zip(sizes) {
+                assert_eq!(params_size(c, *v), Some(n), "cmd {c:#x} at {v:?}");
+            }
+        }
+        // 0x289 / 0x290 exist from 550 (4 bytes); 535 refuses them.
+        for c in [cmd::GPU_ASYNC_ATTACH_ID, cmd::GPU_WAIT_ATTACH_ID] {
+            assert_eq!(params_size(c, V535), None);
+            assert_eq!(params_size(c, tags[1]), Some(4));
+        }
+        // The simulated class list fits the smallest branch's (555: 100).
+        assert!(HOPPER_CLASSES.len() <= 100);
+    }
+
+    #[test]
+    fn gr_fs_info_answers_each_query() {
+        let mut p = vec![0u8; 1928];
+        let queries: &[(u16, u32)] = &[(1, 0), (3, 0), (3, 7), (3, 8), (6, 0), (9, 0)];
+        p[0..2].copy_from_slice(&(queries.len() as u16).to_le_bytes());
+        for (k, &(q, gpc)) in queries.iter().enumerate() {
+            let o = 8 + 20 * k;
+            p[o..o + 2].copy_from_slice(&q.to_le_bytes());
+            put_u32(&mut p, o + 8, gpc);
+        }
+        assert_eq!(gr_fs_info(&mut p), NV_OK);
+        let at = |k: usize, off: usize| u32_at(&p, 8 + 20 * k + off);
+        assert_eq!((at(0, 4), at(0, 8)), (NV_OK, 8), "GPC count");
+        assert_eq!((at(1, 4), at(1, 12)), (NV_OK, 0x1ff), "GPC 0: 9 TPCs");
+        assert_eq!((at(2, 4), at(2, 12)), (NV_OK, 0xff), "GPC 7: 8 TPCs");
+        assert_eq!(at(3, 4), NV_ERR_INVALID_ARGUMENT, "no GPC 8");
+        assert_eq!((at(4, 4), at(4, 8)), (NV_OK, 1), "one GR");
+        assert_eq!(at(5, 4), NV_ERR_NOT_SUPPORTED, "a partition query");
+        p[0..2].copy_from_slice(&97u16.to_le_bytes());
+        assert_eq!(gr_fs_info(&mut p), NV_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
     fn controls_unknown_and_misdirected_are_not_supported() {
         let v = FakeView::new();
         let m = Mem::default();
