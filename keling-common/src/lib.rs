@@ -92,7 +92,7 @@ mod layout_tests {
     #[test]
     fn map_value_layouts() {
         no_padding!(TrackedProcess, 8, [root_pid: u32, flags: u32]);
-        no_padding!(ProbeConfig, 124, [task_pid_off: u32, task_tgid_off: u32,
+        no_padding!(ProbeConfig, 140, [task_pid_off: u32, task_tgid_off: u32,
             task_exit_code_off: u32, task_files_off: u32, files_fdt_off: u32,
             fdt_max_fds_off: u32, fdt_fd_off: u32, file_inode_off: u32, file_ref_off: u32,
             file_ref_biased: u32, inode_rdev_off: u32, inode_ino_off: u32, inode_sb_off: u32,
@@ -101,7 +101,9 @@ mod layout_tests {
             exec_filename_off: u32, exec_old_pid_off: u32, system_wide: u32,
             nvos21_status_off: u32, driver_major: u32, wakeup_bytes: u32,
             active_interval_ns: u32, task_runtime_off: u32, regs_arg0_off: u32,
-            regs_syscall_nr_off: u32, ioctl_syscall_nr: u32]);
+            regs_syscall_nr_off: u32, ioctl_syscall_nr: u32, uvm_free_status_off: u32,
+            uvm_map_external_status_off: u32, uvm_semaphore_pool_status_off: u32,
+            dmabuf_export_status_off: u32]);
         no_padding!(FdSlot, 16, [fd: i32, device: u32, file_id: u64]);
         assert_eq!(size_of::<ProcFds>(), 16 * FD_SLOTS);
         no_padding!(FileInfo, 8 + 4 * FILE_CLIENTS + 8 * FILE_EXPORTS, [device: u32,

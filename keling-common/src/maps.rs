@@ -187,6 +187,14 @@ pub struct ProbeConfig {
     pub regs_arg0_off: u32,
     pub regs_syscall_nr_off: u32,
     pub ioctl_syscall_nr: u32,
+    /// Where the driver in use writes the status of the calls whose layout moved
+    /// between branches (`nvidia::branch::Layout`): UVM_FREE's rmStatus,
+    /// UVM_MAP_EXTERNAL_ALLOCATION's, UVM_ALLOC_SEMAPHORE_POOL's and the dma-buf
+    /// export's (escape 217) `status`.
+    pub uvm_free_status_off: u32,
+    pub uvm_map_external_status_off: u32,
+    pub uvm_semaphore_pool_status_off: u32,
+    pub dmabuf_export_status_off: u32,
 }
 
 impl ProbeConfig {
@@ -222,6 +230,10 @@ impl ProbeConfig {
         regs_arg0_off: 0,
         regs_syscall_nr_off: 0,
         ioctl_syscall_nr: 0,
+        uvm_free_status_off: 0,
+        uvm_map_external_status_off: 0,
+        uvm_semaphore_pool_status_off: 0,
+        dmabuf_export_status_off: 0,
     };
 }
 

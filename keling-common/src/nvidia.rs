@@ -5,6 +5,8 @@
 //! to ioctl(2); the probes read the fields they need one by one from user memory, so
 //! no struct is defined here and every offset has a name and a test.
 
+pub mod branch;
+
 /// Char major of `/dev/nvidiactl` and `/dev/nvidiaN`.
 pub const NV_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl`.
@@ -65,8 +67,10 @@ pub mod escape {
     pub const EXPORT_OBJECT_TO_FD: u32 = 0x5C;
     pub const IMPORT_OBJECT_FROM_FD: u32 = 0x5D;
     pub const UPDATE_DEVICE_MAPPING_INFO: u32 = 0x5E;
-    /// NVLOG_CTRL up to 580; LOCKLESS_DIAGNOSTIC in 595.
+    /// NVLOG_CTRL up to 535; LOCKLESS_DIAGNOSTIC from 545 (same number, another
+    /// escape: [`super::branch::Escape5F`]). Neither touches memory.
     pub const NVLOG_CTRL: u32 = 0x5F;
+    pub const LOCKLESS_DIAGNOSTIC: u32 = 0x5F;
     pub const CARD_INFO: u32 = 200;
     pub const REGISTER_FD: u32 = 201;
     /// `NV_IOCTL_BASE + 2` in older drivers' `nv.h` (4 bytes); the API is still
@@ -353,8 +357,11 @@ pub mod xfer {
 
 /// `NV0080_ALLOC_PARAMETERS.deviceId`: which GPU a device object is.
 pub const NV0080_DEVICE_ID: usize = 0;
-/// `NV_MEMORY_ALLOCATION_PARAMS.size` (u64, in/out: read at syscall exit).
+/// `NV_MEMORY_ALLOCATION_PARAMS.size` (u64, in/out: read at syscall exit). The
+/// struct's own size moved (120 -> 128 at 545: [`branch::Layout`]); this did not.
 pub const MEMORY_ALLOCATION_PARAMS_SIZE: usize = 64;
+/// `NV_OS_DESC_MEMORY_ALLOCATION_PARAMS.limit` (class 0x71, 40 bytes): size - 1.
+pub const OS_DESC_LIMIT: usize = 24;
 
 /// RM status codes Keling names.
 pub mod status {
@@ -506,14 +513,23 @@ pub mod uvm {
     pub const ALLOC_SEMAPHORE_POOL: u32 = 68;
     pub const CREATE_EXTERNAL_RANGE: u32 = 73;
     pub const MM_INITIALIZE: u32 = 75;
+    /// 565 and later.
+    pub const TOOLS_INIT_EVENT_TRACKER_V2: u32 = 76;
+    pub const TOOLS_GET_PROCESSOR_UUID_TABLE_V2: u32 = 77;
+    pub const ALLOC_DEVICE_P2P: u32 = 78;
+    pub const CLEAR_ALL_ACCESS_COUNTERS: u32 = 79;
+    /// 580 and later.
+    pub const DISCARD: u32 = 80;
     /// `UVM_IOCTL_BASE(2047)`: the highest plain command number (they count down
     /// from it for temporary commands; uvm_ioctl.h).
     pub const IS_8_SUPPORTED: u32 = 2047;
     /// `{u64 flags; u32 rmStatus}`.
     pub const INITIALIZE_RM_STATUS: usize = 8;
-    /// `{u64 base; u64 length; u32 rmStatus}` (open-gpu-kernel-modules,
-    /// `kernel-open/nvidia-uvm/uvm_ioctl.h`).
+    /// `{u64 base; u64 length; u32 rmStatus}` up to 580, `{u64 base; u32 rmStatus}`
+    /// from 590 ([`super::branch::Layout::uvm_free_rm_status`]).
     pub const FREE_RM_STATUS: usize = 16;
+    /// CREATE_EXTERNAL_RANGE: `{u64 base; u64 length; u32 rmStatus}` in every branch.
+    pub const CREATE_EXTERNAL_RANGE_RM_STATUS: usize = 16;
     /// CREATE_EXTERNAL_RANGE and MAP_EXTERNAL_ALLOCATION: base@0, length@8.
     pub const BASE: usize = 0;
     pub const LENGTH: usize = 8;

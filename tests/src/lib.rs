@@ -383,14 +383,20 @@ pub fn readme_block(title: &str, first: &str) -> String {
     doc_block("README.md", title, first)
 }
 
-/// The unpacked NVIDIA userspace (`cargo xtask setup` puts Debian's 535 packages
+/// The unpacked NVIDIA userspace 535 (`cargo xtask setup` puts Debian's packages
 /// in `target/nvidia-userspace/VERSION`), if there; records a skip if not.
 pub fn nvidia_userspace(test: &str) -> Option<PathBuf> {
+    nvidia_userspace_of(test, "535.261.03")
+}
+
+/// [`nvidia_userspace`] of one version (535.261.03, 550.163.01, 555.58.02).
+pub fn nvidia_userspace_of(test: &str, version: &str) -> Option<PathBuf> {
     let dir = sibling_bin("keling-nvsim")
         .parent()
         .and_then(|p| p.parent())
         .expect("target dir")
-        .join("nvidia-userspace/535.261.03");
+        .join("nvidia-userspace")
+        .join(version);
     if dir
         .join("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1")
         .exists()
@@ -400,7 +406,7 @@ pub fn nvidia_userspace(test: &str) -> Option<PathBuf> {
     skip(
         test,
         &format!(
-            "NVIDIA's userspace is not unpacked in {} (`cargo xtask setup` fetches it on Debian bookworm)",
+            "NVIDIA's userspace is not unpacked in {} (`cargo xtask setup` fetches it with apt from Debian)",
             dir.display()
         ),
     );

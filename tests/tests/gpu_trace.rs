@@ -1297,3 +1297,52 @@ fn a_process_exiting_with_a_hundred_and_twenty_nvidia_fds_leaves_no_ghost() {
         .count();
     assert_eq!(releases, 120, "every file's release was seen");
 }
+
+/// The UVM calls whose layout moved between driver branches (MAP_EXTERNAL_ALLOCATION
+/// and ALLOC_SEMAPHORE_POOL at 550.40.53, FREE at 590): for a simulated driver of
+/// each branch, the status Keling reports for each is the one the driver wrote
+/// where that branch has it (the workload checks it read the same there).
+#[test]
+fn uvm_statuses_are_read_where_each_branch_writes_them() {
+    for version in ["535.261.03", "550.163.01", "590.44.01"] {
+        let Some(fx) = Fixture::gpu(
+            "uvm_statuses_are_read_where_each_branch_writes_them",
+            &["--gpus", "1", "--driver-version", version],
+        ) else {
+            return;
+        };
+        let sim = fx.sim();
+        let t = trace(
+            &["--dev-dir", sim.dev_dir()],
+            &[
+                &gwl(),
+                "--dev-dir",
+                sim.dev_dir(),
+                "--scenario",
+                "uvm-status",
+            ],
+        );
+        assert_eq!(t.exit_code, 0, "{version}: keling: {}", t.stderr);
+        let status_of = |call: &str| -> Vec<u64> {
+            t.of_type("gpu_ioctl")
+                .filter(|e| e["call"] == call)
+                .map(|e| e["status"].as_u64().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            status_of("UVM_MAP_EXTERNAL_ALLOCATION"),
+            [0x1e],
+            "{version}"
+        );
+        assert_eq!(status_of("UVM_ALLOC_SEMAPHORE_POOL"), [0], "{version}");
+        assert_eq!(status_of("UVM_FREE"), [0x1e], "{version}");
+        assert_eq!(
+            t.summary()["undecoded"]
+                .as_object()
+                .map(|u| u.values().all(|v| v == 0)),
+            Some(true),
+            "{version}: {}",
+            t.summary()
+        );
+    }
+}

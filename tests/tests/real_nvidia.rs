@@ -13,7 +13,7 @@ use std::{
 };
 
 use keling_tests::{
-    ChildGuard, Fixture, Nvsim, cuda_probe_bin, gpu_workload_bin, keling_bin, nvidia_userspace,
+    ChildGuard, Fixture, Nvsim, cuda_probe_bin, gpu_workload_bin, keling_bin, nvidia_userspace_of,
     sandbox,
 };
 use serde_json::Value;
@@ -22,18 +22,58 @@ const MIB: u64 = 1 << 20;
 /// What the simulated GPUs are given: an H200's 141 GiB.
 const MEM_PER_GPU: u64 = 141 << 30;
 
+/// A driver branch judged by NVIDIA's own userspace: the Debian version unpacked
+/// by `cargo xtask setup` (the simulated driver reports the same version, so the
+/// sandbox takes that branch's libraries) and what its libcuda says.
+struct Branch {
+    version: &'static str,
+    /// cuDriverGetVersion: the CUDA version the branch provides.
+    cuda: u64,
+    /// Whether NVML finds the GPU's PCI bus id without sysfs. From 550 NVML
+    /// looks the GPU up in /sys/bus/pci/devices, which the sandbox does not
+    /// simulate: nvidia-smi then shows "[Not Found]" (docs/real-nvidia.md).
+    smi_bus_id: bool,
+    /// Whether its userspace is unpacked (records a skip if not).
+    unpacked: fn(&str) -> bool,
+}
+
+const B535: Branch = Branch {
+    version: "535.261.03",
+    unpacked: |test| nvidia_userspace_of(test, "535.261.03").is_some(),
+    cuda: 12020,
+    smi_bus_id: true,
+};
+const B550: Branch = Branch {
+    version: "550.163.01",
+    unpacked: |test| nvidia_userspace_of(test, "550.163.01").is_some(),
+    cuda: 12040,
+    smi_bus_id: false,
+};
+const B555: Branch = Branch {
+    version: "555.58.02",
+    unpacked: |test| nvidia_userspace_of(test, "555.58.02").is_some(),
+    cuda: 12050,
+    smi_bus_id: false,
+};
+
 /// Root, FUSE, NVIDIA's userspace unpacked, and the simulator as NVIDIA's 535
 /// userspace expects it: two GPUs of `MEM_PER_GPU`.
 fn fixture(test: &'static str) -> Option<Fixture> {
+    fixture_of(test, &B535)
+}
+
+/// The same for `b`'s userspace and a simulated driver of its version.
+fn fixture_of(test: &'static str, b: &Branch) -> Option<Fixture> {
+    let version = b.version;
     Fixture::needs(test)
-        .check(|test| nvidia_userspace(test).is_some())
+        .check(b.unpacked)
         .sim(&[
             "--gpus",
             "2",
             "--mem-per-gpu",
             &MEM_PER_GPU.to_string(),
             "--driver-version",
-            "535.261.03",
+            version,
         ])
         .ready()
 }
@@ -128,8 +168,33 @@ fn keling_counts(summary: &Value) -> Counts {
 
 #[test]
 fn cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded() {
-    let Some(fx) = fixture("cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded")
-    else {
+    cuda_driver_api_under_keling_trace(
+        "cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded",
+        &B535,
+    );
+}
+
+#[test]
+fn cuda_driver_api_of_550_succeeds_under_keling_trace_with_every_call_decoded() {
+    cuda_driver_api_under_keling_trace(
+        "cuda_driver_api_of_550_succeeds_under_keling_trace_with_every_call_decoded",
+        &B550,
+    );
+}
+
+#[test]
+fn cuda_driver_api_of_555_succeeds_under_keling_trace_with_every_call_decoded() {
+    cuda_driver_api_under_keling_trace(
+        "cuda_driver_api_of_555_succeeds_under_keling_trace_with_every_call_decoded",
+        &B555,
+    );
+}
+
+/// Real libcuda of branch `b` under `keling trace` against the simulated driver
+/// of the same version: every CUDA call succeeds with the simulated GPUs' facts,
+/// nothing is left undecoded and Keling's per-kind counts are the simulator's.
+fn cuda_driver_api_under_keling_trace(test: &'static str, b: &Branch) {
+    let Some(fx) = fixture_of(test, b) else {
         return;
     };
     let sim = fx.sim();
@@ -157,8 +222,8 @@ fn cuda_driver_api_succeeds_under_keling_trace_with_every_call_decoded() {
     let probe: Value = serde_json::from_str(line).expect("probe JSON");
     assert_eq!(probe["ok"], true, "a CUDA call failed: {probe}");
     assert_eq!(probe["count"], 2, "{probe}");
-    // cuDriverGetVersion: CUDA 12.2 is what the 535 branch provides.
-    assert_eq!(probe["driver_version"], 12020, "{probe}");
+    // cuDriverGetVersion: the CUDA version the branch provides (12.2 for 535).
+    assert_eq!(probe["driver_version"], b.cuda, "{probe}");
     for (i, d) in probe["devices"].as_array().unwrap().iter().enumerate() {
         assert_eq!(d["name"], "NVIDIA H200", "{d}");
         assert_eq!(d["total_mem"].as_u64(), Some(MEM_PER_GPU), "{d}");
@@ -216,9 +281,34 @@ fn smi_query(sim: &Nvsim, what: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
-    let Some(fx) =
-        fixture("nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps")
-    else {
+    smi_and_keling_agree(
+        "nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps",
+        &B535,
+    );
+}
+
+#[test]
+fn nvidia_smi_550_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
+    smi_and_keling_agree(
+        "nvidia_smi_550_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps",
+        &B550,
+    );
+}
+
+#[test]
+fn nvidia_smi_555_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
+    smi_and_keling_agree(
+        "nvidia_smi_555_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps",
+        &B555,
+    );
+}
+
+/// nvidia-smi and NVML of branch `b` against the simulated driver of the same
+/// version, with a workload traced by Keling: the GPUs, their memory and the
+/// compute app as the simulator has them, and real NVML's per-process figure
+/// equal to Keling's.
+fn smi_and_keling_agree(test: &'static str, b: &Branch) {
+    let Some(fx) = fixture_of(test, b) else {
         return;
     };
     let sim = fx.sim();
@@ -306,13 +396,24 @@ fn nvidia_smi_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps() {
         assert_eq!(r[3], (used_truth[i] / MIB).to_string(), "{rows:?}");
     }
 
-    let apps = smi_query(sim, "compute-apps=pid,used_memory,gpu_bus_id");
+    let apps = smi_query(sim, "compute-apps=pid,used_memory,gpu_bus_id,gpu_uuid");
+    let gpu1_uuid = gpus[1]
+        .split("UUID: ")
+        .nth(1)
+        .and_then(|u| u.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("GPU 1's UUID in {listed}"));
+    let bus_id = if b.smi_bus_id {
+        "00000000:19:00.0"
+    } else {
+        "[Not Found]"
+    };
     assert_eq!(
         apps,
         vec![vec![
             pid.to_string(),
             "300".to_string(),
-            "00000000:19:00.0".to_string()
+            bus_id.to_string(),
+            gpu1_uuid.to_string(),
         ]],
         "nvidia-smi's compute apps"
     );

@@ -69,78 +69,154 @@ pub fn setup() -> anyhow::Result<()> {
     nvidia_userspace()
 }
 
-/// NVIDIA's own userspace, the judge of the simulated driver in the tests
-/// (`keling-nvsim sandbox`): Debian bookworm's non-free packages at one pinned
-/// version, unpacked under `target/` and never installed system-wide (a full
-/// install pulls in dkms and kernel headers). The product never uses them.
-pub const NVIDIA_USERSPACE_VERSION: &str = "535.261.03";
+/// NVIDIA's own userspace, the judges of the simulated driver in the tests
+/// (`keling-nvsim sandbox --nvidia DIR`): Debian's non-free packages of each
+/// branch Debian has, at pinned versions, unpacked under
+/// `target/nvidia-userspace/VERSION` and never installed (a full install pulls in
+/// dkms and kernel headers). The product never uses them.
+pub struct NvidiaUserspace {
+    pub version: &'static str,
+    /// Debian's revision of the packages (`VERSION-REVISION` is what is pinned).
+    pub revision: u32,
+    /// The Debian suite that has this version (non-free, amd64).
+    pub suite: &'static str,
+    /// From 550, libcuda1 depends on libnvidia-pkcs11-openssl3 of the same version.
+    pub pkcs11: bool,
+}
+
+/// Every branch fetched, oldest first. The default judge is the first.
+pub const NVIDIA_USERSPACES: &[NvidiaUserspace] = &[
+    NvidiaUserspace {
+        version: "535.261.03",
+        revision: 1,
+        suite: "bookworm",
+        pkcs11: false,
+    },
+    NvidiaUserspace {
+        version: "550.163.01",
+        revision: 2,
+        suite: "trixie",
+        pkcs11: true,
+    },
+    NvidiaUserspace {
+        version: "555.58.02",
+        revision: 4,
+        suite: "experimental",
+        pkcs11: true,
+    },
+];
 const NVIDIA_PACKAGES: &[&str] = &[
     "libcuda1",
     "libnvidia-ml1",
     "nvidia-smi",
     "libnvidia-ptxjitcompiler1",
 ];
-/// The apt source this step adds: the non-free component of the host's own
-/// bookworm mirror.
-const NONFREE_SOURCES: &str = "/etc/apt/sources.list.d/keling-nvidia-non-free.sources";
+/// Debian's archive key (package debian-archive-keyring) signs every suite above.
+const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+/// Where the unpacked libcuda is, to tell a complete tree.
+const LIBCUDA: &str = "usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1";
 
-/// Where the packages are unpacked (`dpkg -x`).
-pub fn nvidia_userspace_dir() -> std::path::PathBuf {
-    crate::root()
-        .join("target/nvidia-userspace")
-        .join(NVIDIA_USERSPACE_VERSION)
+/// Where each version is unpacked (`dpkg -x`).
+pub fn nvidia_userspace_dir(version: &str) -> std::path::PathBuf {
+    crate::root().join("target/nvidia-userspace").join(version)
 }
 
 fn nvidia_userspace() -> anyhow::Result<()> {
-    let dir = nvidia_userspace_dir();
-    let marker = dir.join("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1");
-    if marker.exists() {
+    for u in NVIDIA_USERSPACES {
+        nvidia_userspace_of(u)?;
+    }
+    Ok(())
+}
+
+/// The apt options that give apt a state of its own under `dir` (lists, cache,
+/// sources), so that nothing of the host's apt configuration changes: a suite
+/// such as trixie or experimental in the host's own sources would let the next
+/// `apt-get upgrade` upgrade the host from it.
+fn own_apt_state(dir: &std::path::Path) -> Vec<String> {
+    let d = dir.display();
+    vec![
+        format!("-oDir::State::Lists={d}/lists"),
+        format!("-oDir::Cache={d}/cache"),
+        format!("-oDir::Etc::SourceList={d}/sources.list"),
+        "-oDir::Etc::SourceParts=/dev/null".into(),
+        // Nothing of the host's preferences (pins) either.
+        "-oDir::Etc::Preferences=/dev/null".into(),
+        "-oDir::Etc::PreferencesParts=/dev/null".into(),
+    ]
+}
+
+fn nvidia_userspace_of(u: &NvidiaUserspace) -> anyhow::Result<()> {
+    let version = u.version;
+    let dir = nvidia_userspace_dir(version);
+    if dir.join(LIBCUDA).exists() {
         return Ok(());
     }
-    let release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
-    if !release.lines().any(|l| l == "VERSION_CODENAME=bookworm") {
+    if !std::path::Path::new("/usr/bin/apt-get").exists()
+        || !std::path::Path::new(DEBIAN_KEYRING).exists()
+    {
         eprintln!(
-            "setup: not Debian bookworm: NVIDIA's userspace {NVIDIA_USERSPACE_VERSION} is not \
-             fetched and the tests that run it will skip"
+            "setup: no apt-get or no {DEBIAN_KEYRING} (not Debian): NVIDIA's userspace {version} \
+             is not fetched and the tests that run it will skip"
         );
         return Ok(());
-    }
-    if !crate::is_root() {
-        bail!(
-            "NVIDIA's userspace {NVIDIA_USERSPACE_VERSION} is not in {}: run `sudo cargo xtask setup` \
-             (it adds Debian's non-free component to apt's sources and unpacks the packages there)",
-            dir.display()
-        );
     }
     eprintln!(
-        "setup: fetching NVIDIA's userspace {NVIDIA_USERSPACE_VERSION} (Debian non-free, unpacked \
-         under target/, not installed)"
+        "setup: fetching NVIDIA's userspace {version} (Debian {} non-free, with an apt state of \
+         its own; unpacked under target/, not installed)",
+        u.suite
     );
-    add_nonfree_source()?;
-    run(Command::new("apt-get").args(["update", "-q"]))?;
-    let download = crate::root().join("target/nvidia-userspace/debs");
-    let _ = std::fs::remove_dir_all(&download);
-    std::fs::create_dir_all(&download)?;
+    let work = crate::root()
+        .join("target/nvidia-userspace/apt")
+        .join(u.suite);
+    let _ = std::fs::remove_dir_all(&work);
+    for d in ["lists/partial", "cache/archives/partial", "debs"] {
+        std::fs::create_dir_all(work.join(d))?;
+    }
+    std::fs::write(
+        work.join("sources.list"),
+        format!(
+            "# Written by `cargo xtask setup` (Keling); read only by its own apt calls.\n\
+             deb [arch=amd64 signed-by={DEBIAN_KEYRING}] {DEBIAN_MIRROR} {} non-free\n",
+            u.suite
+        ),
+    )?;
+    let apt = own_apt_state(&work);
+    // Root is not needed with a state of one's own: no lock of the host's is taken.
+    run(Command::new("apt-get")
+        .args(&apt)
+        .args(["-q", "update"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    let mut packages: Vec<String> = NVIDIA_PACKAGES
+        .iter()
+        .map(|p| format!("{p}={version}-{}", u.revision))
+        .collect();
+    if u.pkcs11 {
+        packages.push(format!(
+            "libnvidia-pkcs11-openssl3={version}-{}",
+            u.revision
+        ));
+    }
     // `apt-get download` writes into its working directory (and says so when
     // the `_apt` user cannot write there: harmless).
+    let download = work.join("debs");
     let status = Command::new("apt-get")
-        .args(["download", "-q"])
-        .args(
-            NVIDIA_PACKAGES
-                .iter()
-                .map(|p| format!("{p}={NVIDIA_USERSPACE_VERSION}-1")),
-        )
+        .args(&apt)
+        .args(["-q", "download"])
+        .args(&packages)
         .current_dir(&download)
         .status()
         .context("start apt-get download")?;
     if !status.success() {
         bail!(
-            "apt-get download of {NVIDIA_PACKAGES:?} {NVIDIA_USERSPACE_VERSION} failed: {status}"
+            "apt-get download of {packages:?} from Debian {} failed: {status} (the pinned \
+             version may have left the archive: see docs/real-nvidia.md)",
+            u.suite
         );
     }
     // Unpack into a fresh directory and move it in place last, so an
     // interrupted run never leaves a half tree that looks complete.
-    let partial = dir.with_file_name(format!("{NVIDIA_USERSPACE_VERSION}.partial"));
+    let partial = dir.with_file_name(format!("{version}.partial"));
     let _ = std::fs::remove_dir_all(&partial);
     for deb in std::fs::read_dir(&download)? {
         let deb = deb?.path();
@@ -148,10 +224,7 @@ fn nvidia_userspace() -> anyhow::Result<()> {
             run(Command::new("dpkg").arg("-x").arg(&deb).arg(&partial))?;
         }
     }
-    if !partial
-        .join("usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.1")
-        .exists()
-    {
+    if !partial.join(LIBCUDA).exists() {
         bail!(
             "the unpacked packages in {} hold no libcuda.so.1",
             partial.display()
@@ -159,55 +232,11 @@ fn nvidia_userspace() -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&partial, &dir)?;
-    let _ = std::fs::remove_dir_all(&download);
+    let _ = std::fs::remove_dir_all(&work);
+    if let Some(apt) = work.parent() {
+        let _ = std::fs::remove_dir(apt); // when empty
+    }
     Ok(())
-}
-
-/// Adds the non-free component of the host's bookworm source (same URIs and
-/// key as its `main` entry), once.
-fn add_nonfree_source() -> anyhow::Result<()> {
-    if std::path::Path::new(NONFREE_SOURCES).exists() {
-        return Ok(());
-    }
-    let mut uris = None;
-    let mut key = None;
-    if let Ok(dir) = std::fs::read_dir("/etc/apt/sources.list.d") {
-        for f in dir.flatten() {
-            let p = f.path();
-            if p.extension().is_none_or(|e| e != "sources") {
-                continue;
-            }
-            for stanza in std::fs::read_to_string(&p)
-                .unwrap_or_default()
-                .split("\n\n")
-            {
-                let field = |name: &str| {
-                    stanza
-                        .lines()
-                        .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-                };
-                let suites = field("Suites:").unwrap_or_default();
-                if uris.is_none() && suites.split_whitespace().any(|s| s == "bookworm") {
-                    uris = field("URIs:");
-                    key = field("Signed-By:");
-                }
-            }
-        }
-    }
-    let Some(uris) = uris else {
-        bail!(
-            "no apt source for Debian bookworm found in /etc/apt/sources.list.d/*.sources: add one \
-             with the non-free component to fetch NVIDIA's userspace"
-        );
-    };
-    let mut text = format!(
-        "# Added by `cargo xtask setup` (Keling): NVIDIA's userspace for the simulator's tests.\n\
-         Types: deb\nURIs: {uris}\nSuites: bookworm bookworm-updates\nComponents: non-free\n"
-    );
-    if let Some(k) = key {
-        text.push_str(&format!("Signed-By: {k}\n"));
-    }
-    std::fs::write(NONFREE_SOURCES, text).with_context(|| format!("write {NONFREE_SOURCES}"))
 }
 
 /// Installs the Debian packages of `wanted` that are missing (root only; others are

@@ -85,8 +85,9 @@ pub struct LoadOptions {
     pub ringbuf_bytes: u32,
     /// Where the NVIDIA device files are (`/dev`, or a simulator's mount).
     pub dev_dir: std::path::PathBuf,
-    /// The driver's major version, which selects the NVOS21 layout.
-    pub driver_major: u32,
+    /// The driver's version, which selects the layouts that moved between
+    /// branches (NVOS21's status, UVM's and the dma-buf export's).
+    pub driver_version: nvidia::branch::Version,
     /// What makes a file an NVIDIA device here.
     pub nvidia_files: NvidiaFiles,
     /// Features whose programs must attach; the others are skipped with a warning
@@ -116,7 +117,11 @@ impl LoadOptions {
             system_wide,
             ringbuf_bytes: ringbuf_kib.saturating_mul(1024),
             dev_dir: gpu.dev_dir.clone(),
-            driver_major: gpu.driver_major()?,
+            driver_version: {
+                let v = gpu.driver_layout_version()?;
+                crate::gpu::names::set_driver(v);
+                v
+            },
             nvidia_files: gpu.nvidia_files()?,
             required,
             active_interval_ns: 0,
@@ -129,7 +134,7 @@ impl LoadOptions {
 impl LoadOptions {
     /// Whether there is an NVIDIA driver (real or simulated) to trace.
     pub fn has_gpu(&self) -> bool {
-        self.driver_major != u32::MAX || !self.nvidia_files.sim.is_empty()
+        self.driver_version != nvidia::branch::Version::NEWEST || !self.nvidia_files.sim.is_empty()
     }
 }
 
@@ -156,6 +161,7 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
         Ok(o) => (o, 1),
         Err(_) => (off("file", "f_count")?, 0),
     };
+    let layout = nvidia::branch::Layout::of(opts.driver_version);
     let exit = TracepointFormat::read(&tracefs, "sched", "sched_process_exit")?;
     let switch = TracepointFormat::read(&tracefs, "sched", "sched_switch")?;
     let exec = TracepointFormat::read(&tracefs, "sched", "sched_process_exec")?;
@@ -190,18 +196,22 @@ fn probe_config(opts: &LoadOptions) -> anyhow::Result<ProbeConfig> {
         exec_filename_off: exec.require("sched_process_exec", "filename")?,
         exec_old_pid_off: exec.require("sched_process_exec", "old_pid")?,
         system_wide: opts.system_wide as u32,
-        nvos21_status_off: if opts.driver_major >= nvidia::NVOS21_PARAMS_SIZE_SINCE_MAJOR {
+        nvos21_status_off: if opts.driver_version.major >= nvidia::NVOS21_PARAMS_SIZE_SINCE_MAJOR {
             nvidia::nvos21::STATUS as u32
         } else {
             nvidia::nvos21::STATUS_PRE_535 as u32
         },
-        driver_major: opts.driver_major,
+        driver_major: opts.driver_version.major,
         wakeup_bytes: opts.ringbuf_bytes / 4,
         active_interval_ns: opts.active_interval_ns,
         task_runtime_off: off("task_struct", "se")? + off("sched_entity", "sum_exec_runtime")?,
         regs_arg0_off,
         regs_syscall_nr_off,
         ioctl_syscall_nr,
+        uvm_free_status_off: layout.uvm_free_rm_status as u32,
+        uvm_map_external_status_off: layout.uvm_map_external_rm_status as u32,
+        uvm_semaphore_pool_status_off: layout.uvm_semaphore_pool_rm_status as u32,
+        dmabuf_export_status_off: layout.dmabuf_export_status as u32,
     })
 }
 

@@ -5,6 +5,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use keling_common::nvidia::branch::Version;
 
 /// Options shared by every command that traces GPU processes.
 #[derive(Debug, Clone, clap::Args)]
@@ -44,18 +45,38 @@ pub enum IoctlBackendChoice {
 pub struct DriverVersion {
     pub text: String,
     pub major: u32,
+    /// major.minor.patch, which keys the layouts that moved between branches.
+    pub version: Version,
 }
 
 impl DriverVersion {
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let major = text
-            .split('.')
+        let bad = || format!("driver version {text:?} is not like 580.159 or 550.54.14");
+        let mut parts = text.split('.');
+        let major: u32 = parts
             .next()
             .and_then(|m| m.parse().ok())
-            .with_context(|| format!("driver version {text:?} is not like 580.159"))?;
+            .with_context(bad)?;
+        // Minor and patch: digits only ("07" is 7); absent ones are 0.
+        let mut next = || -> anyhow::Result<u32> {
+            match parts.next() {
+                None => Ok(0),
+                Some(p)
+                    if !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    Ok(p.parse()?)
+                }
+                Some(_) => bail!(bad()),
+            }
+        };
+        let (minor, patch) = (next()?, next()?);
+        if parts.next().is_some() {
+            bail!(bad());
+        }
         Ok(Self {
             text: text.to_owned(),
             major,
+            version: Version::new(major, minor, patch),
         })
     }
 
@@ -98,10 +119,10 @@ impl GpuArgs {
         }
     }
 
-    /// The driver major version for the probes; without any driver the newest
-    /// layout is assumed (there is nothing to decode anyway). Says which driver
-    /// it found (see [`driver_found`]).
-    pub fn driver_major(&self) -> anyhow::Result<u32> {
+    /// The driver version for the probes (which selects the layouts that moved
+    /// between branches); without any driver the newest layout is assumed (there
+    /// is nothing to decode anyway). Says which driver it found (see [`driver_found`]).
+    pub fn driver_layout_version(&self) -> anyhow::Result<Version> {
         let v = self.driver_version()?;
         let dir = self.dev_dir.display();
         let text = v.as_ref().map_or("of unknown version", |v| v.text.as_str());
@@ -122,7 +143,7 @@ impl GpuArgs {
                  absent); GPU tracing is armed for when one appears"
             ),
         }
-        Ok(v.map_or(u32::MAX, |v| v.major))
+        Ok(v.map_or(Version::NEWEST, |v| v.version))
     }
 
     pub fn check_dev_dir(&self) -> anyhow::Result<()> {
@@ -291,6 +312,19 @@ mod tests {
         let v = DriverVersion::from_proc_text(text).unwrap();
         assert_eq!((v.text.as_str(), v.major), ("580.159", 580));
         assert_eq!(DriverVersion::parse("530.30.02").unwrap().major, 530);
+        assert_eq!(v.version, Version::new(580, 159, 0));
+        // The patch matters: 550.40.07's UVM layout is not 550.40.53's.
+        assert_eq!(
+            DriverVersion::parse("550.40.07").unwrap().version,
+            Version::new(550, 40, 7)
+        );
+        assert_eq!(
+            DriverVersion::parse("555").unwrap().version,
+            Version::new(555, 0, 0)
+        );
+        for bad in ["580.", "580.1x", "580.1.2.3", "580.-1", "580.9999999999"] {
+            assert!(DriverVersion::parse(bad).is_err(), "{bad}");
+        }
         assert!(DriverVersion::parse("abc").is_err());
         assert!(DriverVersion::from_proc_text("nothing here").is_err());
     }

@@ -7,7 +7,11 @@
 //! as undecoded: naming is not decoding.
 use keling_common::{
     mem_kind,
-    nvidia::{ObjectKind, class, escape},
+    nvidia::{
+        ObjectKind,
+        branch::{Escape5F, Layout, Version},
+        class, escape,
+    },
     open_how, outcome, ref_how, teardown, undecoded,
 };
 
@@ -17,7 +21,8 @@ use crate::event::decode::{
 
 /// RM escapes (`nr` of the ioctl command on `nvidiactl` / `nvidiaN`): every one of
 /// keling-common's `escape` (all of driver 535's `NV_ESC_*`), sorted, named as
-/// NVIDIA names them without `NV_ESC_` (and without `IOCTL_` for XFER_CMD).
+/// NVIDIA names them without `NV_ESC_` (and without `IOCTL_` for XFER_CMD). 0x5F
+/// is named by branch ([`escape_of`]).
 pub const ESCAPES: &[(u32, &str)] = &[
     (escape::ALLOC_MEMORY, "RM_ALLOC_MEMORY"),
     (escape::ALLOC_OBJECT, "RM_ALLOC_OBJECT"),
@@ -149,6 +154,12 @@ pub const UVM_COMMANDS: &[(u32, &str)] = &[
     (0x49, "UVM_CREATE_EXTERNAL_RANGE"),
     (0x4a, "UVM_MAP_EXTERNAL_SPARSE"),
     (0x4b, "UVM_MM_INITIALIZE"),
+    // From 565 (76-79) and 580 (80): uvm_ioctl.h at 580.142.
+    (0x4c, "UVM_TOOLS_INIT_EVENT_TRACKER_V2"),
+    (0x4d, "UVM_TOOLS_GET_PROCESSOR_UUID_TABLE_V2"),
+    (0x4e, "UVM_ALLOC_DEVICE_P2P"),
+    (0x4f, "UVM_CLEAR_ALL_ACCESS_COUNTERS"),
+    (0x50, "UVM_DISCARD"),
     (0xc8, "UVM_TEST_GET_GPU_REF_COUNT"),
     (0xc9, "UVM_TEST_RNG_SANITY"),
     (0xca, "UVM_TEST_RANGE_TREE_DIRECTED"),
@@ -400,8 +411,32 @@ pub fn device(d: DeviceFile) -> String {
     }
 }
 
-/// An RM escape by its number (`RM_0x..` when Keling has no name for it).
+/// The driver version names are given for (escape 0x5F is another escape from
+/// 545 on); the newest until [`set_driver`] is called.
+static DRIVER: std::sync::RwLock<Version> = std::sync::RwLock::new(Version::NEWEST);
+
+/// Names escapes as the driver of version `v` does (set once the driver in use is
+/// known).
+pub fn set_driver(v: Version) {
+    *DRIVER.write().unwrap_or_else(|e| e.into_inner()) = v;
+}
+
+fn driver() -> Version {
+    *DRIVER.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An RM escape by its number (`RM_0x..` when Keling has no name for it), named
+/// as the driver in use names it.
 pub fn escape(nr: u32) -> String {
+    escape_of(driver(), nr)
+}
+
+/// An RM escape by its number, as driver `v` names it.
+pub fn escape_of(v: Version, nr: u32) -> String {
+    if nr == escape::LOCKLESS_DIAGNOSTIC && Layout::of(v).escape_5f == Escape5F::LocklessDiagnostic
+    {
+        return "RM_LOCKLESS_DIAGNOSTIC".into();
+    }
     lookup(ESCAPES, nr).map_or_else(|| format!("RM_{nr:#x}"), str::to_owned)
 }
 
@@ -732,6 +767,14 @@ mod tests {
         assert_eq!(call(Call::Uvm(0x7ff)), "UVM_IS_8_SUPPORTED");
         assert_eq!(call(Call::Uvm(0xc8)), "UVM_TEST_GET_GPU_REF_COUNT");
         assert_eq!(call(Call::Uvm(0x99)), "UVM_0x99");
+        // Names that moved between branches.
+        let v535 = Version::new(535, 261, 3);
+        let v550 = Version::new(550, 163, 1);
+        assert_eq!(escape_of(v535, 0x5F), "RM_NVLOG_CTRL");
+        assert_eq!(escape_of(v550, 0x5F), "RM_LOCKLESS_DIAGNOSTIC");
+        assert_eq!(escape_of(v535, 218), "WAIT_OPEN_COMPLETE");
+        assert_eq!(call(Call::Uvm(80)), "UVM_DISCARD");
+        assert_eq!(call(Call::Uvm(78)), "UVM_ALLOC_DEVICE_P2P");
         assert_eq!(call(Call::NotRm(0x5401)), "NOT_RM_0x5401");
         assert_eq!(
             control_label(0x2080_0110),

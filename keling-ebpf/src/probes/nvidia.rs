@@ -34,9 +34,9 @@ use keling_common::{
     GpuIoctlEvent, GpuObjectEvent, GpuRefEvent, MAX_CALL_KEYS, MemHandle, NO_GPU, ObjectInfo,
     ObjectKey, active_cause, call_key, call_kind, device_file, mem_kind,
     nvidia::{
-        self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, ObjectKind, class, ctrl, escape,
-        nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm,
-        xfer,
+        self, MEMORY_ALLOCATION_PARAMS_SIZE, NV0080_DEVICE_ID, OS_DESC_LIMIT, ObjectKind, class,
+        ctrl, escape, nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55,
+        nvos64, size, uvm, xfer,
     },
     open_how, outcome, ref_how, table_full, tail_call, teardown, undecoded,
 };
@@ -1023,9 +1023,18 @@ fn emit_quiet_or_not(e: GpuIoctlEvent) {
 fn plain_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     let base = p.params;
     if p.device == device_file::UVM {
+        // Where rmStatus is: fixed, or moved between driver branches (the offsets
+        // the agent set for the driver in use).
         let status = match p.escape {
             uvm::INITIALIZE => user_u32(base, uvm::INITIALIZE_RM_STATUS)?,
-            uvm::FREE => user_u32(base, uvm::FREE_RM_STATUS)?,
+            uvm::CREATE_EXTERNAL_RANGE => user_u32(base, uvm::CREATE_EXTERNAL_RANGE_RM_STATUS)?,
+            uvm::FREE => user_u32(base, config!(uvm_free_status_off) as usize)?,
+            uvm::MAP_EXTERNAL_ALLOCATION => {
+                user_u32(base, config!(uvm_map_external_status_off) as usize)?
+            }
+            uvm::ALLOC_SEMAPHORE_POOL => {
+                user_u32(base, config!(uvm_semaphore_pool_status_off) as usize)?
+            }
             _ => 0,
         };
         return Ok(Some(Report::status(status)));
@@ -1043,6 +1052,12 @@ fn plain_exit(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
             }))
         }
         escape::MAP_MEMORY => Ok(Some(Report::status(user_u32(base, nvos33::STATUS)?))),
+        // Its layout moved at 570: the status offset is the driver's.
+        escape::EXPORT_TO_DMABUF_FD => Ok(Some(Report {
+            status: user_u32(base, config!(dmabuf_export_status_off) as usize)?,
+            outcome: outcome::NO_MEMORY_ESCAPE,
+            requested: 0,
+        })),
         escape::UNMAP_MEMORY => Ok(Some(Report::status(user_u32(base, nvos34::STATUS)?))),
         _ => Ok(Some(Report {
             status: 0,
@@ -1073,7 +1088,9 @@ fn exit_alloc(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
     }
     p.handle = user_u32(base, nvos21::H_OBJECT_NEW)?;
     let bytes = match p.class {
-        class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => user_u64(p.sub_params, 24)?.saturating_add(1),
+        class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR => {
+            user_u64(p.sub_params, OS_DESC_LIMIT)?.saturating_add(1)
+        }
         c if ObjectKind::has_memory_params(c) => {
             user_u64(p.sub_params, MEMORY_ALLOCATION_PARAMS_SIZE)?
         }

@@ -259,12 +259,12 @@ pub mod fabric {
     pub const MAP_FLAGS: usize = 44;
 }
 
-/// Class 0xFD params: allocSize@8 in the 40-byte struct before 550, @48 in
-/// the 80-byte one from 550 on.
+/// Class 0xFD params: allocSize@8 in the 40-byte struct before 545, @48 in
+/// the 80-byte one from 545 on (545.23.06's headers; [`branch::nv00fd`]).
 pub mod multicast {
     pub const ALLOC_SIZE_LEGACY: usize = 8;
     pub const ALLOC_SIZE: usize = 48;
-    pub const SINCE: u32 = 550;
+    pub const SINCE: u32 = 545;
 }
 
 /// RM_CONTROL commands on the client (class 0x0000, `ctrl0000unix.h`) that
@@ -490,6 +490,10 @@ pub mod class {
     /// The usermode (doorbell) classes: VOLTA 0xC361, TURING 0xC461, AMPERE
     /// 0xC561, HOPPER 0xC661 (`g_allclasses.h`).
     pub const USERMODE: [u32; 4] = [0xC361, 0xC461, 0xC561, 0xC661];
+    /// NV2081_BINAPI (`class/cl2081.h`, params `{reserved}`): a handle under a
+    /// subdevice for binary controls, allocated by libcuda 550 and 555 at
+    /// cuInit (libcuda 535 does not).
+    pub const NV2081_BINAPI: u32 = 0x2081;
 }
 
 /// `NV_STATUS` codes, from `src/common/sdk/nvidia/inc/nvstatuscodes.h`.
@@ -566,8 +570,8 @@ pub mod uvm {
     /// `{uuid[16]; u32 hClient; u32 hChannel; rmStatus}`.
     pub const UNREGISTER_CHANNEL_SIZE: usize = 28;
     pub const UNREGISTER_CHANNEL_RM_STATUS: usize = 24;
-    /// MAP_EXTERNAL_ALLOCATION: base@0, length@8; its rmStatus moves with the
-    /// driver version (per-GPU array), so the simulator writes nothing.
+    /// MAP_EXTERNAL_ALLOCATION: base@0, length@8; its size and rmStatus move
+    /// with the driver version (per-GPU array): [`super::branch::uvm_map_external`].
     pub const BASE: usize = 0;
     pub const LENGTH: usize = 8;
     /// `{u64 base; u64 length; NV_STATUS rmStatus}` (FREE, CREATE_EXTERNAL_RANGE,
@@ -600,6 +604,111 @@ pub const PARAMS_SIZE_SINCE: u32 = 535;
 /// Major number of a driver version string such as `"580.159"`.
 pub fn version_major(version: &str) -> Option<u32> {
     version.split('.').next()?.trim().parse().ok()
+}
+
+/// A driver version as the simulator keys its layouts: `550.54.14` is
+/// (550, 54, 14), `580.142` is (580, 142, 0); unparsable parts count as 0 and an
+/// unparsable major as the newest driver. Ordered as releases are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version(pub u32, pub u32, pub u32);
+
+impl Version {
+    pub fn of(version: &str) -> Self {
+        let mut parts = version.trim().split('.').map(|p| p.parse::<u32>().ok());
+        let major = parts.next().flatten().unwrap_or(u32::MAX);
+        let minor = parts.next().flatten().unwrap_or(0);
+        let patch = parts.next().flatten().unwrap_or(0);
+        Version(major, minor, patch)
+    }
+    pub fn at_least(self, major: u32, minor: u32, patch: u32) -> bool {
+        self >= Version(major, minor, patch)
+    }
+}
+
+/// What moved between the branches the simulator serves, as each tag's headers
+/// have it (open-gpu-kernel-modules 535.261.03, 550.163.01, 555.58.02,
+/// 570.211.01, 580.142; sizeof/offsetof compiled on x86_64). A version between
+/// two tags takes the older tag's numbers. A second reading of the facts in
+/// keling-common's `nvidia::branch`, written apart on purpose.
+pub mod branch {
+    use super::Version;
+    /// NV_MEMORY_ALLOCATION_PARAMS: 120 bytes, 128 from 545 (numaNode@120).
+    pub fn memory_allocation_params(v: Version) -> usize {
+        if v.at_least(545, 0, 0) { 128 } else { 120 }
+    }
+    /// NVOS46 (RM_MAP_MEMORY_DMA): (size, status): 56 / @48, 64 / @56 from
+    /// 580 (a u64 before dmaOffset).
+    pub fn nvos46(v: Version) -> (usize, usize) {
+        if v.at_least(580, 0, 0) {
+            (64, 56)
+        } else {
+            (56, 48)
+        }
+    }
+    /// NVOS47 (RM_UNMAP_MEMORY_DMA): (size, status): 40 / @32, 48 / @40 from 550.
+    pub fn nvos47(v: Version) -> (usize, usize) {
+        if v.at_least(550, 0, 0) {
+            (48, 40)
+        } else {
+            (40, 32)
+        }
+    }
+    /// UVM's per-GPU arrays: 32 entries, 256 from 550.40.53 (550.40.07 has 32).
+    fn uvm_gpus(v: Version) -> usize {
+        if v.at_least(550, 40, 53) { 256 } else { 32 }
+    }
+    /// UVM_MAP_EXTERNAL_ALLOCATION_PARAMS: (size, rmStatus). base, length,
+    /// offset, perGpuAttributes[N] of 36 bytes, gpuAttributesCount (u64),
+    /// rmCtrlFd, hClient, hMemory, rmStatus: 1200 / @1196 and 9264 / @9260.
+    pub fn uvm_map_external(v: Version) -> (usize, usize) {
+        match uvm_gpus(v) {
+            32 => (1200, 1196),
+            _ => (9264, 9260),
+        }
+    }
+    /// UVM_ALLOC_SEMAPHORE_POOL_PARAMS: (size, rmStatus): 1184 / @1176 and 9248 / @9240.
+    pub fn uvm_semaphore_pool(v: Version) -> (usize, usize) {
+        match uvm_gpus(v) {
+            32 => (1184, 1176),
+            _ => (9248, 9240),
+        }
+    }
+    /// UVM_FREE_PARAMS: (size, rmStatus): {base; length; rmStatus} up to 580,
+    /// {base; rmStatus} from 590.
+    pub fn uvm_free(v: Version) -> (usize, usize) {
+        if v.at_least(590, 0, 0) {
+            (16, 8)
+        } else {
+            (24, 16)
+        }
+    }
+    /// nv_ioctl_export_to_dma_buf_fd_t: (size, status): 2600 / @2592, 2608 /
+    /// @2600 from 570 (an index field before the handles).
+    pub fn dmabuf_export(v: Version) -> (usize, usize) {
+        if v.at_least(570, 0, 0) {
+            (2608, 2600)
+        } else {
+            (2600, 2592)
+        }
+    }
+    /// NV00FD_ALLOCATION_PARAMETERS: (size, allocSize): 40 / @8, 80 / @48 from 545.
+    pub fn nv00fd(v: Version) -> (usize, usize) {
+        if v.at_least(545, 0, 0) {
+            (80, 48)
+        } else {
+            (40, 8)
+        }
+    }
+    /// UVM commands 76-79 from 565, 80 (DISCARD) from 580.
+    pub fn uvm_last_command(v: Version) -> u32 {
+        if v.at_least(580, 0, 0) {
+            80
+        } else if v.at_least(565, 0, 0) {
+            79
+        } else {
+            75
+        }
+    }
 }
 
 /// Little-endian field access on a parameter buffer. Out-of-range reads give 0

@@ -138,12 +138,12 @@
 //! asks them for power, clocks, temperatures); they stay unanswered, so NVML
 //! shows N/A there.
 
-use crate::abi::gpu_id;
 use crate::abi::le::{put_u16, put_u32, put_u64, u32_at, u64_at};
 use crate::abi::status::{
     NV_ERR_INVALID_ADDRESS, NV_ERR_INVALID_ARGUMENT, NV_ERR_NOT_SUPPORTED, NV_ERR_OBJECT_NOT_FOUND,
     NV_OK,
 };
+use crate::abi::{Version, gpu_id};
 use crate::driver::{Config, UserMem};
 
 /// `NV_ERR_INVALID_PARAM_STRUCT` (`src/common/sdk/nvidia/inc/nvstatuscodes.h`).
@@ -209,6 +209,9 @@ pub mod cmd {
     pub const GPU_GET_PROBED_IDS: u32 = 0x214;
     pub const GPU_ATTACH_IDS: u32 = 0x215;
     pub const GPU_DETACH_IDS: u32 = 0x216;
+    /// 550 and later: attach one GPU in the background, then wait for it.
+    pub const GPU_ASYNC_ATTACH_ID: u32 = 0x289;
+    pub const GPU_WAIT_ATTACH_ID: u32 = 0x290;
     pub const GPU_GET_PCI_INFO: u32 = 0x21b;
     pub const GPU_GET_UUID_INFO: u32 = 0x274;
     pub const GPU_GET_UUID_FROM_GPU_ID: u32 = 0x275;
@@ -270,6 +273,7 @@ pub mod cmd {
     pub const CE_GET_CAPS_V2: u32 = 0x2080_2a03;
     pub const CE_GET_ALL_CAPS: u32 = 0x2080_2a0a;
     pub const GSP_GET_FEATURES: u32 = 0x2080_3601;
+    pub const GRMGR_GET_GR_FS_INFO: u32 = 0x2080_3801;
     /// A GSS-legacy command (bit 15 set: `RM_GSS_LEGACY_MASK`,
     /// `rmapi_deprecated.h`) that `RmGssLegacyRpcCmd`
     /// (`rmapi_gss_legacy_control.c`) forwards to GSP-RM as is; its 332-byte
@@ -289,10 +293,110 @@ pub fn checks_params_size(cmd: u32) -> bool {
     )
 }
 
-/// The expected paramsSize of a control this module answers (None: not
-/// answered -> NV_ERR_NOT_SUPPORTED). Sizes are `sizeof` of the params struct
-/// at 535.261.03 (x86_64).
-pub fn params_size(cmd: u32) -> Option<usize> {
+/// The expected paramsSize of a control this module answers for driver `v`
+/// (None: not answered -> NV_ERR_NOT_SUPPORTED, as for a control the branch
+/// does not have). Sizes are `sizeof` of the params struct at 535.261.03
+/// (x86_64), except those that moved: [`branch_params_size`].
+pub fn params_size(cmd: u32, v: Version) -> Option<usize> {
+    if let Some(moved) = branch_params_size(cmd, v) {
+        return moved;
+    }
+    params_size_535(cmd)
+}
+
+/// The controls whose params size differs between the branches the simulator
+/// serves (sizeof at 535.261.03 / 550.163.01 / 555.58.02 / 570.211.01 / 580.142,
+/// compiled from each tag's headers; a version between two tags takes the
+/// older one's): `Some(None)` for a control the branch does not have.
+pub fn branch_params_size(cmd: u32, v: Version) -> Option<Option<usize>> {
+    use cmd::*;
+    let at = |major| v.at_least(major, 0, 0);
+    // (535, 550, 555, 570, 580) -> the one for `v`.
+    let by = |s: [usize; 5]| {
+        Some(Some(if at(580) {
+            s[4]
+        } else if at(570) {
+            s[3]
+        } else if at(555) {
+            s[2]
+        } else if at(550) {
+            s[1]
+        } else {
+            s[0]
+        }))
+    };
+    match cmd {
+        SYSTEM_GET_BUILD_VERSION_V2 => by([776, 776, 776, 1032, 1032]),
+        GPU_GET_PROBED_IDS => by([256, 256, 256, 256, 384]),
+        // New in 550: one gpuId each.
+        GPU_ASYNC_ATTACH_ID | GPU_WAIT_ATTACH_ID => Some(at(550).then_some(4)),
+        DEV_GPU_GET_VIRTUALIZATION_MODE => by([4, 4, 8, 8, 8]),
+        DEV_GPU_GET_CLASSLIST_V2 => by([644, 700, 404, 404, 804]),
+        GPU_GET_INFO_V2 => by([516, 524, 524, 524, 564]),
+        GPU_QUERY_ECC_STATUS => by([984, 1024, 1224, 1464, 1464]),
+        GPU_GET_ENGINES_V2 => by([252, 260, 260, 340, 340]),
+        GET_GPU_FABRIC_PROBE_INFO => by([40, 48, 48, 48, 56]),
+        GR_GET_GLOBAL_SM_ORDER => by([6168, 6168, 6168, 6168, 9240]),
+        GR_GET_INFO_V2 => by([448, 472, 472, 488, 488]),
+        FB_GET_INFO_V2 => by([436, 444, 444, 460, 1028]),
+        BUS_GET_PCIE_SUPPORTED_GPU_ATOMICS => by([104, 104, 104, 112, 112]),
+        CE_GET_ALL_CAPS => by([68, 136, 136, 136, 136]),
+        _ => None,
+    }
+}
+
+/// Where the fields after a list or table that grew are, for driver `v`
+/// (offsetof at each tag, as [`branch_params_size`]).
+pub mod moved {
+    use crate::abi::Version;
+    fn by(v: Version, s: [usize; 5]) -> usize {
+        let at = |major| v.at_least(major, 0, 0);
+        if at(580) {
+            s[4]
+        } else if at(570) {
+            s[3]
+        } else if at(555) {
+            s[2]
+        } else if at(550) {
+            s[1]
+        } else {
+            s[0]
+        }
+    }
+    /// BUILD_VERSION_V2: the three strings' size (256, then 256/512/256 from
+    /// 570: titleBuffer@768) and changelistNumber.
+    pub fn build_version_title(v: Version) -> usize {
+        by(v, [512, 512, 512, 768, 768])
+    }
+    pub fn build_version_changelist(v: Version) -> usize {
+        by(v, [768, 768, 768, 1024, 1024])
+    }
+    /// QUERY_ECC_STATUS: bFatalPoisonError, the last output field.
+    pub fn ecc_fatal_poison(v: Version) -> usize {
+        by(v, [960, 1000, 1200, 1440, 1440])
+    }
+    /// GR_GET_GLOBAL_SM_ORDER: numSm (numTpc 2 bytes later).
+    pub fn sm_order_num_sm(v: Version) -> usize {
+        by(v, [6144, 6144, 6144, 6144, 9216])
+    }
+    /// CE_GET_ALL_CAPS: `present` after capsTbl[32 or 64][2].
+    pub fn ce_present(v: Version) -> usize {
+        by(v, [64, 128, 128, 128, 128])
+    }
+    /// The V2 lists' maximum entries: GPU_GET_INFO_V2, GR_GET_INFO_V2, FB_GET_INFO_V2.
+    pub fn gpu_info_max(v: Version) -> usize {
+        by(v, [64, 65, 65, 65, 70])
+    }
+    pub fn gr_info_max(v: Version) -> usize {
+        by(v, [53, 56, 56, 58, 58])
+    }
+    pub fn fb_info_max(v: Version) -> usize {
+        by(v, [54, 55, 55, 57, 128])
+    }
+}
+
+/// The 535.261.03 sizes.
+fn params_size_535(cmd: u32) -> Option<usize> {
     use cmd::*;
     Some(match cmd {
         SYSTEM_GET_BUILD_VERSION => 40,
@@ -365,6 +469,7 @@ pub fn params_size(cmd: u32) -> Option<usize> {
         CE_GET_CAPS_V2 => 8,
         CE_GET_ALL_CAPS => 68,
         GSP_GET_FEATURES => 72,
+        GRMGR_GET_GR_FS_INFO => 1928,
         GSS_LEGACY_0X8159 => 332,
         _ => return None,
     })
@@ -540,7 +645,8 @@ pub fn answer(
     params: &mut [u8],
     mem: &dyn UserMem,
 ) -> Result<u32, i32> {
-    let Some(size) = params_size(cmd) else {
+    let v = Version::of(&view.config().driver_version);
+    let Some(size) = params_size(cmd, v) else {
         return Ok(NV_ERR_NOT_SUPPORTED);
     };
     if params.len() < size {
@@ -594,11 +700,20 @@ fn client_control(view: &dyn View, cmd: u32, p: &mut [u8], mem: &dyn UserMem) ->
         cmd::SYSTEM_GET_BUILD_VERSION => build_version_v1(cfg, p, mem),
         cmd::SYSTEM_GET_BUILD_VERSION_V2 => {
             use build_version::*;
+            let v = Version::of(&cfg.driver_version);
+            let (title, changelist) = (
+                moved::build_version_title(v),
+                moved::build_version_changelist(v),
+            );
             put_cstr(p, 0, V2_STRING, &cfg.driver_version);
             put_cstr(p, V2_STRING, V2_STRING, BUILD_BRANCH_VERSION);
-            put_cstr(p, 2 * V2_STRING, V2_STRING, BUILD_TITLE);
-            put_u32(p, V2_CHANGELIST, BUILD_CHANGELIST);
-            put_u32(p, V2_OFFICIAL_CHANGELIST, BUILD_CHANGELIST);
+            put_cstr(p, title, changelist - title, BUILD_TITLE);
+            put_u32(p, changelist, BUILD_CHANGELIST);
+            put_u32(
+                p,
+                changelist + (V2_OFFICIAL_CHANGELIST - V2_CHANGELIST),
+                BUILD_CHANGELIST,
+            );
             NV_OK
         }
         // NV0000_CTRL_SYSTEM_GET_FEATURES_PARAMS {featuresMask} (ctrl0000system.h).
@@ -642,6 +757,18 @@ fn client_control(view: &dyn View, cmd: u32, p: &mut [u8], mem: &dyn UserMem) ->
         // NV0000_CTRL_GPU_DETACH_IDS_PARAMS {gpuIds[32]} (ctrl0000gpu.h):
         // cliresCtrlCmdGpuDetachIds (client_resource.c) checks the first id
         // against the attached ones (0xFFFF: all) and detaches nothing.
+        // NV0000_CTRL_GPU_ASYNC_ATTACH_ID_PARAMS and _WAIT_ATTACH_ID_PARAMS
+        // {gpuId} (ctrl0000gpu.h, 550 on): the simulated GPUs are always
+        // attached, so both succeed for a probed id (waiting for one that is
+        // attached "is a no-op") and refuse any other with
+        // NV_ERR_INVALID_ARGUMENT.
+        cmd::GPU_ASYNC_ATTACH_ID | cmd::GPU_WAIT_ATTACH_ID => {
+            if gpu_of_id(cfg, u32_at(p, 0)).is_some() {
+                NV_OK
+            } else {
+                NV_ERR_INVALID_ARGUMENT
+            }
+        }
         cmd::GPU_DETACH_IDS => {
             let id = u32_at(p, 0);
             if id == ATTACH_ALL_PROBED_IDS || id == INVALID_ID || gpu_of_id(cfg, id).is_some() {
@@ -962,6 +1089,7 @@ fn device_control(cmd: u32, p: &mut [u8], mem: &dyn UserMem) -> u32 {
 
 fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dyn UserMem) -> u32 {
     let cfg = view.config();
+    let v = Version::of(&cfg.driver_version);
     match cmd {
         // Unpublished layout: success with the buffer zeroed, which is what
         // libcuda was measured to accept (docs/real-nvidia.md). The one answer
@@ -971,7 +1099,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             NV_OK
         }
         cmd::GPU_GET_INFO => deprecated_list(p, mem, 64, gpu_info),
-        cmd::GPU_GET_INFO_V2 => list_v2(p, 64, gpu_info),
+        cmd::GPU_GET_INFO_V2 => list_v2(p, moved::gpu_info_max(v), gpu_info),
         cmd::GPU_GET_NAME_STRING => name_string(p),
         // NV2080_CTRL_GPU_GET_SHORT_NAME_STRING_PARAMS {gpuShortNameString[64]}
         // (ctrl2080gpu.h).
@@ -985,7 +1113,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             put_u32(p, 0, 0);
             NV_OK
         }
-        cmd::GPU_QUERY_ECC_STATUS => ecc_status(p),
+        cmd::GPU_QUERY_ECC_STATUS => ecc_status(p, v),
         // NV2080_CTRL_GPU_QUERY_COMPUTE_MODE_RULES_PARAMS {rules}
         // (ctrl2080gpu.h): NV2080_CTRL_GPU_COMPUTE_MODE_RULES_NONE = 0.
         cmd::GPU_QUERY_COMPUTE_MODE_RULES => {
@@ -1043,8 +1171,8 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             NV_OK
         }
         cmd::GR_GET_INFO => embedded_list(p, mem, 53, gr_info),
-        cmd::GR_GET_INFO_V2 => list_v2(p, 53, gr_info),
-        cmd::GR_GET_GLOBAL_SM_ORDER => global_sm_order(p),
+        cmd::GR_GET_INFO_V2 => list_v2(p, moved::gr_info_max(v), gr_info),
+        cmd::GR_GET_GLOBAL_SM_ORDER => global_sm_order(p, v),
         // NV0080_CTRL_GR_GET_CAPS_V2_PARAMS {capsTbl[23]@0; grRouteInfo@24;
         // NvBool bCapsPopulated@40} (ctrl0080gr.h). The 535 headers publish no
         // GR cap bit, so the table stays empty.
@@ -1078,7 +1206,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             NV_OK
         }
         cmd::FB_GET_INFO => embedded_list(p, mem, 54, |l| fb_info(view, gpu, l)),
-        cmd::FB_GET_INFO_V2 => list_v2(p, 54, |l| fb_info(view, gpu, l)),
+        cmd::FB_GET_INFO_V2 => list_v2(p, moved::fb_info_max(v), |l| fb_info(view, gpu, l)),
         // NV2080_CTRL_FB_GET_GPU_CACHE_INFO_PARAMS {powerState; writeMode;
         // bypassMode; rcmState} (ctrl2080fb.h): ENABLED 0, WRITEBACK 1,
         // BYPASS_MODE_DISABLED 0, RCM_STATE_FULL 0.
@@ -1162,13 +1290,14 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
                     put_bytes(p, 2 * i as usize, &c);
                 }
             }
-            put_u32(p, 64, (1 << NUM_CE) - 1);
+            put_u32(p, moved::ce_present(v), (1 << NUM_CE) - 1);
             NV_OK
         }
         // NV2080_CTRL_GSP_GET_FEATURES_PARAMS {gspFeatures@0; NvBool bValid@4;
         // NvBool bDefaultGspRmGpu@5; firmwareVersion[64]@6} (ctrl2080gsp.h):
         // GSP-RM offload (bValid), Hopper runs GSP-RM by default, no GSP
         // feature bits (UVM_ENABLED 0:0 false: UVM runs on the CPU).
+        cmd::GRMGR_GET_GR_FS_INFO => gr_fs_info(p),
         cmd::GSP_GET_FEATURES => {
             put_u32(p, 0, 0);
             p[4] = 1;
@@ -1515,8 +1644,50 @@ fn gid_info(gpu: u32, p: &mut [u8]) -> u32 {
 /// sbeNonResettable@32); NvBool bFatalPoisonError@960;
 /// NvU8 uncorrectableError@961; flags@964 (in); grRouteInfo@968}
 /// (`ctrl2080gpu.h`). The simulator has no ECC: every unit unsupported.
-fn ecc_status(p: &mut [u8]) -> u32 {
-    p[..964].fill(0);
+/// GRMGR_GET_GR_FS_INFO: NV2080_CTRL_GRMGR_GET_GR_FS_INFO_PARAMS {NvU16
+/// numQueries@0; queries[96]@8 of 20 bytes {NvU16 queryType@0; status@4;
+/// queryData@8 (12)}} (`ctrl2080grmgr.h`, 1928 bytes in every branch from 535
+/// to 580). Routed to GSP-RM (no open implementation); answered as the header
+/// documents it for a GPU without MIG (the "legacy" case): GPC_COUNT (1)
+/// gpcCount@8; CHIPLET_GPC_MAP (2) gpcId@8 -> chipletGpcMap@12 (no floorsweeping
+/// here: the same id); TPC_MASK (3) and PPC_MASK (4) gpcId@8 -> mask@12 (3 PPCs
+/// per GH100 GPC); CHIPLET_SYSPIPE_MASK (6) "legacy case returns 1 GR"; ROP_MASK
+/// (10) gpcId@8 -> ropMask@12 (2 per GPC). A GPC id out of range gives that
+/// query NV_ERR_INVALID_ARGUMENT; the partition queries (5 deprecated, 7, 8, 9)
+/// NV_ERR_NOT_SUPPORTED; more than 96 queries fail the call. libcuda 555 sends
+/// it at cuInit and gives up when it fails.
+fn gr_fs_info(p: &mut [u8]) -> u32 {
+    const MAX: usize = 96;
+    const QUERY: usize = 20;
+    let n = crate::abi::le::u16_at(p, 0) as usize;
+    if n > MAX {
+        return NV_ERR_INVALID_ARGUMENT;
+    }
+    let gpcs = TPCS_PER_GPC.len() as u32;
+    for q in 0..n {
+        let o = 8 + QUERY * q;
+        let gpc = u32_at(p, o + 8);
+        let in_range = gpc < gpcs;
+        let (status, out) = match crate::abi::le::u16_at(p, o) {
+            1 => (NV_OK, Some((8, gpcs))),
+            2 if in_range => (NV_OK, Some((12, gpc))),
+            3 if in_range => (NV_OK, Some((12, (1u32 << TPCS_PER_GPC[gpc as usize]) - 1))),
+            4 if in_range => (NV_OK, Some((12, 0x7))),
+            10 if in_range => (NV_OK, Some((12, 0x3))),
+            2 | 3 | 4 | 10 => (NV_ERR_INVALID_ARGUMENT, None),
+            6 => (NV_OK, Some((8, 1))),
+            _ => (NV_ERR_NOT_SUPPORTED, None),
+        };
+        put_u32(p, o + 4, status);
+        if let Some((at, value)) = out {
+            put_u32(p, o + at, value);
+        }
+    }
+    NV_OK
+}
+
+fn ecc_status(p: &mut [u8], v: Version) -> u32 {
+    p[..moved::ecc_fatal_poison(v) + 4].fill(0);
     NV_OK
 }
 
@@ -1583,8 +1754,9 @@ fn get_pid_info(view: &dyn View, gpu: u32, p: &mut [u8]) -> u32 {
 /// NvU16 numTpc@6146; grRouteInfo@6152} (`ctrl2080gr.h`), as
 /// subdeviceCtrlCmdKGrGetGlobalSmOrder (`kernel_graphics.c`). Global TPC ids
 /// go round-robin over the GPCs, two SMs each.
-fn global_sm_order(p: &mut [u8]) -> u32 {
-    p[..6144].fill(0);
+fn global_sm_order(p: &mut [u8], v: Version) -> u32 {
+    let num_sm = moved::sm_order_num_sm(v);
+    p[..num_sm].fill(0);
     let mut tpc = 0u16;
     let max_local = TPCS_PER_GPC.iter().copied().max().unwrap_or(0);
     for local in 0..max_local {
@@ -1605,8 +1777,8 @@ fn global_sm_order(p: &mut [u8]) -> u32 {
             tpc += 1;
         }
     }
-    put_u16(p, 6144, sm_count() as u16);
-    put_u16(p, 6146, tpc);
+    put_u16(p, num_sm, sm_count() as u16);
+    put_u16(p, num_sm + 2, tpc);
     NV_OK
 }
 
@@ -1729,6 +1901,7 @@ fn ce_caps_v1(p: &mut [u8], mem: &dyn UserMem) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    const V535: Version = Version(535, 261, 3);
     use std::cell::RefCell;
     use std::collections::BTreeMap;
 
@@ -1822,7 +1995,7 @@ mod tests {
     }
 
     fn buf(cmd: u32) -> Vec<u8> {
-        vec![0; params_size(cmd).expect("answered")]
+        vec![0; params_size(cmd, V535).expect("answered")]
     }
 
     const SUB0: Target = Target::Subdevice { gpu: 0 };
@@ -1904,7 +2077,7 @@ mod tests {
             (0x20803601, 72),
         ];
         for &(c, n) in want {
-            assert_eq!(params_size(c), Some(n), "cmd {c:#x}");
+            assert_eq!(params_size(c, V535), Some(n), "cmd {c:#x}");
         }
         // Lists: 4 + 8 * max entries (+ route info for GR).
         assert_eq!(4 + 8 * 64, 516);
@@ -1920,11 +2093,73 @@ mod tests {
     }
 
     #[test]
+    fn params_sizes_follow_each_branchs_headers() {
+        // (cmd, sizeof at 535.261.03 / 550.163.01 / 555.58.02 / 570.211.01 / 580.142)
+        let rows: &[(u32, [usize; 5])] = &[
+            (0x13e, [776, 776, 776, 1032, 1032]),
+            (0x214, [256, 256, 256, 256, 384]),
+            (0x0080_0289, [4, 4, 8, 8, 8]),
+            (0x0080_0292, [644, 700, 404, 404, 804]),
+            (0x2080_0102, [516, 524, 524, 524, 564]),
+            (0x2080_012f, [984, 1024, 1224, 1464, 1464]),
+            (0x2080_0170, [252, 260, 260, 340, 340]),
+            (0x2080_01a3, [40, 48, 48, 48, 56]),
+            (0x2080_121b, [6168, 6168, 6168, 6168, 9240]),
+            (0x2080_1228, [448, 472, 472, 488, 488]),
+            (0x2080_1303, [436, 444, 444, 460, 1028]),
+            (0x2080_182a, [104, 104, 104, 112, 112]),
+            (0x2080_2a0a, [68, 136, 136, 136, 136]),
+            (0x2080_3801, [1928, 1928, 1928, 1928, 1928]),
+        ];
+        let tags = [
+            Version(535, 261, 3),
+            Version(550, 163, 1),
+            Version(555, 58, 2),
+            Version(570, 211, 1),
+            Version(580, 142, 0),
+        ];
+        for &(c, sizes) in rows {
+            for (v, n) in tags.iter().zip(sizes) {
+                assert_eq!(params_size(c, *v), Some(n), "cmd {c:#x} at {v:?}");
+            }
+        }
+        // 0x289 / 0x290 exist from 550 (4 bytes); 535 refuses them.
+        for c in [cmd::GPU_ASYNC_ATTACH_ID, cmd::GPU_WAIT_ATTACH_ID] {
+            assert_eq!(params_size(c, V535), None);
+            assert_eq!(params_size(c, tags[1]), Some(4));
+        }
+        // The simulated class list fits the smallest branch's (555: 100).
+        assert!(HOPPER_CLASSES.len() <= 100);
+    }
+
+    #[test]
+    fn gr_fs_info_answers_each_query() {
+        let mut p = vec![0u8; 1928];
+        let queries: &[(u16, u32)] = &[(1, 0), (3, 0), (3, 7), (3, 8), (6, 0), (9, 0)];
+        p[0..2].copy_from_slice(&(queries.len() as u16).to_le_bytes());
+        for (k, &(q, gpc)) in queries.iter().enumerate() {
+            let o = 8 + 20 * k;
+            p[o..o + 2].copy_from_slice(&q.to_le_bytes());
+            put_u32(&mut p, o + 8, gpc);
+        }
+        assert_eq!(gr_fs_info(&mut p), NV_OK);
+        let at = |k: usize, off: usize| u32_at(&p, 8 + 20 * k + off);
+        assert_eq!((at(0, 4), at(0, 8)), (NV_OK, 8), "GPC count");
+        assert_eq!((at(1, 4), at(1, 12)), (NV_OK, 0x1ff), "GPC 0: 9 TPCs");
+        assert_eq!((at(2, 4), at(2, 12)), (NV_OK, 0xff), "GPC 7: 8 TPCs");
+        assert_eq!(at(3, 4), NV_ERR_INVALID_ARGUMENT, "no GPC 8");
+        assert_eq!((at(4, 4), at(4, 8)), (NV_OK, 1), "one GR");
+        assert_eq!(at(5, 4), NV_ERR_NOT_SUPPORTED, "a partition query");
+        p[0..2].copy_from_slice(&97u16.to_le_bytes());
+        assert_eq!(gr_fs_info(&mut p), NV_ERR_INVALID_ARGUMENT);
+    }
+
+    #[test]
     fn controls_unknown_and_misdirected_are_not_supported() {
         let v = FakeView::new();
         let m = Mem::default();
         let mut p = vec![0u8; 64];
-        assert_eq!(params_size(0x2080_3002), None);
+        assert_eq!(params_size(0x2080_3002, V535), None);
         assert_eq!(run(&v, SUB0, 0x2080_3002, &mut p, &m), NV_ERR_NOT_SUPPORTED);
         // An NV2080 control on the client, an NV0000 one on a device, any on a
         // memory object: the class's method table misses it.

@@ -220,6 +220,8 @@ struct UvmFile {
 pub struct Driver {
     cfg: Config,
     major: u32,
+    /// The full version, which keys the layouts that moved between branches.
+    version: abi::Version,
     clients: BTreeMap<u32, Client>,
     next_handle: u32,
     next_range_group: u64,
@@ -423,10 +425,12 @@ type St<T> = Result<T, u32>;
 impl Driver {
     pub fn new(cfg: Config) -> Self {
         let major = abi::version_major(&cfg.driver_version).unwrap_or(u32::MAX);
+        let version = abi::Version::of(&cfg.driver_version);
         let gpus = vec![GpuUse::default(); cfg.gpus as usize];
         Driver {
             cfg,
             major,
+            version,
             clients: BTreeMap::new(),
             next_handle: 0,
             next_range_group: 1,
@@ -709,10 +713,16 @@ impl Driver {
                 put_u32(p, abi::wait_open_complete::ADAPTER_STATUS, NV_OK);
                 Ok(None)
             }
-            esc::STATUS_CODE
-            | esc::QUERY_DEVICE_INTR
-            | esc::SET_NUMA_STATUS
-            | esc::EXPORT_TO_DMABUF_FD => Ok(None),
+            esc::STATUS_CODE | esc::QUERY_DEVICE_INTR | esc::SET_NUMA_STATUS => Ok(None),
+            // The dma-buf export: its size moved at 570. The simulator exports
+            // nothing (no dma-buf support, as a driver without it):
+            // NV_ERR_NOT_SUPPORTED in `status`.
+            esc::EXPORT_TO_DMABUF_FD => {
+                let (len, status) = abi::branch::dmabuf_export(self.version);
+                need(ctl && p.len() == len)?;
+                put_u32(p, status, NV_ERR_NOT_SUPPORTED);
+                Ok(Some(NV_ERR_NOT_SUPPORTED))
+            }
             esc::RM_ALLOC_MEMORY => {
                 let FileKind::Gpu(gpu) = file else {
                     return Err(libc::EINVAL);
@@ -793,23 +803,25 @@ impl Driver {
                 Ok(Some(st))
             }
             esc::RM_MAP_MEMORY_DMA => {
-                need(ctl && p.len() == size::NVOS46)?;
+                let (len, status) = abi::branch::nvos46(self.version);
+                need(ctl && p.len() == len)?;
                 let st = self.check_memory(
                     fh,
                     u32_at(p, abi::nvos46::H_CLIENT),
                     u32_at(p, abi::nvos46::H_MEMORY),
                 );
-                put_u32(p, abi::nvos46::STATUS, st);
+                put_u32(p, status, st);
                 Ok(Some(st))
             }
             esc::RM_UNMAP_MEMORY_DMA => {
-                need(ctl && p.len() == size::NVOS47)?;
+                let (len, status) = abi::branch::nvos47(self.version);
+                need(ctl && p.len() == len)?;
                 let st = self.check_memory(
                     fh,
                     u32_at(p, abi::nvos47::H_CLIENT),
                     u32_at(p, abi::nvos47::H_MEMORY),
                 );
-                put_u32(p, abi::nvos47::STATUS, st);
+                put_u32(p, status, st);
                 Ok(Some(st))
             }
             esc::RM_ALLOC_CONTEXT_DMA2 => {
@@ -1314,6 +1326,7 @@ impl Driver {
         ) || is_memory_class(h_class)
             || class::EVENTS.contains(&h_class)
             || class::USERMODE.contains(&h_class)
+            || h_class == class::NV2081_BINAPI
             || class::CHANNELS.contains(&h_class)
             || class::COMPUTE.contains(&h_class)
             || class::COPY.contains(&h_class);
@@ -1371,6 +1384,12 @@ impl Driver {
                 }
             }
             c if class::EVENTS.contains(&c) => NewObj::Plain(ObjKind::Other),
+            class::NV2081_BINAPI => {
+                if parent_kind != Some(ObjKind::Subdevice) {
+                    return Ok(Err(NV_ERR_INVALID_OBJECT_PARENT));
+                }
+                NewObj::Plain(ObjKind::Other)
+            }
             c if class::USERMODE.contains(&c) => {
                 // Allocated under the subdevice (the doorbell/usermode page).
                 if parent_kind != Some(ObjKind::Subdevice) {
@@ -1424,7 +1443,10 @@ impl Driver {
             | class::NV01_MEMORY_SYSTEM
             | class::NV_MEMORY_EXTENDED_USER => {
                 let b = mem
-                    .read(p_params, size::MEMORY_ALLOCATION_PARAMS)
+                    .read(
+                        p_params,
+                        abi::branch::memory_allocation_params(self.version),
+                    )
                     .ok_or(libc::EFAULT)?;
                 let (kind, gran) = match cls {
                     class::NV01_MEMORY_LOCAL_USER => (MemKind::Video, abi::VIDMEM_ROUND),
@@ -1473,11 +1495,7 @@ impl Driver {
                 (MemKind::None, 0)
             }
             class::NV_MEMORY_MULTICAST_FABRIC => {
-                let len = if self.major >= abi::multicast::SINCE {
-                    size::MULTICAST_PARAMS
-                } else {
-                    size::MULTICAST_PARAMS_LEGACY
-                };
+                let (len, _) = abi::branch::nv00fd(self.version);
                 mem.read(p_params, len).ok_or(libc::EFAULT)?;
                 (MemKind::None, 0)
             }
@@ -1727,7 +1745,7 @@ impl Driver {
             // Category and index 0: the driver's "null command", NV_OK.
             return Ok(NV_OK);
         }
-        let want = controls::params_size(cmd);
+        let want = controls::params_size(cmd, self.version);
         if let Some(want) = want
             && controls::checks_params_size(cmd)
             && (given != want || (ptr == 0) != (want == 0))
@@ -2082,14 +2100,17 @@ impl Driver {
             }
             REGISTER_CHANNEL => Some((REGISTER_CHANNEL_SIZE, REGISTER_CHANNEL_RM_STATUS)),
             UNREGISTER_CHANNEL => Some((UNREGISTER_CHANNEL_SIZE, UNREGISTER_CHANNEL_RM_STATUS)),
-            FREE | CREATE_EXTERNAL_RANGE | VALIDATE_VA_RANGE => {
+            CREATE_EXTERNAL_RANGE | VALIDATE_VA_RANGE => {
                 Some((BASE_LENGTH_STATUS_SIZE, BASE_LENGTH_STATUS_RM_STATUS))
             }
+            // The layouts that moved between branches.
+            FREE => Some(abi::branch::uvm_free(self.version)),
+            MAP_EXTERNAL_ALLOCATION => Some(abi::branch::uvm_map_external(self.version)),
+            ALLOC_SEMAPHORE_POOL => Some(abi::branch::uvm_semaphore_pool(self.version)),
             REGISTER_GPU => Some((REGISTER_GPU_SIZE, REGISTER_GPU_RM_STATUS)),
             PAGEABLE_MEM_ACCESS => Some((PAGEABLE_MEM_ACCESS_SIZE, PAGEABLE_MEM_ACCESS_RM_STATUS)),
             UNMAP_EXTERNAL => Some((UNMAP_EXTERNAL_SIZE, UNMAP_EXTERNAL_RM_STATUS)),
             MM_INITIALIZE => Some((MM_INITIALIZE_SIZE, MM_INITIALIZE_RM_STATUS)),
-            MAP_EXTERNAL_ALLOCATION => None,
             1..=MAX_PLAIN => return Ok(None),
             _ => return Err(libc::EINVAL),
         };
@@ -2129,12 +2150,15 @@ impl Driver {
                     NV_OK
                 }
             }
-            MAP_EXTERNAL_ALLOCATION => {
-                if let Some(r) = file.ranges.get_mut(&base) {
+            // Into a range CREATE_EXTERNAL_RANGE made (uvm_api_map_external_allocation
+            // finds no range otherwise: NV_ERR_INVALID_ADDRESS).
+            MAP_EXTERNAL_ALLOCATION => match file.ranges.get_mut(&base) {
+                Some(r) => {
                     r.1 = true;
+                    NV_OK
                 }
-                NV_OK
-            }
+                None => NV_ERR_INVALID_ADDRESS,
+            },
             UNMAP_EXTERNAL => {
                 if let Some(r) = file.ranges.get_mut(&base) {
                     r.1 = false;

@@ -941,6 +941,41 @@ fn direction_bits_are_ignored_like_the_real_driver() {
 }
 
 #[test]
+fn uvm_layouts_follow_the_branch() {
+    let m = FakeMem::new();
+    // (version, MAP_EXTERNAL_ALLOCATION (size, rmStatus), ALLOC_SEMAPHORE_POOL,
+    // FREE), as each tag's headers have them.
+    for (version, map, pool, free) in [
+        ("535.261.03", (1200, 1196), (1184, 1176), (24, 16)),
+        ("550.40.07", (1200, 1196), (1184, 1176), (24, 16)),
+        ("550.163.01", (9264, 9260), (9248, 9240), (24, 16)),
+        ("590.44.01", (9264, 9260), (9248, 9240), (16, 8)),
+    ] {
+        let mut d = drv(1, 80 * GIB, version);
+        for (cmd, (size, status)) in [(33u32, map), (68, pool), (34, free)] {
+            let mut p = vec![0xffu8; size];
+            w64(&mut p, 0, 0x7000_0000);
+            let a = m.place(&p);
+            assert_eq!(
+                d.ioctl(UVM_FH, FileKind::Uvm, PID, cmd, a, &[], 0, &m),
+                Ok(vec![]),
+                "{version} {cmd}"
+            );
+            let got = m.get(a);
+            let want = if cmd == 68 { 0 } else { 0x1E };
+            assert_eq!(r32(&got, status), want, "{version} {cmd}");
+            // Nothing else written.
+            assert!(
+                got.iter()
+                    .enumerate()
+                    .all(|(i, &b)| (status..status + 4).contains(&i) || i < 8 || b == 0xff),
+                "{version} {cmd}"
+            );
+        }
+    }
+}
+
+#[test]
 fn uvm_commands() {
     let m = FakeMem::new();
     let mut d = drv(1, 80 * GIB, "580.159");
@@ -976,13 +1011,23 @@ fn uvm_commands() {
         0x68,
         "overlap: NV_ERR_UVM_ADDRESS_IN_USE"
     );
-    // MAP_EXTERNAL_ALLOCATION: base@0 length@8 read; nothing written
-    let mut p = vec![0x5au8; 64];
+    // MAP_EXTERNAL_ALLOCATION: 9264 bytes at 580, base@0 length@8 read,
+    // rmStatus@9260 the only field written; a shorter buffer faults.
+    let mut p = vec![0x5au8; 9264];
     w64(&mut p, 0, 0x2000_0000);
     w64(&mut p, 8, 4 * MIB);
     let a = m.place(&p);
     assert_eq!(uvm(&mut d, 33, a), Ok(vec![]));
-    assert_eq!(m.get(a), p);
+    let mut want = p.clone();
+    want[9260..9264].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(m.get(a), want);
+    let short = m.place(&p[..1200]);
+    assert_eq!(uvm(&mut d, 33, short), Err(libc::EFAULT));
+    // Into no range: NV_ERR_INVALID_ADDRESS.
+    w64(&mut p, 0, 0x9000_0000);
+    let a = m.place(&p);
+    assert_eq!(uvm(&mut d, 33, a), Ok(vec![]));
+    assert_eq!(r32(&m.get(a), 9260), 0x1E);
     // FREE {base@0; length@8; rmStatus@16}
     let mut p = vec![0u8; 24];
     w64(&mut p, 0, 0x2000_0000);

@@ -65,9 +65,28 @@ struct DeviceFile {
     minor: u32,
 }
 
+/// The Debian versions `cargo xtask setup` unpacks (one per branch Debian has).
+pub const NVIDIA_USERSPACE_VERSIONS: &[&str] = &["535.261.03", "550.163.01", "555.58.02"];
+
+/// Which unpacked userspace judges a simulated driver of version `driver`
+/// (`major.minor[.patch]`): the one of the same branch (major), else 535's.
+pub fn userspace_version_for(driver: &str) -> &'static str {
+    let major = driver.split('.').next().unwrap_or("");
+    NVIDIA_USERSPACE_VERSIONS
+        .iter()
+        .find(|v| v.split('.').next() == Some(major))
+        .copied()
+        .unwrap_or(NVIDIA_USERSPACE_VERSION)
+}
+
 /// The unpacked NVIDIA userspace: `--nvidia`, `$KELING_NVIDIA_USERSPACE`, or
-/// `target/nvidia-userspace/VERSION` next to this binary's `target/<profile>/`.
+/// `target/nvidia-userspace/VERSION` next to this binary's `target/<profile>/`,
+/// VERSION being the one of the mounted driver's branch ([`userspace_version_for`]).
 pub fn find_userspace(given: Option<&Path>) -> Result<PathBuf> {
+    find_userspace_of(given, NVIDIA_USERSPACE_VERSION)
+}
+
+fn find_userspace_of(given: Option<&Path>, version: &str) -> Result<PathBuf> {
     let candidates: Vec<PathBuf> = match given {
         Some(p) => vec![p.to_path_buf()],
         None => {
@@ -78,11 +97,7 @@ pub fn find_userspace(given: Option<&Path>) -> Result<PathBuf> {
             if let Ok(exe) = std::env::current_exe() {
                 // target/<profile>/keling-nvsim -> target/nvidia-userspace/V
                 if let Some(target) = exe.parent().and_then(Path::parent) {
-                    v.push(
-                        target
-                            .join("nvidia-userspace")
-                            .join(NVIDIA_USERSPACE_VERSION),
-                    );
+                    v.push(target.join("nvidia-userspace").join(version));
                 }
             }
             v
@@ -94,7 +109,7 @@ pub fn find_userspace(given: Option<&Path>) -> Result<PathBuf> {
         }
     }
     bail!(
-        "NVIDIA's userspace {NVIDIA_USERSPACE_VERSION} is not unpacked (looked in {}): run \
+        "NVIDIA's userspace {version} is not unpacked (looked in {}): run \
          `cargo xtask setup`, which fetches Debian's libcuda1, libnvidia-ml1 and nvidia-smi into \
          target/nvidia-userspace/, or pass --nvidia DIR",
         candidates
@@ -279,6 +294,17 @@ fn params_text() -> String {
     .collect()
 }
 
+/// The mounted driver's version (`major.minor[.patch]`, from DIR/version), or
+/// an empty string.
+fn mounted_version(dir: &Path) -> String {
+    fs::read_to_string(dir.join("version"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
+        .unwrap_or("")
+        .to_string()
+}
+
 /// Fills the sandbox's `/proc/driver/nvidia` and `/sys/module/nvidia`.
 fn driver_files(dir: &Path, gpus: u32) -> Result<()> {
     let version = fs::read_to_string(dir.join("version")).unwrap_or_default();
@@ -354,7 +380,8 @@ pub fn run(
     };
     let files = device_files(&dir)?;
     let gpus = files.len() as u32 - 2;
-    let userspace = find_userspace(nvidia)?;
+    let driver = mounted_version(&dir);
+    let userspace = find_userspace_of(nvidia, userspace_version_for(&driver))?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the sandbox needs root (a private mount namespace and tmpfs mounts)");

@@ -330,6 +330,8 @@ struct Env {
     legacy: bool,
     /// Driver major version (from `DIR/version`).
     major: u32,
+    /// The full version, which keys the layouts that moved between branches.
+    version: abi::Version,
     gpus: u32,
     exe: PathBuf,
 }
@@ -357,6 +359,7 @@ impl Env {
             dir: dir.to_path_buf(),
             legacy,
             major,
+            version: abi::Version::of(v),
             gpus,
             exe,
         }
@@ -3470,6 +3473,50 @@ fn pass_holder(cli: &Cli, cp: &mut Checkpoints) {
     drop(stream);
 }
 
+/// The UVM calls whose layout moved between branches, each with an answer that
+/// is not NV_OK where the driver has one: UVM_MAP_EXTERNAL_ALLOCATION into no
+/// range (NV_ERR_INVALID_ADDRESS), UVM_ALLOC_SEMAPHORE_POOL (NV_OK) and UVM_FREE
+/// of no range (NV_ERR_INVALID_ADDRESS), in buffers of the branch's size with
+/// every other byte 0xff (a status read at another branch's offset is then
+/// 0xffffffff). Prints `uvm_status NAME 0x..` per call, read where the branch's
+/// driver writes it.
+fn uvm_status(env: &Env) {
+    let u = env.open("nvidia-uvm", false);
+    let mut p = vec![0u8; uvm::INITIALIZE_SIZE];
+    expect_ok(
+        "UVM_INITIALIZE",
+        env.uvm(u, uvm::INITIALIZE, &mut p, Some(uvm::INITIALIZE_RM_STATUS)),
+    );
+    let v = env.version;
+    for (name, cmd, (len, status)) in [
+        (
+            "UVM_MAP_EXTERNAL_ALLOCATION",
+            uvm::MAP_EXTERNAL_ALLOCATION,
+            abi::branch::uvm_map_external(v),
+        ),
+        (
+            "UVM_ALLOC_SEMAPHORE_POOL",
+            uvm::ALLOC_SEMAPHORE_POOL,
+            abi::branch::uvm_semaphore_pool(v),
+        ),
+        ("UVM_FREE", uvm::FREE, abi::branch::uvm_free(v)),
+    ] {
+        let mut p = vec![0xffu8; len];
+        put_u64(&mut p, 0, 7 << 40);
+        put_u64(&mut p, 8, 1 << 21);
+        let st = env.uvm(u, cmd, &mut p, Some(status));
+        println!("uvm_status {name} {st:#x}");
+        let want = if cmd == uvm::ALLOC_SEMAPHORE_POOL {
+            status::NV_OK
+        } else {
+            status::NV_ERR_INVALID_ADDRESS
+        };
+        if st != want {
+            die(&format!("{name}: status {st:#x}, expected {want:#x}"));
+        }
+    }
+}
+
 /// More NVIDIA fds than Keling's per-process table holds (40 against 32, opened
 /// with openat): on each a client, a device and 1 MiB of video memory.
 /// Checkpoints: 1 all allocated; 2 the 29th to 34th fds closed (releasing their
@@ -3573,6 +3620,7 @@ fn main() {
         "pass-client" => pass_client(&env, &cli, &mut cp),
         "pass-holder" => pass_holder(&cli, &mut cp),
         "many-fds" => many_fds(&env, &mut cp),
+        "uvm-status" => uvm_status(&env),
         "many-clients" => many_clients(&env, &mut cp),
         "fd-flood" => fd_flood(&env, &cli, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
