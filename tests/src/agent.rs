@@ -99,6 +99,8 @@ pub struct AgentOptions<'a> {
     pub sched_log: Option<PathBuf>,
     /// `--status-interval` in seconds (default 1; 0: only the final status line).
     pub status_interval_s: Option<u64>,
+    /// `--socket` (default: a file in the agent's directory).
+    pub socket: Option<PathBuf>,
 }
 
 impl AgentOptions<'_> {
@@ -135,7 +137,10 @@ impl Agent {
 
     fn try_start(sim: &Nvsim, opts: &AgentOptions) -> Result<Agent, String> {
         let dir = tempdir();
-        let socket = dir.join("keling.sock");
+        let socket = opts
+            .socket
+            .clone()
+            .unwrap_or_else(|| dir.join("keling.sock"));
         let sched_log = opts
             .sched_log
             .clone()

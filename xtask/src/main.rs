@@ -157,6 +157,14 @@ fn build(release: bool) -> anyhow::Result<PathBuf> {
         c.arg("--release");
     }
     run(&mut c)?;
+    // The SPANK plugin (a cdylib: `--bins` leaves it out), beside `keling` as
+    // `libkeling_spank.so`, where `keling slurm plugstack` looks for it.
+    let mut c = cargo();
+    c.args(["build", "--package", "keling-spank"]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
     Ok(root()
         .join("target")
         .join(if release { "release" } else { "debug" }))

@@ -418,7 +418,7 @@ impl Daemon {
         let Some(t) = self.members.get(id) else {
             return; // already ended (an adopted task's exit event came first)
         };
-        let status = if t.launched() {
+        let status = if t.our_child() {
             // Our child: reap it for its status.
             self.host.reap(id)
         } else if let Some(s) = t.exit_seen {
@@ -800,6 +800,7 @@ fn memory_inputs(
     out
 }
 
+mod attach;
 #[cfg(test)]
 mod behaviour;
 mod requests;

@@ -45,12 +45,21 @@ pub struct TaskRuntime {
     /// When the kernel reported the root process's exit (the trace's timestamp):
     /// what the decisions its end leads to are timed from.
     pub exited_ns: Option<u64>,
+    /// A Slurm job step's task (attached by the plugin): in a cgroup of ours,
+    /// but not our child.
+    pub slurm: Option<crate::control::SlurmRef>,
 }
 
 impl TaskRuntime {
     /// A task Keling launched (it has a cgroup), not one it adopted.
     pub fn launched(&self) -> bool {
         self.cgroup.is_some()
+    }
+
+    /// Our child, reaped for its exit status (a launched task, not an attached
+    /// Slurm task, whose exit status comes from the trace).
+    pub fn our_child(&self) -> bool {
+        self.cgroup.is_some() && self.slurm.is_none()
     }
 }
 
@@ -176,7 +185,7 @@ impl Members {
         let id = self.pid_task.get(&pid)?.task;
         let t = self.tasks.get_mut(&id).filter(|t| t.pid == pid)?;
         t.exited_ns = Some(ts_ns);
-        if t.launched() {
+        if t.our_child() {
             return None;
         }
         if host.alive(id) {
@@ -291,6 +300,7 @@ impl Members {
                 last_active_ns: 0,
                 exit_seen: None,
                 exited_ns: None,
+                slurm: None,
             },
             Some(adopted.start_ticks),
         );
