@@ -61,6 +61,28 @@ fn truth_bytes(state: &Value, pid: u64, gpu: u64) -> u64 {
         .sum()
 }
 
+/// `GET /metrics` of an agent (its address is in its ready line).
+fn scrape(agent: &keling_tests::agent::Agent) -> String {
+    use std::io::{Read, Write};
+    let addr = agent
+        .stderr()
+        .iter()
+        .find_map(|l| {
+            let rest = l.split_once("metrics http://")?.1;
+            Some(rest.split('/').next()?.to_owned())
+        })
+        .expect("the agent says where /metrics is");
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -216,6 +238,20 @@ fn two_shard_jobs_share_a_gpu(cluster: &Cluster, dir: &Path) {
         assert!(
             text.contains(&format!("{j}.batch")),
             "keling status names job {j}'s step:\n{text}"
+        );
+    }
+    // /metrics names each process's Slurm job step, beside its memory.
+    let metrics = scrape(n1.agent());
+    for (job, _, _, held) in expect {
+        let step = format!("slurm_job=\"{job}.batch\"");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("keling_process_gpu_memory_bytes{")
+                    && l.contains(&step)
+                    && l.contains("memory=\"video\"")
+                    && l.ends_with(&format!(" {held}"))),
+            "/metrics has job {job}'s {held} bytes:\n{metrics}"
         );
     }
     for j in [j1, j2] {
@@ -502,4 +538,70 @@ fn agent_down_runs_jobs_told_once(cluster: &mut Cluster, dir: &Path) {
             .count();
         assert_eq!(told, 1, "told once:\n{text}");
     }
+}
+
+/// What the plugin adds to a job step's start (for `cargo xtask bench`, part
+/// `slurm`; not asserted): `srun --gres=shard:1 true` with the plugin (it hands
+/// the task to the node's agent) and without it (an empty `plugstack.conf`:
+/// each step's slurmstepd reads it afresh), interleaved, medians. Prints
+/// `slurm step start ms: without W with P` for the bench to read.
+#[test]
+#[ignore = "a benchmark: cargo xtask bench runs it"]
+fn slurm_step_start_cost() {
+    let Some(fx) = Fixture::needs("slurm_step_start_cost")
+        .cgroups()
+        .check(can_run_slurm)
+        .ready()
+    else {
+        return;
+    };
+    let rounds: usize = std::env::var("KELING_SLURM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(30);
+    let sim = vec!["--gpus".to_string(), "1".into()];
+    let cluster = Cluster::start(
+        &fx.dir,
+        ClusterOptions {
+            nodes: vec![sim],
+            agent_args: Vec::new(),
+            plugin: Some(Vec::new()),
+        },
+    );
+    let plugstack = cluster.dir.join("plugstack.conf");
+    let with_plugin = std::fs::read_to_string(&plugstack).unwrap();
+    let step = |plugin: bool| {
+        std::fs::write(&plugstack, if plugin { with_plugin.as_str() } else { "" }).unwrap();
+        let t = Instant::now();
+        let out = cluster
+            .cmd("srun")
+            .args(["-w", "n1", "--gres=shard:1", "true"])
+            .output()
+            .unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ms
+    };
+    step(true); // warm: the first step pays for loading everything once
+    step(false);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        without.push(step(false));
+        with.push(step(true));
+    }
+    let attached = cluster.node("n1").agent().status()["archive"]["completed"].as_u64();
+    std::fs::write(&plugstack, &with_plugin).unwrap();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "slurm step start ms: without {:.1} with {:.1} (rounds {rounds}, Keling tasks completed {attached:?})",
+        median(&mut without),
+        median(&mut with)
+    );
 }

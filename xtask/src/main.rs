@@ -106,7 +106,7 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// The cargo of the toolchain running xtask (stable).
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 

@@ -281,7 +281,9 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             t.last_reconcile = Instant::now();
             self.daemon.reconcile_members();
             if let Some(r) = &mut self.slurm {
-                r.observe_kernel(self.kernel.gpu_accounting(), |pid| self.daemon.in_slurm_task(pid));
+                r.observe_kernel(self.kernel.gpu_accounting(), |pid| {
+                    self.daemon.in_slurm_task(pid)
+                });
             }
         }
     }
@@ -357,6 +359,7 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             status: &status,
             latency: daemon.latency(),
             task_of: &|pid| daemon.task_of(pid),
+            slurm_of: &|pid| daemon.slurm_of(pid).map(|s| s.step_label()),
             now_ns,
         })
     }

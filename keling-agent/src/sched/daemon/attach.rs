@@ -92,6 +92,14 @@ impl Daemon {
             .is_some_and(|t| t.slurm.is_some())
     }
 
+    /// The Slurm job step of the task `pid` belongs to (`/metrics` labels).
+    pub fn slurm_of(&self, pid: u32) -> Option<crate::control::SlurmRef> {
+        self.members
+            .task_of(pid)
+            .and_then(|id| self.members.get(id))
+            .and_then(|t| t.slurm)
+    }
+
     /// Makes the caller's process a task (see the module doc). Its answer is
     /// `accepted` once the process is in its cgroup and tracked.
     pub(super) fn attach(
