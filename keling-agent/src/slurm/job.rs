@@ -8,6 +8,13 @@
 //! Nothing here runs on the event loop: the lines are written and Slurm's
 //! commands run on tokio's blocking pool, each command with a deadline, so a
 //! full pipe or a controller that is down delays only this job's notices.
+//!
+//! The reason must reach Slurm before the job ends: once it has, Slurm refuses
+//! to update it ("Job has already finished"; a task ended by SIGTERM ends its
+//! job within milliseconds). So the task's actuator is wrapped
+//! ([`output`]): the SIGTERM or SIGKILL that ends it is sent here, after the
+//! `AdminComment` was set (at most [`COMMENT_DEADLINE`] later, typically a few
+//! ms), never by the loop directly.
 use std::{
     io::Write,
     os::fd::OwnedFd,
@@ -16,14 +23,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::control::{
-    Notice, Reply, SlurmRef,
-    server::{Replier, ReplyStream},
+use crate::{
+    control::{
+        Notice, Reply, SlurmRef,
+        server::{Replier, ReplyStream},
+    },
+    sched::actuator::{Actuator, Boosted, Watch},
 };
 
 /// How long one `scontrol` may take (the controller's own message timeout is
 /// 10 s by default).
 const SCONTROL_DEADLINE: Duration = Duration::from_secs(30);
+/// How long the signal that ends a task waits for its `AdminComment` to be set.
+pub const COMMENT_DEADLINE: Duration = Duration::from_secs(2);
 /// The longest reason set as a job's `AdminComment`.
 const COMMENT_MAX: usize = 200;
 
@@ -46,11 +58,69 @@ fn text(n: &Notice) -> String {
 }
 
 /// A [`Replier`] whose notices go to `stderr`, the attached task's standard
-/// error, and whose end of the task is told to Slurm (see the module doc).
-pub fn output(stderr: OwnedFd, job: SlurmRef) -> Replier {
+/// error, and whose end of the task is told to Slurm (see the module doc); and
+/// the actuator to act on the task with: `inner`'s, except that the signals
+/// that end it wait for Slurm to be told why.
+pub fn output(
+    stderr: OwnedFd,
+    job: SlurmRef,
+    inner: Arc<dyn Actuator>,
+) -> (Replier, Arc<dyn Actuator>) {
     let (replier, stream) = Replier::stream();
-    tokio::spawn(write_notices(stream, std::fs::File::from(stderr), job));
-    replier
+    let (ends, ends_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(write_notices(
+        stream,
+        std::fs::File::from(stderr),
+        job,
+        inner.clone(),
+        ends_rx,
+    ));
+    (replier, Arc::new(TellsSlurmFirst { inner, ends }))
+}
+
+/// A signal that ends the task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Terminate,
+    Kill,
+}
+
+/// The task's actuator, its ending signals sent after Slurm was told why.
+struct TellsSlurmFirst {
+    inner: Arc<dyn Actuator>,
+    ends: tokio::sync::mpsc::UnboundedSender<End>,
+}
+
+impl Actuator for TellsSlurmFirst {
+    fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
+        self.inner.set_frozen(frozen)
+    }
+    fn stop(&self) -> anyhow::Result<()> {
+        self.inner.stop()
+    }
+    fn terminate(&self) {
+        if self.ends.send(End::Terminate).is_err() {
+            self.inner.terminate();
+        }
+    }
+    fn kill(&self) -> anyhow::Result<()> {
+        match self.ends.send(End::Kill) {
+            Ok(()) => Ok(()),
+            Err(_) => self.inner.kill(),
+        }
+    }
+    fn signal(&self, signal: i32) -> usize {
+        self.inner.signal(signal)
+    }
+    fn watch(&self, kind: keling_sched::ActionKind) -> Box<dyn Watch> {
+        self.inner.watch(kind)
+    }
+    fn freeze_boosted(&self) -> anyhow::Result<Boosted> {
+        self.inner.freeze_boosted()
+    }
+    fn unboost(&self) {
+        self.inner.unboost()
+    }
 }
 
 /// Whether the job's owner hears of it: not of where it was placed (Slurm
@@ -59,11 +129,37 @@ fn told(n: &Notice) -> bool {
     !matches!(n, Notice::Placed { .. } | Notice::Queued { .. })
 }
 
-async fn write_notices(mut stream: ReplyStream, file: std::fs::File, job: SlurmRef) {
+async fn write_notices(
+    mut stream: ReplyStream,
+    file: std::fs::File,
+    job: SlurmRef,
+    inner: Arc<dyn Actuator>,
+    mut ends: tokio::sync::mpsc::UnboundedReceiver<End>,
+) {
     let file = Arc::new(file);
-    while let Some(reply) = stream.next().await {
-        let Reply::Notice(n) = reply else {
-            continue; // `accepted` and the exit code: Slurm's business
+    let mut commented = false;
+    loop {
+        // Notices first: the `ending` notice is queued before its signal.
+        let n = tokio::select! {
+            biased;
+            reply = stream.next() => match reply {
+                Some(Reply::Notice(n)) => n,
+                Some(_) => continue, // `accepted` and the exit code: Slurm's business
+                None => break,
+            },
+            Some(end) = ends.recv() => {
+                let inner = inner.clone();
+                let _ = tokio::task::spawn_blocking(move || match end {
+                    End::Terminate => inner.terminate(),
+                    End::Kill => {
+                        if let Err(e) = inner.kill() {
+                            log::warn!("Slurm job {}: {e:#}", job.job);
+                        }
+                    }
+                })
+                .await;
+                continue;
+            }
         };
         if !told(&n) {
             continue;
@@ -71,11 +167,18 @@ async fn write_notices(mut stream: ReplyStream, file: std::fs::File, job: SlurmR
         let line = format!("keling: {}\n", text(&n));
         let out = file.clone();
         let _ = tokio::task::spawn_blocking(move || (&*out).write_all(line.as_bytes())).await;
-        if let Notice::Ending { .. } = &n {
+        if let Notice::Ending { .. } = &n
+            && !commented
+        {
+            commented = true;
             let reason = text(&n);
-            tokio::task::spawn_blocking(move || tell_slurm(job, &reason));
+            // The comment before the signal (bounded); the requeue after it.
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            tokio::task::spawn_blocking(move || tell_slurm(job, &reason, done_tx));
+            let _ = tokio::time::timeout(COMMENT_DEADLINE, done_rx).await;
         }
     }
+    // The task is gone: whatever end is still queued has nothing left to act on.
 }
 
 /// The `AdminComment` for a task Keling ended: one line, at most
@@ -99,7 +202,7 @@ pub fn admin_comment(job: SlurmRef, reason: &str) -> String {
 
 /// Sets the reason as the job's `AdminComment`, then requeues it if it asked
 /// for `--requeue` (a batch job: an interactive one cannot be).
-fn tell_slurm(job: SlurmRef, reason: &str) {
+fn tell_slurm(job: SlurmRef, reason: &str, commented: tokio::sync::oneshot::Sender<()>) {
     let id = job.job.to_string();
     let comment = admin_comment(job, reason);
     if let Err(e) = scontrol(&[
@@ -109,6 +212,7 @@ fn tell_slurm(job: SlurmRef, reason: &str) {
     ]) {
         log::warn!("Slurm job {id}: cannot set its AdminComment ({e}); the reason was: {reason}");
     }
+    let _ = commented.send(());
     let shown = match scontrol(&["show", "job", "-o", &id]) {
         Ok(s) => s,
         Err(e) => {

@@ -136,11 +136,21 @@ impl Daemon {
             .map_err(|e| ReplyError::new(ErrorKind::StartFailed, format!("{e:#}")))?;
         self.next_id += 1;
         let pid = started.pid;
+        // With its standard error: what Keling tells it goes there, and Slurm
+        // hears why before the signal that ends it (`crate::slurm::job`).
+        let (out, actuator) = match fds.into_iter().next() {
+            Some(stderr) => {
+                let (out, actuator) =
+                    crate::slurm::job::output(stderr, req.slurm, started.actuator);
+                (Some(out), actuator)
+            }
+            None => (None, started.actuator),
+        };
         self.members.insert(
             id,
             TaskRuntime {
                 pid,
-                actuator: started.actuator,
+                actuator,
                 cgroup: Some(started.cgroup),
                 uid: req.uid,
                 conn: None,
@@ -157,8 +167,7 @@ impl Daemon {
             gpu: Some(gpu),
             pid,
         };
-        if let Some(stderr) = fds.into_iter().next() {
-            let out = crate::slurm::job::output(stderr, req.slurm);
+        if let Some(out) = out {
             self.clients.add(out, accepted.clone(), req.notify_preempt);
             // It is executing already as far as its notices go.
             self.clients.exec_outcome(id, Ok(()));
