@@ -334,6 +334,7 @@ impl Cluster {
              JobAcctGatherType=jobacct_gather/none\n\
              MpiDefault=none\n\
              ReturnToService=2\n\
+             JobRequeue=0\n\
              SlurmdParameters=config_overrides\n\
              SchedulerParameters=sched_interval=1\n\
              PlugStackConfig={d}/plugstack.conf\n",

@@ -304,6 +304,9 @@ fn a_job_over_its_shards_is_ended(cluster: &Cluster, dir: &Path) {
         },
     );
     assert_ne!(shown["JobState"], "COMPLETED", "{shown:?}");
+    // Not asked for (JobRequeue=0 in the harness: only `--requeue` jobs are).
+    assert_eq!(shown["Restarts"], "0", "not requeued: {shown:?}");
+    assert_eq!(shown["Requeue"], "0", "{shown:?}");
 
     let out = dir.join("requeue.out");
     let j = cluster.sbatch(&[
