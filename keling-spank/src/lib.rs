@@ -6,7 +6,7 @@
 //! `sbatch` and `salloc`, and, in each task of a job step that has GPUs on this
 //! node, before it execs (`slurm_spank_task_init_privileged`: in the task's own
 //! process, as root), hands the task to the node's agent over its control
-//! socket (`{"attach": ...}`): job and step, owner, GPUs (`SLURM_STEP_GPUS`, else
+//! socket (`{"slurm_attach": ...}`): job and step, owner, GPUs (`SLURM_STEP_GPUS`, else
 //! `SLURM_JOB_GPUS`, else `CUDA_VISIBLE_DEVICES`), a memory budget of its shards
 //! (`SLURM_SHARDS_ON_NODE` GiB) and the priority, with the task's standard error
 //! for what Keling tells it. The agent answers once the task is in a cgroup of
@@ -111,7 +111,7 @@ pub fn parse_gpus(s: &str) -> Vec<u32> {
 }
 
 /// A Slurm job step's task, as the agent's `attach` request has it (the agent's
-/// `control::AttachRequest`; a test reads this as that type).
+/// `control::SlurmAttachRequest`; a test reads this as that type).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Attach {
     pub pid: u32,
@@ -215,7 +215,7 @@ pub fn attach(socket: &Path, req: &Attach, stderr: c_int) -> Outcome {
     };
     let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
     let _ = stream.set_write_timeout(Some(REPLY_TIMEOUT));
-    let mut line = match serde_json::to_vec(&serde_json::json!({ "attach": req })) {
+    let mut line = match serde_json::to_vec(&serde_json::json!({ "slurm_attach": req })) {
         Ok(l) => l,
         Err(e) => return Outcome::NoAgent(e.to_string()),
     };
@@ -342,9 +342,9 @@ mod tests {
             priority: Some(2),
             notify_preempt: true,
         };
-        let line = serde_json::to_string(&serde_json::json!({ "attach": &req })).unwrap();
+        let line = serde_json::to_string(&serde_json::json!({ "slurm_attach": &req })).unwrap();
         let parsed: keling_agent::control::Request = serde_json::from_str(&line).unwrap();
-        let keling_agent::control::Request::Attach(a) = parsed else {
+        let keling_agent::control::Request::SlurmAttach(a) = parsed else {
             panic!("{line} read as another request");
         };
         assert_eq!(

@@ -39,7 +39,7 @@
 //!   `{"signalled": COUNT}`.
 //! - `{"gpus": true}`: the GPUs the agent schedules and their capacities
 //!   (`keling slurm gres`): `{"gpus": [GpuInfo]}`.
-//! - `{"attach": AttachRequest}` ([`AttachRequest`]), root only and for the
+//! - `{"slurm_attach": SlurmAttachRequest}` ([`SlurmAttachRequest`]), root only and for the
 //!   caller's own process (SO_PEERCRED pid), with at most one fd (the task's
 //!   standard error): the Slurm plugin hands a job step's task to the agent
 //!   before it execs. It becomes a task in a cgroup of its own, answered with
@@ -130,7 +130,7 @@ impl SlurmRef {
 /// that task before it execs (as root): make this process a task.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-pub struct AttachRequest {
+pub struct SlurmAttachRequest {
     /// The process: the caller itself (checked against SO_PEERCRED).
     pub pid: u32,
     /// The job's owner: whose task it is, and whose access rules apply.
@@ -191,7 +191,7 @@ pub enum Request {
     /// The GPUs the agent schedules, with their capacities.
     Gpus(bool),
     /// A Slurm job step's task, handed over by the plugin (root only).
-    Attach(AttachRequest),
+    SlurmAttach(SlurmAttachRequest),
 }
 
 /// Archived tasks a status lists when not asked for others, and the most one

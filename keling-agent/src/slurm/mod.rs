@@ -6,7 +6,7 @@
 //!   as `shard`s) and the `plugstack.conf` line that loads the plugin
 //!   (`keling slurm gres`, `keling slurm plugstack`).
 //! - [`job`]: a job step's task attached by the SPANK plugin (`keling-spank`,
-//!   `{"attach": ...}` on the control socket, handled in `sched::daemon`): what
+//!   `{"slurm_attach": ...}` on the control socket, handled in `sched::daemon`): what
 //!   `keling launch` would print goes to the task's standard error (the job's
 //!   output file), and a task Keling ends is requeued (`--requeue` jobs) or its
 //!   reason set as the job's `AdminComment`, off the event loop.

@@ -1,4 +1,4 @@
-//! `{"attach": ...}`: a Slurm job step's task, handed over by the SPANK plugin
+//! `{"slurm_attach": ...}`: a Slurm job step's task, handed over by the SPANK plugin
 //! from inside that task before it execs (see `crate::slurm`).
 //!
 //! Only root may ask, and only for its own process (SO_PEERCRED's pid): the
@@ -17,7 +17,7 @@ use keling_sched::{Input, TaskSpec};
 use super::Daemon;
 use crate::{
     control::{
-        Accepted, AttachRequest, ErrorKind, Reply, ReplyError,
+        Accepted, ErrorKind, Reply, ReplyError, SlurmAttachRequest,
         server::{Peer, Replier},
     },
     os::users::Credentials,
@@ -28,7 +28,7 @@ use crate::{
 const MAX_GPUS: usize = 64;
 
 /// Checks what an attach asks for before anything is done about it.
-pub(super) fn check(req: &AttachRequest, peer: &Peer, fds: usize) -> Result<(), ReplyError> {
+pub(super) fn check(req: &SlurmAttachRequest, peer: &Peer, fds: usize) -> Result<(), ReplyError> {
     if peer.creds.uid != 0 {
         return Err(ReplyError::new(
             ErrorKind::NotPermitted,
@@ -104,7 +104,7 @@ impl Daemon {
     /// `accepted` once the process is in its cgroup and tracked.
     pub(super) fn attach(
         &mut self,
-        req: &AttachRequest,
+        req: &SlurmAttachRequest,
         fds: Vec<OwnedFd>,
         peer: &Peer,
         reply: &Replier,
@@ -207,8 +207,8 @@ mod tests {
     use super::*;
     use crate::control::SlurmRef;
 
-    fn req() -> AttachRequest {
-        AttachRequest {
+    fn req() -> SlurmAttachRequest {
+        SlurmAttachRequest {
             pid: 4242,
             uid: 1000,
             gid: 1000,

@@ -54,7 +54,7 @@ impl Daemon {
             Request::Signal(s) => reply.send(self.signal_request(&s, &peer)),
             Request::Forward(signal) => self.forward(conn, signal),
             Request::Gpus(_) => reply.send(Reply::Gpus(self.sched.config().gpus.clone())),
-            Request::Attach(req) => {
+            Request::SlurmAttach(req) => {
                 if let Err(e) = self.attach(&req, fds, &peer, &reply, track) {
                     log::info!("attach of pid {} refused: {e}", req.pid);
                     reply.send(Reply::Error(e));
