@@ -19,6 +19,7 @@
 //! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
 //! | [`replay`] | reading the input and scheduling logs back, exact and what-if replay through `keling-sched`, the synthetic workload, replay metrics | read a clock (the command times it) |
 //! | [`report`] | the HTML report: queueing-delay heatmaps, root-cause findings, task timelines, latency histogram (SVG) | read anything but the logs it is given |
+//! | [`slurm`] | Keling under Slurm: gres.conf and plugstack.conf lines, a Slurm job's notices to its output file, requeue and the reason told to Slurm | block the event loop (Slurm's commands run on the blocking pool) |
 //! | [`instance`] | which agent instance this process serves, and every path derived from it (cgroup root, run directory, socket, lock) | do I/O |
 //! | [`defaults`] | every default value the command line shows | |
 //!
@@ -41,4 +42,5 @@ pub mod replay;
 pub mod report;
 pub mod sched;
 pub mod sched_log;
+pub mod slurm;
 pub mod trace_loop;

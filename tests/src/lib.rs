@@ -11,6 +11,7 @@ use serde_json::Value;
 
 pub mod agent;
 pub mod fixture;
+pub mod slurm;
 
 pub use fixture::Fixture;
 

@@ -314,7 +314,7 @@ pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     }
     let rounds = rounds.max(1);
     let mut report = Report::default();
-    // KELING_BENCH_ONLY=calls,switches,ring,decision,replay,agent: only those parts
+    // KELING_BENCH_ONLY=calls,switches,ring,decision,replay,agent,slurm: only those parts
     // (for when one is being worked on); BENCHMARKS.md is then not written.
     let only = std::env::var("KELING_BENCH_ONLY").ok();
     let part = |name: &str| {
@@ -349,11 +349,72 @@ pub fn bench(dir: &Path, rounds: usize) -> anyhow::Result<()> {
     if part("agent") {
         footprint(dir, &mut report)?;
     }
+    if part("slurm") {
+        slurm_step_start(dir, &mut report)?;
+    }
     if only.is_some() {
         println!("\nxtask: KELING_BENCH_ONLY is set: BENCHMARKS.md is left as it was");
         return Ok(());
     }
     write_report(&report, rounds, started.elapsed())
+}
+
+/// What the Slurm plugin adds to a job step's start: `srun true` on a
+/// two-daemon Slurm cluster (tests/src/slurm.rs) with and without the plugin
+/// handing the task to the node's agent; the ignored test
+/// `slurm_step_start_cost` measures, interleaved, and prints the medians.
+fn slurm_step_start(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
+    report.section("Slurm: a job step's start");
+    let out = crate::cargo()
+        .args(["test", "-p", "keling-tests", "--test", "slurm"])
+        .args(if dir.ends_with("release") {
+            &["--release"][..]
+        } else {
+            &[][..]
+        })
+        .args([
+            "--",
+            "--ignored",
+            "--nocapture",
+            "--exact",
+            "slurm_step_start_cost",
+        ])
+        .env("KELING_BIN", dir.join("keling"))
+        .current_dir(crate::root())
+        .output()
+        .context("cargo test slurm_step_start_cost")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(line) = text.lines().find(|l| l.starts_with("slurm step start ms:")) else {
+        println!(
+            "  skipped: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        return Ok(());
+    };
+    let nums: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (without, with) = (
+        nums.first().copied().unwrap_or(0.0),
+        nums.get(1).copied().unwrap_or(0.0),
+    );
+    report.row(
+        "slurm",
+        "srun --gres=shard:1 true, median ms: without / with the plugin (and its agent)",
+        format!("{without:.1} / {with:.1} (+{:.1} ms)", with - without),
+        "at most 20 ms more",
+    );
+    report.json.insert(
+        "slurm_step_start_ms".into(),
+        serde_json::json!({"without": without, "with": with}),
+    );
+    Ok(())
 }
 
 /// 1. The cost of a call under each tracer: getppid (no tracepoint of Keling's on
@@ -1576,7 +1637,7 @@ fn write_report(report: &Report, rounds: usize, took: Duration) -> anyhow::Resul
         md += &format!("| {section} | {what} | {figure} | {goal} |\n");
     }
     md += "\nRerun: `sudo cargo xtask bench` (`--rounds N`; `KELING_BENCH_ONLY=PART,...` for some parts alone: \
-           calls, switches, ring, decision, replay, agent).\n";
+           calls, switches, ring, decision, replay, agent, slurm).\n";
     let md_path: PathBuf = root.join("BENCHMARKS.md");
     // The soak's section (`cargo xtask soak`, written by hand from its output) stays.
     if let Some(soak) = std::fs::read_to_string(&md_path)

@@ -106,7 +106,7 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// The cargo of the toolchain running xtask (stable).
-fn cargo() -> Command {
+pub fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
@@ -153,6 +153,14 @@ fn build(release: bool) -> anyhow::Result<PathBuf> {
     eprintln!("xtask: building the agent with its eBPF programs embedded");
     let mut c = cargo();
     c.args(["build", "--bins"]).env("KELING_EBPF_OBJ", &obj);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    // The SPANK plugin (a cdylib: `--bins` leaves it out), beside `keling` as
+    // `libkeling_spank.so`, where `keling slurm plugstack` looks for it.
+    let mut c = cargo();
+    c.args(["build", "--package", "keling-spank"]);
     if release {
         c.arg("--release");
     }

@@ -12,8 +12,19 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages the tests and tools need: FUSE for the simulated driver,
 /// `promtool` (package `prometheus`) and curl for the `/metrics` tests, and a
-/// C++ compiler for libFuzzer (`cargo xtask fuzz`; libfuzzer-sys builds it).
-const DEBIAN_PACKAGES: &[&str] = &["fuse3", "prometheus", "curl", "g++"];
+/// C++ compiler for libFuzzer (`cargo xtask fuzz`; libfuzzer-sys builds it), and
+/// Slurm with munge for the Slurm tests (a controller and two nodes on this
+/// machine; installing starts no daemon: the tests start their own).
+const DEBIAN_PACKAGES: &[&str] = &[
+    "fuse3",
+    "prometheus",
+    "curl",
+    "g++",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "munge",
+];
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;

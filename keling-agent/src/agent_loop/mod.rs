@@ -85,6 +85,9 @@ pub struct Agent<K, E, G> {
     books: Books,
     ticks: Ticks,
     started: Instant,
+    /// `--slurm-report`: told each second what GPU memory is held outside
+    /// Slurm's jobs (`crate::slurm::node`).
+    slurm: Option<crate::slurm::node::NodeReport>,
 }
 
 /// The scheduler's clock, and what rides on it.
@@ -159,7 +162,15 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             counters: Counters::default(),
             books: Books::default(),
             started: now,
+            slurm: None,
         }
+    }
+
+    /// Also tells Slurm, through `report`, about this node (once a second, with
+    /// the membership check).
+    pub fn reporting_to_slurm(mut self, report: Option<crate::slurm::node::NodeReport>) -> Self {
+        self.slurm = report;
+        self
     }
 
     /// Runs until `shutdown` completes (`Ok(0)`), or a fail-safe that died cannot
@@ -269,6 +280,11 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             t.drops_seen = drops;
             t.last_reconcile = Instant::now();
             self.daemon.reconcile_members();
+            if let Some(r) = &mut self.slurm {
+                r.observe_kernel(self.kernel.gpu_accounting(), |pid| {
+                    self.daemon.in_slurm_task(pid)
+                });
+            }
         }
     }
 
@@ -343,6 +359,7 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             status: &status,
             latency: daemon.latency(),
             task_of: &|pid| daemon.task_of(pid),
+            slurm_of: &|pid| daemon.slurm_of(pid).map(|s| s.step_label()),
             now_ns,
         })
     }

@@ -8,6 +8,7 @@ pub mod launch;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod slurm;
 pub mod status;
 pub mod thaw;
 pub mod trace;
@@ -72,6 +73,9 @@ enum Command {
     /// Write an HTML page with queueing-delay heatmaps, task timelines, decision
     /// latency and root-cause findings from scheduling and input logs.
     Report(report::ReportArgs),
+    /// Slurm: this node's gres.conf lines (GPUs and their memory as shards) and
+    /// the plugstack.conf line that loads Keling's SPANK plugin.
+    Slurm(slurm::SlurmArgs),
     /// Decision-latency histograms offline, from `keling run --histo-log`'s
     /// interval log: export them, or replay them through the timeout models
     /// for a tuning recommendation.
@@ -106,6 +110,7 @@ pub fn main() -> i32 {
         Command::Replay(args) => replay::replay(args),
         Command::Report(args) => report::report(args),
         Command::Histo(args) => histo::histo(args),
+        Command::Slurm(args) => slurm::slurm(args),
         Command::Floor(args) => floor::floor(args),
     };
     match result {

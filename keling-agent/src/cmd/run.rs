@@ -202,6 +202,16 @@ pub struct RunArgs {
     #[arg(long, default_value_t = defaults::HISTO_INTERVAL_S, value_name = "SECS",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub histo_interval: u64,
+    /// Slurm: drain this node while GPU memory is held outside Slurm's jobs
+    /// (one GiB or more on a GPU), resume it once that is gone (`scontrol`, as
+    /// Slurm's commands find the controller: `SLURM_CONF`, else the default
+    /// config). The node is named by `--slurm-node`, else the instance's name,
+    /// else the host's (docs/slurm.md).
+    #[arg(long)]
+    pub slurm_report: bool,
+    /// Slurm: this node's name (implies `--slurm-report`).
+    #[arg(long, value_name = "NAME", value_parser = crate::slurm::gres::parse_node_name)]
+    pub slurm_node: Option<String>,
     /// Serve Prometheus `/metrics` on this address (host:port, port 0: any free
     /// one, said at start); `off`: serve none. Only a loopback address unless
     /// `--metrics-public`.
@@ -465,6 +475,9 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             ),
         }
     }
+    // A Slurm job's notices read as `keling launch` prints them.
+    crate::slurm::job::set_notice_text(|n| super::launch::notice_line(n, false));
+    let slurm_report = slurm_report(&args)?;
     runtime.block_on(async move {
         // The fail-safe, before anything can be frozen.
         let failsafe = supervisor::spawn(failsafe_settings)?;
@@ -547,7 +560,8 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
                 metrics_grace_ns: args.metrics_grace_s.saturating_mul(1_000_000_000),
                 capacities,
             },
-        );
+        )
+        .reporting_to_slurm(slurm_report);
         let mut outputs = String::new();
         if let Some(at) = metrics_at {
             outputs += &format!("; metrics http://{at}/metrics");
@@ -573,4 +587,16 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
         }
         result
     })
+}
+
+/// `--slurm-report` / `--slurm-node`: the reporter of this node, if asked for.
+fn slurm_report(args: &RunArgs) -> anyhow::Result<Option<crate::slurm::node::NodeReport>> {
+    if !args.slurm_report && args.slurm_node.is_none() {
+        return Ok(None);
+    }
+    let node = match &args.slurm_node {
+        Some(n) => n.clone(),
+        None => super::slurm::default_node()?,
+    };
+    Ok(Some(crate::slurm::node::NodeReport::start(node)?))
 }

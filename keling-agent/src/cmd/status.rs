@@ -463,6 +463,8 @@ mod tests {
             in_flight: None,
             cgroup: None,
             uid: Some(0),
+            slurm: None,
+            mem_quota_bytes: None,
             mine: false,
             state_for_ms: 0,
             waiting: None,

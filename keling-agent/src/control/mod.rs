@@ -40,6 +40,14 @@
 //! - `{"attach": {"task": ID, "pid": PID}}`: after an agent restart, the client
 //!   of a launch reconnects to its task (its owner or root only; [`AttachRequest`]).
 //!   Answered as a launch is, from `accepted` on; `forward` lines may follow.
+//! - `{"gpus": true}`: the GPUs the agent schedules and their capacities
+//!   (`keling slurm gres`): `{"gpus": [GpuInfo]}`.
+//! - `{"slurm_attach": SlurmAttachRequest}` ([`SlurmAttachRequest`]), root only and for the
+//!   caller's own process (SO_PEERCRED pid), with at most one fd (the task's
+//!   standard error): the Slurm plugin hands a job step's task to the agent
+//!   before it execs. It becomes a task in a cgroup of its own, answered with
+//!   `{"accepted": {...}}` once it is in it and tracked; what `keling launch`
+//!   would print about it goes to that fd (see `crate::slurm`).
 //!
 //! Anything else is answered with `{"error": {"kind": "invalid", "message": "what is
 //! wrong"}}` and the connection is closed. Every failure is such an
@@ -93,6 +101,56 @@ pub struct LaunchRequest {
     pub notify_preempt: bool,
 }
 
+/// A Slurm job step's task: which job, step and task it is.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmRef {
+    pub job: u32,
+    /// The step id; Slurm's batch step is 0xfffffffb, shown as `batch`.
+    pub step: u32,
+    /// The task's global id in the step.
+    #[serde(default)]
+    pub task: u32,
+}
+
+impl SlurmRef {
+    /// Slurm's id of a batch script's step.
+    pub const BATCH_STEP: u32 = 0xffff_fffb;
+    /// Slurm's id of a job's extern step.
+    pub const EXTERN_STEP: u32 = 0xffff_fffc;
+
+    /// `JOB.STEP` as Slurm writes it (`12.0`, `12.batch`).
+    pub fn step_label(&self) -> String {
+        match self.step {
+            Self::BATCH_STEP => format!("{}.batch", self.job),
+            Self::EXTERN_STEP => format!("{}.extern", self.job),
+            s => format!("{}.{s}", self.job),
+        }
+    }
+}
+
+/// What the Slurm plugin (`keling-spank`) asks for a job step's task, from inside
+/// that task before it execs (as root): make this process a task.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmAttachRequest {
+    /// The process: the caller itself (checked against SO_PEERCRED).
+    pub pid: u32,
+    /// The job's owner: whose task it is, and whose access rules apply.
+    pub uid: u32,
+    pub gid: u32,
+    pub slurm: SlurmRef,
+    /// The GPU indices of its allocation on this node; the task's GPU is the first.
+    pub gpus: Vec<u32>,
+    /// Its memory budget on that GPU (its shards, 1 GiB each); `None`: whole GPUs.
+    pub mem_budget_bytes: Option<u64>,
+    /// `--gpu-priority`; `None`: the config's rule or the default.
+    pub priority: Option<u8>,
+    /// Also tell it each freeze and resume (`--gpu-notify-preempt`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notify_preempt: bool,
+}
+
 /// A signal for a task (its owner or root may send one).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -135,6 +193,10 @@ pub enum Request {
     StatusPage(StatusPage),
     /// A launch's client reconnects to its task after the agent restarted.
     Attach(AttachRequest),
+    /// The GPUs the agent schedules, with their capacities.
+    Gpus(bool),
+    /// A Slurm job step's task, handed over by the plugin (root only).
+    SlurmAttach(SlurmAttachRequest),
 }
 
 /// `{"attach": {"task": ID, "pid": PID}}`: the client of a launch whose agent
@@ -206,6 +268,8 @@ pub enum Reply {
     Notice(Notice),
     /// One task's history.
     History(Box<TaskHistory>),
+    /// The GPUs the agent schedules.
+    Gpus(Vec<keling_sched::GpuInfo>),
 }
 
 /// What kind of failure a [`Reply::Error`] is.
@@ -413,6 +477,12 @@ pub struct TaskStatus {
     /// Whose task it is: the launching user, or the adopted process's real uid.
     #[serde(default)]
     pub uid: Option<u32>,
+    /// A Slurm job step's task: its job, step and task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmRef>,
+    /// Its GPU memory quota (a Slurm task's budget: its shards), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_quota_bytes: Option<u64>,
     /// The task belongs to the user asking (SO_PEERCRED).
     #[serde(default)]
     pub mine: bool,

@@ -118,11 +118,29 @@ impl Replier {
         Self::new().0
     }
 
+    /// A replier whose replies are read from the [`ReplyStream`] instead of
+    /// being written to a socket (a Slurm job's output: `crate::slurm::job`).
+    pub fn stream() -> (Self, ReplyStream) {
+        let (r, q) = Self::new();
+        (r, ReplyStream(q))
+    }
+
     /// A replier and what it sends, for tests of what a client is told.
     #[cfg(test)]
     pub fn for_test() -> (Self, TestReceiver) {
         let (r, q) = Self::new();
         (r, TestReceiver(q))
+    }
+}
+
+/// The other end of [`Replier::stream`]: what a client would read, in order.
+pub struct ReplyStream(ReplyQueues);
+
+impl ReplyStream {
+    /// The next reply or notice; `None` once every [`Replier`] is gone and all
+    /// was read.
+    pub async fn next(&mut self) -> Option<Reply> {
+        self.0.next().await
     }
 }
 

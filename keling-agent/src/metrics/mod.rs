@@ -5,12 +5,12 @@
 //!
 //! | family | type | labels |
 //! |---|---|---|
-//! | `process_gpu_memory_bytes` | gauge | pid, comm, task, user, gpu, memory (`video`, `host`) |
-//! | `process_gpu_memory_peak_bytes` | gauge | pid, comm, task, user, gpu, memory |
-//! | `process_gpu_allocations_total` | counter | pid, comm, task, user, gpu |
-//! | `process_gpu_frees_total` | counter | pid, comm, task, user, gpu |
-//! | `process_undecoded_ioctls_total` | counter | pid, comm, task, user |
-//! | `process_gpu_memory_unsure` | gauge | pid, comm, task, user (1: a kernel table its books needed was full, its figures may be wrong and no quota is enforced on them; only such processes) |
+//! | `process_gpu_memory_bytes` | gauge | pid, comm, task, slurm_job, user, gpu, memory (`video`, `host`) |
+//! | `process_gpu_memory_peak_bytes` | gauge | pid, comm, task, slurm_job, user, gpu, memory |
+//! | `process_gpu_allocations_total` | counter | pid, comm, task, slurm_job, user, gpu |
+//! | `process_gpu_frees_total` | counter | pid, comm, task, slurm_job, user, gpu |
+//! | `process_undecoded_ioctls_total` | counter | pid, comm, task, slurm_job, user |
+//! | `process_gpu_memory_unsure` | gauge | pid, comm, task, slurm_job, user (1: a kernel table its books needed was full, its figures may be wrong and no quota is enforced on them; only such processes) |
 //! | `table_full_total` | counter | table (each of `keling_common::table_full::NAMES`) |
 //! | `gpu_capacity_bytes` | gauge | gpu (GPUs whose capacity is known) |
 //! | `gpu_memory_bytes`, `gpu_memory_peak_bytes` | gauge | gpu, memory |
@@ -22,6 +22,7 @@
 //!
 //! The GPU figures are the kernel's exact accounting (the maps `keling status` and
 //! `keling trace` read); `task` is the Keling task the process belongs to ("" for none),
+//! `slurm_job` the Slurm job step of that task (`12.batch`, `12.0`; "" for none),
 //! `user` the process's real user (its name, or the uid when it has none).
 //!
 //! # Bounded labels
@@ -84,6 +85,8 @@ pub struct Sources<'a> {
     pub latency: &'a LatencyRecorder,
     /// The task a process belongs to.
     pub task_of: &'a dyn Fn(u32) -> Option<u64>,
+    /// The Slurm job step (`JOB.STEP`) of the task a process belongs to.
+    pub slurm_of: &'a dyn Fn(u32) -> Option<String>,
     /// `CLOCK_MONOTONIC` now.
     pub now_ns: u64,
 }
@@ -254,6 +257,7 @@ impl Metrics {
                     "task",
                     (src.task_of)(pid).map_or_else(String::new, |t| t.to_string()),
                 ),
+                ("slurm_job", (src.slurm_of)(pid).unwrap_or_default()),
                 ("user", k.user.clone()),
             ];
             snap.processes.push(ProcessSeries {

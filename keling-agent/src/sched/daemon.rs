@@ -426,7 +426,7 @@ impl Daemon {
         let Some(t) = self.members.get(id) else {
             return; // already ended (an adopted task's exit event came first)
         };
-        let status = if t.launched() && t.our_child {
+        let status = if t.our_child {
             // Our child: reap it for its status.
             self.host.reap(id)
         } else if let Some(s) = t.exit_seen {
@@ -832,6 +832,7 @@ pub mod restart;
 #[cfg(test)]
 mod behaviour;
 mod requests;
+mod slurm_attach;
 mod status_view;
 
 use status_view::StatusView;

@@ -122,6 +122,18 @@ pub trait Host {
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Started>;
 
+    /// Takes `pid` on as task `id`: a Slurm job step's task, which asked for it
+    /// itself and waits for the answer (so `pid` is that process). It is moved
+    /// into a cgroup of its own, tracked by the probes (`track`), its end watched
+    /// ([`Wake::Exited`]); it is not our child (never reaped here). A failure
+    /// leaves it where it was.
+    fn attach(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Started>;
+
     /// Lets held task `id` exec, with `gpu` as its `CUDA_VISIBLE_DEVICES` when
     /// given (late binding). The outcome comes back as [`Wake::Exec`]; an error
     /// here means the child is gone (its end comes as [`Wake::Exited`]).
@@ -306,6 +318,50 @@ impl Host for RealHost {
                 pidfd,
                 cgroup: Some(cgroup),
                 held: Some(child),
+            },
+        );
+        Ok(started)
+    }
+
+    fn attach(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Started> {
+        use anyhow::Context;
+        let pidfd = Pidfd::open(pid).with_context(|| format!("pid {pid} is gone"))?;
+        let before = ProcessFacts::of_pid(pid).cgroup;
+        let cgroup = self
+            .cgroups
+            .create_task(&format!("slurm-{}-{id}", std::process::id()))?;
+        let moved = std::fs::write(cgroup.procs_file(), pid.to_string())
+            .with_context(|| format!("move pid {pid} into {}", cgroup.dir.display()))
+            .and_then(|()| track(pid));
+        if let Err(e) = moved {
+            // Back where it was (Slurm's own cgroup, if any), then the cgroup goes.
+            if let (Some(rel), Ok(mount)) = (before, super::cgroup::cgroup2_mount()) {
+                let back = mount.join(rel.trim_start_matches('/')).join("cgroup.procs");
+                let _ = std::fs::write(back, pid.to_string());
+            }
+            if let Err(rm) = cgroup.remove() {
+                log::warn!("task {id}: the failed attach's cgroup stays: {rm:#}");
+            }
+            return Err(e);
+        }
+        let pidfd = Arc::new(pidfd);
+        self.watch_exit(id, &pidfd);
+        let started = Started {
+            pid,
+            actuator: Arc::new(CgroupActuator::new(cgroup.clone(), self.freeze_boost)),
+            cgroup: cgroup.dir.clone(),
+        };
+        self.tasks.insert(
+            id,
+            Process {
+                pidfd,
+                cgroup: Some(cgroup),
+                held: None,
             },
         );
         Ok(started)

@@ -162,7 +162,7 @@ pub fn terms(
 
 /// A GPU a launch names must be one of the host's (when Keling knows them): a
 /// pin to a GPU that does not exist would never be scheduled against anyone.
-fn check_gpu_exists(gpu: u32, sched: &Scheduler) -> Result<(), ReplyError> {
+pub(super) fn check_gpu_exists(gpu: u32, sched: &Scheduler) -> Result<(), ReplyError> {
     let known: Vec<u32> = sched.config().gpus.iter().map(|g| g.index).collect();
     if known.is_empty() || known.contains(&gpu) {
         return Ok(());
@@ -249,6 +249,7 @@ pub fn start(
             last_active_ns: 0,
             exit_seen: None,
             exited_ns: None,
+            slurm: None,
         },
         accepted: Accepted {
             task: id,

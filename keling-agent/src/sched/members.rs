@@ -37,8 +37,8 @@ pub struct TaskRuntime {
     /// Whose task it is.
     pub uid: u32,
     /// This agent's child (it launched it): its exit status is reaped. A task
-    /// taken back from an earlier agent's record is not: its status comes from
-    /// the trace.
+    /// taken back from an earlier agent's record is not, nor is a Slurm job
+    /// step's task the plugin attached: their status comes from the trace.
     pub our_child: bool,
     /// The launch's connection (its forwarded signals come on it).
     pub conn: Option<u64>,
@@ -49,6 +49,9 @@ pub struct TaskRuntime {
     /// When the kernel reported the root process's exit (the trace's timestamp):
     /// what the decisions its end leads to are timed from.
     pub exited_ns: Option<u64>,
+    /// A Slurm job step's task (attached by the plugin): in a cgroup of ours,
+    /// but not our child.
+    pub slurm: Option<crate::control::SlurmRef>,
 }
 
 impl TaskRuntime {
@@ -306,6 +309,7 @@ impl Members {
                 last_active_ns: 0,
                 exit_seen: None,
                 exited_ns: None,
+                slurm: None,
             },
             Some(adopted.start_ticks),
         );

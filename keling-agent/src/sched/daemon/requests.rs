@@ -59,6 +59,13 @@ impl Daemon {
                 }
             }
             Request::Forward(signal) => self.forward(conn, signal),
+            Request::Gpus(_) => reply.send(Reply::Gpus(self.sched.config().gpus.clone())),
+            Request::SlurmAttach(req) => {
+                if let Err(e) = self.slurm_attach(&req, fds, &peer, &reply, track) {
+                    log::info!("attach of pid {} refused: {e}", req.pid);
+                    reply.send(Reply::Error(e));
+                }
+            }
         }
     }
 

@@ -269,6 +269,7 @@ impl Daemon {
                     last_active_ns: 0,
                     exit_seen: None,
                     exited_ns: None,
+                    slurm: None,
                 },
                 None,
             );

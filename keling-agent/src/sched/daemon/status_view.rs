@@ -134,6 +134,8 @@ impl StatusView<'_> {
                 .and_then(|r| r.cgroup.as_ref())
                 .map(|c| c.to_string_lossy().into_owned()),
             uid,
+            slurm: rt.and_then(|r| r.slurm),
+            mem_quota_bytes: t.spec.mem_quota_bytes,
             mine: caller.is_some() && uid == caller,
             state_for_ms: now.saturating_sub(history.map_or(t.arrived_ns, |h| h.state_since_ns))
                 / 1_000_000,

@@ -362,6 +362,15 @@ impl Host for FakeHost {
             .unwrap_or_default()
     }
 
+    fn attach(
+        &mut self,
+        _id: TaskId,
+        pid: u32,
+        _track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Started> {
+        anyhow::bail!("the fake host attaches nothing (pid {pid})")
+    }
+
     fn adopt(&mut self, id: TaskId, pid: u32, seen_ns: u64) -> Option<Adopted> {
         let p = self.machine().processes.get(&pid).cloned()?;
         if p.started_ns > seen_ns {
