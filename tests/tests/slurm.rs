@@ -107,8 +107,8 @@ fn slurm_jobs_run_under_keling() {
         &fx.dir,
         ClusterOptions {
             nodes: vec![sim.clone(), sim],
-            // Until GPUs run every task whose memory fits (issue 34), two slots
-            // let two shard jobs share a GPU.
+            // The agents' defaults: a GPU runs every task whose budget (its
+            // shards) fits.
             agent_args: vec!["--slurm-report".into()],
             plugin: Some(Vec::new()),
         },
