@@ -126,6 +126,18 @@ pub enum Input {
         /// When the agent learnt it.
         ts_ns: u64,
     },
+    /// For a task whose figure is unsure ([`Input::MemUnsure`]): a sound lower
+    /// bound of its video memory on all GPUs together, which no full table can
+    /// have inflated (the agent counts only memory certainly still allocated). Its
+    /// quota is enforced on it.
+    MemSure {
+        /// The task.
+        id: TaskId,
+        /// Video memory, all GPUs together.
+        bytes: u64,
+        /// When the agent measured it.
+        ts_ns: u64,
+    },
     /// The action was not confirmed within the timeout model's deadline.
     TimedOut {
         /// The task.
@@ -151,6 +163,7 @@ impl Input {
             | Input::Tick { ts_ns }
             | Input::Confirmed { ts_ns, .. }
             | Input::MemUnsure { ts_ns, .. }
+            | Input::MemSure { ts_ns, .. }
             | Input::TimedOut { ts_ns, .. } => *ts_ns,
         }
     }
@@ -167,6 +180,7 @@ impl Input {
             | Input::Exit { id, .. }
             | Input::Confirmed { id, .. }
             | Input::MemUnsure { id, .. }
+            | Input::MemSure { id, .. }
             | Input::TimedOut { id, .. } => Some(*id),
             Input::Tick { .. } => None,
         }
@@ -217,6 +231,11 @@ mod tests {
                 ts_ns: u64::MAX,
             },
             Input::MemUnsure { id: 7, ts_ns: 11 },
+            Input::MemSure {
+                id: 7,
+                bytes: 4096,
+                ts_ns: 12,
+            },
         ]
     }
 
@@ -251,6 +270,7 @@ mod tests {
             r#"{"Confirmed":{"id":7,"action":"Freeze","ts_ns":9}}"#,
             r#"{"TimedOut":{"id":7,"action":"Stop","ts_ns":18446744073709551615}}"#,
             r#"{"MemUnsure":{"id":7,"ts_ns":11}}"#,
+            r#"{"MemSure":{"id":7,"bytes":4096,"ts_ns":12}}"#,
         ];
         let inputs = every_variant(a_spec());
         assert_eq!(inputs.len(), expected.len());

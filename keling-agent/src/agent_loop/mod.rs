@@ -230,6 +230,7 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
         } = self;
         books.check(kernel, daemon);
         events.drain(|e| ingest(e, counters, daemon, metrics, kernel, books));
+        books.judge_unsure(kernel, daemon);
     }
 
     /// The kernel woke the loop.
@@ -379,7 +380,14 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
 #[derive(Default)]
 struct Books {
     seen: HashMap<u32, u64>,
+    /// When [`Books::judge_unsure`] last read the kernel's objects, and each
+    /// task's figure then.
+    judged_at: Option<Instant>,
+    judged: HashMap<keling_sched::TaskId, u128>,
 }
+
+/// How often at most [`Books::judge_unsure`] reads the kernel's objects.
+const JUDGE_UNSURE_EVERY: Duration = Duration::from_millis(100);
 
 impl Books {
     /// Tells the daemon of every process whose books the kernel found a table
@@ -399,6 +407,38 @@ impl Books {
             // table before its fork reached the daemon is told again next time.
             if self.seen.get(&pid) != Some(&n) && daemon.books_unsure(pid) {
                 self.seen.insert(pid, n);
+            }
+        }
+    }
+
+    /// A task whose figure a full table made unsure is judged, while that figure
+    /// is over its quota, on a sound lower bound read from the kernel's objects
+    /// (`Probes::sure_video_bytes`), at most every [`JUDGE_UNSURE_EVERY`] (the
+    /// read walks whole maps) and only once its figure grew since it was last
+    /// judged (the bound rises only with an allocation). See docs/limits.md.
+    fn judge_unsure(&mut self, kernel: &impl Kernel, daemon: &mut Daemon) {
+        if self
+            .judged_at
+            .is_some_and(|at| at.elapsed() < JUDGE_UNSURE_EVERY)
+        {
+            return;
+        }
+        let tasks = daemon.unsure_over_quota();
+        self.judged
+            .retain(|id, _| tasks.iter().any(|(t, _, _)| t == id));
+        let tasks: Vec<_> = tasks
+            .into_iter()
+            .filter(|(id, held, _)| self.judged.get(id).is_none_or(|judged| held > judged))
+            .collect();
+        if tasks.is_empty() {
+            return;
+        }
+        self.judged_at = Some(Instant::now());
+        for (id, held, pids) in tasks {
+            self.judged.insert(id, held);
+            match kernel.sure_video_bytes(&pids) {
+                Ok(bytes) => daemon.judge_unsure(id, bytes),
+                Err(e) => log::warn!("task {id}: its sure GPU memory could not be read: {e:#}"),
             }
         }
     }

@@ -2,7 +2,10 @@
 //! that a test drives the loop without root or a kernel: the kernel's maps
 //! ([`Kernel`]), the event ring buffer ([`EventSource`]) and the fail-safe
 //! ([`Guard`]). The real ones are the probes, [`EventStream`] and [`FailSafe`].
-use std::{collections::BTreeMap, future::Future};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+};
 
 use crate::{
     bpf::Probes,
@@ -23,6 +26,9 @@ pub trait Kernel {
     fn gpu_accounting(&self) -> anyhow::Result<GpuAccounting>;
     /// How many processes are traced.
     fn tracked_processes(&self) -> anyhow::Result<usize>;
+    /// A sound lower bound of the video memory charged to `pids`, for a task
+    /// whose figure a full table made unsure (`Probes::sure_video_bytes`).
+    fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64>;
 }
 
 impl Kernel for Probes {
@@ -44,6 +50,10 @@ impl Kernel for Probes {
 
     fn tracked_processes(&self) -> anyhow::Result<usize> {
         Probes::tracked_processes(self)
+    }
+
+    fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64> {
+        Probes::sure_video_bytes(self, pids)
     }
 }
 

@@ -52,6 +52,8 @@ struct KernelMaps {
     tracked: Vec<u32>,
     table_full: BTreeMap<u32, u64>,
     drops: u64,
+    /// Per process: the sound lower bound of its video memory.
+    sure_bytes: BTreeMap<u32, u64>,
 }
 
 impl FakeKernel {
@@ -80,6 +82,11 @@ impl Kernel for FakeKernel {
 
     fn tracked_processes(&self) -> anyhow::Result<usize> {
         Ok(self.maps().tracked.len())
+    }
+
+    fn sure_video_bytes(&self, pids: &std::collections::BTreeSet<u32>) -> anyhow::Result<u64> {
+        let maps = self.maps();
+        Ok(pids.iter().filter_map(|p| maps.sure_bytes.get(p)).sum())
     }
 }
 

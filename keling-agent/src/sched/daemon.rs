@@ -1083,6 +1083,7 @@ fn memory_inputs(
 
 #[cfg(test)]
 mod behaviour;
+mod books;
 
 #[cfg(test)]
 mod tests {

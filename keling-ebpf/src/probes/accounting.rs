@@ -46,9 +46,10 @@ pub static TOTALS: HashMap<TotalKey, Totals> = HashMap::with_max_entries(MAX_TOT
 static ZERO_CLIENT: Array<ClientInfo> = Array::with_max_entries(1, 0);
 #[map]
 static ZERO_MEM: Array<MemInfo> = Array::with_max_entries(1, 0);
-/// [0]: client generation counter; [1]: memory id counter.
+/// [0]: client generation counter; [1]: memory id counter; [2]: file generation
+/// counter.
 #[map]
-static COUNTERS: Array<u64> = Array::with_max_entries(2, 0);
+static COUNTERS: Array<u64> = Array::with_max_entries(3, 0);
 
 const BPF_NOEXIST: u64 = 1;
 
@@ -60,6 +61,12 @@ fn next_id(idx: u32) -> u64 {
         Some(p) => (unsafe { atomic_add(p, 1) }) + 1,
         None => 1,
     }
+}
+
+/// A fresh, never-zero generation for a new `FILES` entry.
+#[inline(always)]
+pub fn next_file_gen() -> u64 {
+    next_id(2)
 }
 
 // --- Totals ------------------------------------------------------------------------
@@ -222,6 +229,13 @@ pub fn attach_client(handle: u32, file_id: u64, device: u32, pid: u32) {
     let Some(f) = file_info(file_id, device, pid) else {
         return;
     };
+    // Which file it is on, listed or not: the agent's sound lower bound of a
+    // task's memory (for a figure a full table made unsure) counts a client's
+    // objects only while this file lives.
+    if let Some(c) = CLIENTS.get_ptr_mut(handle) {
+        // SAFETY: map value pointers, valid for this program run.
+        unsafe { (*c).file_gen = (*f).gen_ as u32 };
+    }
     let mut free = FILE_CLIENTS;
     for i in 0..FILE_CLIENTS {
         // SAFETY: a map value pointer; i is in bounds.

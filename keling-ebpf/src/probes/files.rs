@@ -143,6 +143,7 @@ pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
         opener_pid: pid,
         clients: [0; FILE_CLIENTS],
         exports: [0; FILE_EXPORTS],
+        gen_: super::accounting::next_file_gen(),
     };
     let _ = FILES.insert(file_id, info, BPF_NOEXIST);
     FILES.get_ptr_mut(file_id)
