@@ -102,6 +102,11 @@ pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_TABLE_FULL_AT: &str = "TABLE_FULL_AT";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
 pub const MAP_TABLE_FULL_PID: &str = "TABLE_FULL_PID";
+/// Processes whose `TABLE_FULL_PID` row was just created, for the agent to pop
+/// (a queue: it reads only what changed); `UNSURE_LOST[0]` counts those that
+/// found it full (the agent then reads the whole map once).
+pub const MAP_UNSURE_NEW: &str = "UNSURE_NEW";
+pub const MAP_UNSURE_LOST: &str = "UNSURE_LOST";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
 pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
 pub const MAP_CALL_COUNTS: &str = "CALL_COUNTS";

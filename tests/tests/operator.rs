@@ -839,6 +839,62 @@ fn the_agent_gets_rate_limited_activity_not_an_event_per_call() {
     );
 }
 
+/// Issue 32: the kernel's per-process rows of full tables and undecoded calls
+/// (`TABLE_FULL_PID`, `UNDECODED_PID`) go once their process exited and
+/// `/metrics` stopped showing it: processes that each fill a table (10 clients on
+/// one nvidiactl file) and exit leave the maps, as the kernel counts their
+/// entries, where they were. Before, every such process left its rows forever (a
+/// reused pid started flagged; past 16 384 processes new ones were not flagged).
+#[test]
+fn rows_of_full_tables_go_with_their_processes() {
+    let Some(fx) = Fixture::needs("rows_of_full_tables_go_with_their_processes")
+        .cgroups()
+        .sim(&["--gpus", "1"])
+        .ready()
+    else {
+        return;
+    };
+    let sim = fx.sim();
+    let agent = Agent::start(
+        sim,
+        &["--metrics-addr", "127.0.0.1:0", "--metrics-grace-s", "1"],
+    );
+    let url = metrics_url(&agent);
+    let rows = || {
+        let m = keling_tests::bpfmaps::map_entries(agent.pid);
+        let n = |name: &str| m.get(name).copied().unwrap_or(0);
+        (n("TABLE_FULL_PID"), n("UNDECODED_PID"))
+    };
+    let before = rows();
+    const PROCESSES: u64 = 4;
+    for _ in 0..PROCESSES {
+        let out = Command::new(keling_tests::gpu_workload_bin())
+            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+            .args(["--clients", "9", "--alloc-mib", "1", "--iterations", "1"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    // Each filled its file's table of clients (the kernel counted it) ...
+    wait_for("the full tables counted", Duration::from_secs(10), || {
+        let s = samples(&scrape(&url).1);
+        value(&s, "keling_table_full_total", &[("table", "file_clients")]).unwrap_or(0.0)
+            >= PROCESSES as f64
+    });
+    // ... and once the grace is over, their rows are gone.
+    let mut now = rows();
+    wait_for(
+        "the rows of the exited processes gone",
+        Duration::from_secs(10),
+        || {
+            now = rows();
+            now == before
+        },
+    );
+    assert_eq!(now, before);
+}
+
 /// Issue 32: when a kernel table Keling needs for a task's books is full (here an
 /// open file's table of clients: 10 clients on one nvidiactl file against 8), the
 /// task's GPU memory figure may be wrong from then on. It is flagged in `keling

@@ -226,10 +226,12 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             metrics,
             counters,
             books,
+            settings,
             ..
         } = self;
-        books.check(kernel, daemon);
-        events.drain(|e| ingest(e, counters, daemon, metrics, kernel, books));
+        let grace = Duration::from_nanos(settings.metrics_grace_ns);
+        books.check(kernel, daemon, grace);
+        events.drain(|e| ingest(e, counters, daemon, metrics, kernel, books, grace));
         books.judge_unsure(kernel, daemon);
     }
 
@@ -375,11 +377,19 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
     }
 }
 
-/// Per process, the kernel's count of full tables its books needed, as last
-/// told to the daemon.
+/// What the loop keeps of the kernel's per-process books: which processes' full
+/// tables are still to be told to their task, and when exited processes' rows
+/// are to be removed.
 #[derive(Default)]
 struct Books {
-    seen: HashMap<u32, u64>,
+    /// Processes the kernel found a table full for whose task is not known yet
+    /// (a child whose fork is still in the ring buffer): told at the next look,
+    /// forgotten at their exit.
+    pending: std::collections::BTreeSet<u32>,
+    /// `UNSURE_LOST` as last seen: when it grows, the whole map is read once.
+    lost_seen: u64,
+    /// Exited processes whose rows go once `/metrics` no longer shows them.
+    forget: std::collections::VecDeque<(Instant, u32)>,
     /// When [`Books::judge_unsure`] last read the kernel's objects, and each
     /// task's figure then.
     judged_at: Option<Instant>,
@@ -391,24 +401,45 @@ const JUDGE_UNSURE_EVERY: Duration = Duration::from_millis(100);
 
 impl Books {
     /// Tells the daemon of every process whose books the kernel found a table
-    /// full for since the last look (`TABLE_FULL_PID`). Read before each batch of
-    /// events, so that an allocation the batch holds is judged knowing the
-    /// figure may be wrong.
-    fn check(&mut self, kernel: &impl Kernel, daemon: &mut Daemon) {
-        let now = match kernel.table_full_pids() {
-            Ok(now) => now,
-            Err(e) => {
-                log::debug!("full tables per process unavailable: {e:#}");
-                return;
+    /// full for since the last look: the kernel queues each process once, when
+    /// its row in `TABLE_FULL_PID` is created, so this reads only what changed
+    /// (the whole map only after the queue overflowed). Done before each batch
+    /// of events, so that an allocation the batch holds is judged knowing the
+    /// figure may be wrong. Also removes the rows of processes that exited
+    /// longer than `grace` ago.
+    fn check(&mut self, kernel: &mut impl Kernel, daemon: &mut Daemon, grace: Duration) {
+        match kernel.new_unsure_pids() {
+            Ok((pids, lost)) => {
+                self.pending.extend(pids);
+                if lost > self.lost_seen {
+                    self.lost_seen = lost;
+                    match kernel.table_full_pids() {
+                        Ok(all) => self.pending.extend(all.into_keys()),
+                        Err(e) => log::debug!("full tables per process unavailable: {e:#}"),
+                    }
+                }
             }
-        };
-        for (pid, n) in now {
-            // Remembered only once told to the process's task: a child that filled a
-            // table before its fork reached the daemon is told again next time.
-            if self.seen.get(&pid) != Some(&n) && daemon.books_unsure(pid) {
-                self.seen.insert(pid, n);
+            Err(e) => log::debug!("full tables per process unavailable: {e:#}"),
+        }
+        // Kept only while its task is unknown.
+        self.pending.retain(|&pid| !daemon.books_unsure(pid));
+        while let Some(&(at, pid)) = self.forget.front() {
+            if at.elapsed() < grace {
+                break;
+            }
+            self.forget.pop_front();
+            if let Err(e) = kernel.forget_books(pid) {
+                log::debug!("the books of exited pid {pid} stay: {e:#}");
             }
         }
+    }
+
+    /// `pid` exited: nothing more to tell of it, and its kernel rows go after
+    /// `/metrics` showed them for the grace period (a new process with its pid
+    /// starts clean anyway: the kernel clears them at its fork).
+    fn exited(&mut self, pid: u32) {
+        self.pending.remove(&pid);
+        self.forget.push_back((Instant::now(), pid));
     }
 
     /// A task whose figure a full table made unsure is judged, while that figure
@@ -453,8 +484,9 @@ fn ingest(
     c: &mut Counters,
     daemon: &mut Daemon,
     metrics: &mut Metrics,
-    kernel: &impl Kernel,
+    kernel: &mut impl Kernel,
     books: &mut Books,
+    grace: Duration,
 ) {
     c.count(e);
     let charged = match e {
@@ -465,12 +497,13 @@ fn ingest(
     if let Some((pid, bytes)) = charged
         && daemon.would_pass_quota(pid, bytes)
     {
-        books.check(kernel, daemon);
+        books.check(kernel, daemon, grace);
     }
     if let Event::Exit(x) = e
         && x.group_dead != 0
     {
         metrics.table.exited(x.header.pid, monotonic_ns());
+        books.exited(x.header.pid);
     }
     daemon.on_event(e);
 }

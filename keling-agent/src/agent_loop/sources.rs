@@ -29,6 +29,11 @@ pub trait Kernel {
     /// A sound lower bound of the video memory charged to `pids`, for a task
     /// whose figure a full table made unsure (`Probes::sure_video_bytes`).
     fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64>;
+    /// Processes whose full-table row the kernel created since the last call, and
+    /// how many it could not queue so far (`Probes::new_unsure_pids`).
+    fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)>;
+    /// Removes an exited process's rows of full tables and undecoded calls.
+    fn forget_books(&mut self, pid: u32) -> anyhow::Result<()>;
 }
 
 impl Kernel for Probes {
@@ -54,6 +59,14 @@ impl Kernel for Probes {
 
     fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64> {
         Probes::sure_video_bytes(self, pids)
+    }
+
+    fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)> {
+        Probes::new_unsure_pids(self)
+    }
+
+    fn forget_books(&mut self, pid: u32) -> anyhow::Result<()> {
+        Probes::forget_books(self, pid)
     }
 }
 

@@ -801,6 +801,47 @@ impl Probes {
         Ok(sum)
     }
 
+    /// Processes whose full-table row (`TABLE_FULL_PID`) the kernel created since
+    /// the last call, popped from `UNSURE_NEW` (one syscall when there are none),
+    /// and how many it could not queue so far (`UNSURE_LOST`: when that grows,
+    /// read [`Self::table_full_pids`] once).
+    pub fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)> {
+        let mut queue: aya::maps::Queue<_, u32> = aya::maps::Queue::try_from(
+            self.ebpf
+                .map_mut(keling_common::MAP_UNSURE_NEW)
+                .context("UNSURE_NEW")?,
+        )?;
+        let mut pids = Vec::new();
+        // Bounded by the queue's size: the kernel may push while we pop.
+        while pids.len() < keling_common::MAX_TRACKED_PIDS as usize {
+            match queue.pop(0) {
+                Ok(pid) => pids.push(pid),
+                Err(aya::maps::MapError::ElementNotFound) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let lost: Array<_, u64> = Array::try_from(
+            self.ebpf
+                .map(keling_common::MAP_UNSURE_LOST)
+                .context("UNSURE_LOST")?,
+        )?;
+        Ok((pids, lost.get(&0, 0)?))
+    }
+
+    /// Removes an exited process's rows of full tables and undecoded calls
+    /// (`TABLE_FULL_PID`, `UNDECODED_PID`), once they were read.
+    pub fn forget_books(&mut self, pid: u32) -> anyhow::Result<()> {
+        for name in [MAP_TABLE_FULL_PID, MAP_UNDECODED_PID] {
+            let mut map: HashMap<_, u32, u64> =
+                HashMap::try_from(self.ebpf.map_mut(name).context(name)?)?;
+            match map.remove(&pid) {
+                Ok(()) | Err(aya::maps::MapError::ElementNotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// The calls the followed processes made, by escape, UVM command and control,
     /// as the kernel counted them (apart from [`Self::gpu_accounting`], which the
     /// long-running agent reads often: this map can hold thousands of entries).
