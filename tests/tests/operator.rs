@@ -839,6 +839,73 @@ fn the_agent_gets_rate_limited_activity_not_an_event_per_call() {
     );
 }
 
+/// Issue 32: a process past its NVIDIA fd table registers nothing host-wide for
+/// fds it made nothing on: an unprivileged process opening nvidiactl (mode 0666)
+/// 300 times leaves the kernel's `FILES` table (65 536 for the whole host) as it
+/// was, so it cannot fill it and leave other processes' clients unaccounted
+/// (before, each such open took an entry); and another process's memory is
+/// accounted meanwhile, its books unflagged.
+#[test]
+fn opens_past_the_fd_table_with_nothing_on_them_take_no_host_wide_entry() {
+    let Some(fx) =
+        Fixture::needs("opens_past_the_fd_table_with_nothing_on_them_take_no_host_wide_entry")
+            .cgroups()
+            .sim(&["--gpus", "1"])
+            .ready()
+    else {
+        return;
+    };
+    let sim = fx.sim();
+    let agent = Agent::start(sim, &["--metrics-addr", "127.0.0.1:0"]);
+    let url = metrics_url(&agent);
+    let files = || {
+        keling_tests::bpfmaps::map_entries(agent.pid)
+            .get("FILES")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = files();
+    let mut hoard = ChildGuard(
+        Command::new(keling_tests::gpu_workload_bin())
+            .args(["--dev-dir", sim.dev_dir(), "--scenario", "fd-hoard"])
+            .args(["--fds", "300", "--checkpoints"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(hoard.0.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "checkpoint 1");
+    // Another process, meanwhile: its memory is accounted, nothing is full.
+    let other = Command::new(keling_tests::gpu_workload_bin())
+        .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+        .args(["--alloc-mib", "3", "--iterations", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(other.status.success(), "{other:?}");
+    let now = files();
+    assert!(
+        now <= before + 2,
+        "300 opens with nothing on them took {} FILES entries",
+        now - before
+    );
+    let s = samples(&scrape(&url).1);
+    let total: f64 = s
+        .iter()
+        .filter(|(n, _, _)| n == "keling_table_full_total")
+        .map(|(_, _, v)| v)
+        .sum();
+    assert_eq!(total, 0.0, "no table was full for anyone");
+    writeln!(hoard.0.stdin.as_mut().unwrap()).unwrap();
+    assert!(hoard.0.wait().unwrap().success());
+}
+
 /// Issue 32: the kernel's per-process rows of full tables and undecoded calls
 /// (`TABLE_FULL_PID`, `UNDECODED_PID`) go once their process exited and
 /// `/metrics` stopped showing it: processes that each fill a table (10 clients on

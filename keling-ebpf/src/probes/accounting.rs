@@ -226,9 +226,18 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
 /// file) is taken again: a file that lives long makes and frees many clients.
 #[inline(never)]
 pub fn attach_client(handle: u32, file_id: u64, device: u32, pid: u32) {
+    let new_file = FILES.get_ptr(file_id).is_none();
     let Some(f) = file_info(file_id, device, pid) else {
         return;
     };
+    // A file first used through an fd past the process's fd table (files.rs
+    // registers no such file at its open) is watched by the orphan sweep from
+    // its first client: its release is found from the kernel's own count.
+    if new_file && !super::files::in_fd_table(pid, file_id) {
+        crate::count_table_site(table_full::FD_TABLE);
+        let (_, tid) = crate::current_ids();
+        super::files::queue_orphan(pid, tid, file_id);
+    }
     // Which file it is on, listed or not: the agent's sound lower bound of a
     // task's memory (for a figure a full table made unsure) counts a client's
     // objects only while this file lives.
