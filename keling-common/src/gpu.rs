@@ -102,6 +102,11 @@ pub const MAP_UNDECODED: &str = "UNDECODED";
 pub const MAP_TABLE_FULL_AT: &str = "TABLE_FULL_AT";
 pub const MAP_UNDECODED_PID: &str = "UNDECODED_PID";
 pub const MAP_TABLE_FULL_PID: &str = "TABLE_FULL_PID";
+/// Processes whose `TABLE_FULL_PID` row was just created, for the agent to pop
+/// (a queue: it reads only what changed); `UNSURE_LOST[0]` counts those that
+/// found it full (the agent then reads the whole map once).
+pub const MAP_UNSURE_NEW: &str = "UNSURE_NEW";
+pub const MAP_UNSURE_LOST: &str = "UNSURE_LOST";
 pub const MAP_SIM_FILES: &str = "SIM_FILES";
 pub const MAP_ORPHAN_SWEEP: &str = "ORPHAN_SWEEP";
 pub const MAP_CALL_COUNTS: &str = "CALL_COUNTS";
@@ -247,6 +252,10 @@ pub struct FileInfo {
     pub clients: [u32; FILE_CLIENTS],
     /// Memories exported to this file, by position (0 = none).
     pub exports: [u64; FILE_EXPORTS],
+    /// Generation, never 0: a later file at the same address (a `struct file` freed
+    /// and reused) has another. A client names its file by address and this
+    /// generation's low 32 bits (`ClientInfo.file_gen`).
+    pub gen_: u64,
 }
 
 /// Bytes charged to handles of one client that lie under one device (and
@@ -283,7 +292,10 @@ pub struct ClientInfo {
     /// The first of this client's objects whose memory is shared (a list linked
     /// through `ObjectInfo.shared_next`); 0 when none.
     pub shared_head: u32,
-    pub _reserved: u32,
+    /// The low 32 bits of its file's `FileInfo.gen_` when it was listed on it
+    /// (0: not yet): whether the file it was made on is still open, for a client
+    /// the file's table had no room for (its release cannot tear it down).
+    pub file_gen: u32,
     pub contributors: [Contributor; CLIENT_CONTRIBUTORS],
 }
 

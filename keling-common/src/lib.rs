@@ -106,12 +106,13 @@ mod layout_tests {
             dmabuf_export_status_off: u32]);
         no_padding!(FdSlot, 16, [fd: i32, device: u32, file_id: u64]);
         assert_eq!(size_of::<ProcFds>(), 16 * FD_SLOTS);
-        no_padding!(FileInfo, 8 + 4 * FILE_CLIENTS + 8 * FILE_EXPORTS, [device: u32,
-            opener_pid: u32, clients: [u32; FILE_CLIENTS], exports: [u64; FILE_EXPORTS]]);
+        no_padding!(FileInfo, 16 + 4 * FILE_CLIENTS + 8 * FILE_EXPORTS, [device: u32,
+            opener_pid: u32, clients: [u32; FILE_CLIENTS], exports: [u64; FILE_EXPORTS],
+            gen_: u64]);
         no_padding!(Contributor, 48, [pid: u32, gpu: u32, device: u32, sub: u32,
             objects: u32, _reserved: u32, bytes: u64, host_bytes: u64, egm_bytes: u64]);
         no_padding!(ClientInfo, 24 + 48 * CLIENT_CONTRIBUTORS, [
-            file_id: u64, creator_pid: u32, gen_: u32, shared_head: u32, _reserved: u32,
+            file_id: u64, creator_pid: u32, gen_: u32, shared_head: u32, file_gen: u32,
             contributors: [Contributor; CLIENT_CONTRIBUTORS]]);
         no_padding!(ObjectKey, 8, [client: u32, handle: u32]);
         no_padding!(ObjectInfo, 64, [class: u32, kind: u32, parent: u32, device: u32,

@@ -13,7 +13,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, Queue, RingBuf},
 };
 use keling_common::{
     DROP_COUNTERS, DROP_RINGBUF_FULL, EventHeader, EventKind, MAX_TRACKED_PIDS, MAX_TRACKED_TIDS,
@@ -41,6 +41,13 @@ static TABLE_FULL_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(table_ful
 /// memory figure may be wrong from then on; the agent takes no quota decision on it).
 #[map]
 static TABLE_FULL_PID: HashMap<u32, u64> = HashMap::with_max_entries(MAX_TRACKED_PIDS, 0);
+/// Processes whose `TABLE_FULL_PID` row was just created: the agent pops them
+/// before each batch of events instead of reading the whole map; a push that
+/// finds the queue full is counted in `UNSURE_LOST` (the agent then reads the map).
+#[map]
+static UNSURE_NEW: Queue<u32> = Queue::with_max_entries(MAX_TRACKED_PIDS, 0);
+#[map]
+static UNSURE_LOST: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Tracked processes: pid -> who asked.
 #[map]
@@ -260,9 +267,30 @@ fn count_unsure(pid: u32) {
             atomic_add(p, 1);
         },
         None => {
-            let _ = TABLE_FULL_PID.insert(pid, 1u64, 0);
+            // BPF_NOEXIST: only the CPU that creates the row tells the agent.
+            if TABLE_FULL_PID.insert(pid, 1u64, 1).is_ok() {
+                if UNSURE_NEW.push(pid, 0).is_err()
+                    && let Some(lost) = UNSURE_LOST.get_ptr_mut(0)
+                {
+                    // SAFETY: an aligned map value, updated atomically.
+                    unsafe { atomic_add(lost, 1) };
+                }
+            } else if let Some(p) = TABLE_FULL_PID.get_ptr_mut(pid) {
+                // SAFETY: as above.
+                unsafe { atomic_add(p, 1) };
+            }
         }
     }
+}
+
+/// `pid` is a new process (its fork): rows an older process with the same pid
+/// left in the per-process tables of full tables and undecoded calls go, so it
+/// starts clean (the long-running agent removes an exited process's rows once it
+/// handled its exit; `keling trace` reads them at its end).
+#[inline(always)]
+fn forget_books(pid: u32) {
+    let _ = TABLE_FULL_PID.remove(pid);
+    let _ = UNDECODED_PID.remove(pid);
 }
 
 /// Counts a full table at `site` only (`TABLE_FULL_AT`), held against no process:

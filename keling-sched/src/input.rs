@@ -138,6 +138,18 @@ pub enum Input {
         /// When.
         ts_ns: u64,
     },
+    /// For a task whose figure is unsure ([`Input::MemUnsure`]): a sound lower
+    /// bound of its video memory on all GPUs together, which no full table can
+    /// have inflated (the agent counts only memory certainly still allocated). Its
+    /// quota is enforced on it.
+    MemSure {
+        /// The task.
+        id: TaskId,
+        /// Video memory, all GPUs together.
+        bytes: u64,
+        /// When the agent measured it.
+        ts_ns: u64,
+    },
     /// The action was not confirmed within the timeout model's deadline.
     TimedOut {
         /// The task.
@@ -164,6 +176,7 @@ impl Input {
             | Input::Confirmed { ts_ns, .. }
             | Input::MemUnsure { ts_ns, .. }
             | Input::OutsideMem { ts_ns, .. }
+            | Input::MemSure { ts_ns, .. }
             | Input::TimedOut { ts_ns, .. } => *ts_ns,
         }
     }
@@ -180,6 +193,7 @@ impl Input {
             | Input::Exit { id, .. }
             | Input::Confirmed { id, .. }
             | Input::MemUnsure { id, .. }
+            | Input::MemSure { id, .. }
             | Input::TimedOut { id, .. } => Some(*id),
             Input::Tick { .. } | Input::OutsideMem { .. } => None,
         }
@@ -235,6 +249,11 @@ mod tests {
                 bytes: 512,
                 ts_ns: 12,
             },
+            Input::MemSure {
+                id: 7,
+                bytes: 4096,
+                ts_ns: 13,
+            },
         ]
     }
 
@@ -270,6 +289,7 @@ mod tests {
             r#"{"TimedOut":{"id":7,"action":"Stop","ts_ns":18446744073709551615}}"#,
             r#"{"MemUnsure":{"id":7,"ts_ns":11}}"#,
             r#"{"OutsideMem":{"gpu":1,"bytes":512,"ts_ns":12}}"#,
+            r#"{"MemSure":{"id":7,"bytes":4096,"ts_ns":13}}"#,
         ];
         let inputs = every_variant(a_spec());
         assert_eq!(inputs.len(), expected.len());

@@ -38,7 +38,8 @@
 //! | `Confirmed` | an action was seen to take effect (`frozen 1` in `cgroup.events`, process state `T`, ...) | completes the state change the action started |
 //! | `TimedOut` | an action was not confirmed by the timeout model's deadline | escalates (below) |
 //! | `OutsideMem` | it learns how much memory processes in no task hold on a GPU | replaces that GPU's figure (memory sharing admits against capacity less it) |
-//! | `MemUnsure` | a table the kernel needed for the task's GPU memory books was full: its figure may be wrong | marks the figure unsure (`TaskView::mem_unsure`): its quota is no longer enforced |
+//! | `MemUnsure` | a table the kernel needed for the task's GPU memory books was full: its figure may be wrong | marks the figure unsure (`TaskView::mem_unsure`): its quota is no longer enforced on it, only on `MemSure` |
+//! | `MemSure` | for an unsure figure: a sound lower bound of the task's video memory (all GPUs), which no full table can inflate | ends the task (`over_quota`) if it is over its quota |
 //!
 //! Inputs naming a task the core does not know are ignored, and so is an `Arrive`
 //! for an id it already knows (ids are never reused). Nothing in `step` panics.
@@ -221,7 +222,8 @@
 //! task has not exited. A `MemAlloc` that takes a task's memory on all GPUs together
 //! strictly over `mem_quota_bytes` ends it the same way (reason `over_quota`),
 //! unless its figure is unsure (`MemUnsure`): no decision is taken on a figure Keling
-//! knows may be wrong. A task
+//! knows may be wrong; such a task is judged on the sound lower bound the agent
+//! sends (`MemSure`) instead, which ends it the same way when over its quota. A task
 //! that Keling is already ending evicts nobody.
 //!
 //! ## Session duration limits

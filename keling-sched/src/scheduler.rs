@@ -161,6 +161,7 @@ impl Scheduler {
                     self.outside_bytes.insert(*gpu, *bytes);
                 }
             }
+            Input::MemSure { id, bytes, .. } => self.on_mem_sure(*id, *bytes, &mut out),
         }
         self.apply_time_rules(&mut out);
         let bound_now = self.bind_queued(&mut out);
@@ -371,6 +372,22 @@ impl Scheduler {
             begin_ending(id, task, Reason::OverQuota, false, now, kill_grace_ms, out);
         }
         self.record_alloc(gpu, true);
+    }
+
+    /// An unsure figure's sound lower bound: the quota is enforced on it (a sure
+    /// figure is judged at each `MemAlloc` instead).
+    fn on_mem_sure(&mut self, id: TaskId, bytes: u64, out: &mut Output) {
+        let now = self.now_ns;
+        let kill_grace_ms = self.config.kill_grace_ms;
+        let Some(task) = self.live_task_mut(id) else {
+            return;
+        };
+        if task.mem_unsure
+            && task.ending.is_none()
+            && task.spec.mem_quota_bytes.is_some_and(|quota| bytes > quota)
+        {
+            begin_ending(id, task, Reason::OverQuota, false, now, kill_grace_ms, out);
+        }
     }
 
     fn on_alloc_failed(&mut self, id: TaskId, gpu: u32, bytes: u64, out: &mut Output) {

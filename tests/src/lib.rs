@@ -10,6 +10,7 @@ use std::{
 use serde_json::Value;
 
 pub mod agent;
+pub mod bpfmaps;
 pub mod fixture;
 pub mod slurm;
 

@@ -237,10 +237,13 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             metrics,
             counters,
             books,
+            settings,
             ..
         } = self;
-        books.check(kernel, daemon);
-        events.drain(|e| ingest(e, counters, daemon, metrics, kernel, books));
+        let grace = Duration::from_nanos(settings.metrics_grace_ns);
+        books.check(kernel, daemon, grace);
+        events.drain(|e| ingest(e, counters, daemon, metrics, kernel, books, grace));
+        books.judge_unsure(kernel, daemon);
     }
 
     /// The kernel woke the loop.
@@ -391,31 +394,99 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
     }
 }
 
-/// Per process, the kernel's count of full tables its books needed, as last
-/// told to the daemon.
+/// What the loop keeps of the kernel's per-process books: which processes' full
+/// tables are still to be told to their task, and when exited processes' rows
+/// are to be removed.
 #[derive(Default)]
 struct Books {
-    seen: HashMap<u32, u64>,
+    /// Processes the kernel found a table full for whose task is not known yet
+    /// (a child whose fork is still in the ring buffer): told at the next look,
+    /// forgotten at their exit.
+    pending: std::collections::BTreeSet<u32>,
+    /// `UNSURE_LOST` as last seen: when it grows, the whole map is read once.
+    lost_seen: u64,
+    /// Exited processes whose rows go once `/metrics` no longer shows them.
+    forget: std::collections::VecDeque<(Instant, u32)>,
+    /// When [`Books::judge_unsure`] last read the kernel's objects, and each
+    /// task's figure then.
+    judged_at: Option<Instant>,
+    judged: HashMap<keling_sched::TaskId, u128>,
 }
+
+/// How often at most [`Books::judge_unsure`] reads the kernel's objects.
+const JUDGE_UNSURE_EVERY: Duration = Duration::from_millis(100);
 
 impl Books {
     /// Tells the daemon of every process whose books the kernel found a table
-    /// full for since the last look (`TABLE_FULL_PID`). Read before each batch of
-    /// events, so that an allocation the batch holds is judged knowing the
-    /// figure may be wrong.
-    fn check(&mut self, kernel: &impl Kernel, daemon: &mut Daemon) {
-        let now = match kernel.table_full_pids() {
-            Ok(now) => now,
-            Err(e) => {
-                log::debug!("full tables per process unavailable: {e:#}");
-                return;
+    /// full for since the last look: the kernel queues each process once, when
+    /// its row in `TABLE_FULL_PID` is created, so this reads only what changed
+    /// (the whole map only after the queue overflowed). Done before each batch
+    /// of events, so that an allocation the batch holds is judged knowing the
+    /// figure may be wrong. Also removes the rows of processes that exited
+    /// longer than `grace` ago.
+    fn check(&mut self, kernel: &mut impl Kernel, daemon: &mut Daemon, grace: Duration) {
+        match kernel.new_unsure_pids() {
+            Ok((pids, lost)) => {
+                self.pending.extend(pids);
+                if lost > self.lost_seen {
+                    self.lost_seen = lost;
+                    match kernel.table_full_pids() {
+                        Ok(all) => self.pending.extend(all.into_keys()),
+                        Err(e) => log::debug!("full tables per process unavailable: {e:#}"),
+                    }
+                }
             }
-        };
-        for (pid, n) in now {
-            // Remembered only once told to the process's task: a child that filled a
-            // table before its fork reached the daemon is told again next time.
-            if self.seen.get(&pid) != Some(&n) && daemon.books_unsure(pid) {
-                self.seen.insert(pid, n);
+            Err(e) => log::debug!("full tables per process unavailable: {e:#}"),
+        }
+        // Kept only while its task is unknown.
+        self.pending.retain(|&pid| !daemon.books_unsure(pid));
+        while let Some(&(at, pid)) = self.forget.front() {
+            if at.elapsed() < grace {
+                break;
+            }
+            self.forget.pop_front();
+            if let Err(e) = kernel.forget_books(pid) {
+                log::debug!("the books of exited pid {pid} stay: {e:#}");
+            }
+        }
+    }
+
+    /// `pid` exited: nothing more to tell of it, and its kernel rows go after
+    /// `/metrics` showed them for the grace period (a new process with its pid
+    /// starts clean anyway: the kernel clears them at its fork).
+    fn exited(&mut self, pid: u32) {
+        self.pending.remove(&pid);
+        self.forget.push_back((Instant::now(), pid));
+    }
+
+    /// A task whose figure a full table made unsure is judged, while that figure
+    /// is over its quota, on a sound lower bound read from the kernel's objects
+    /// (`Probes::sure_video_bytes`), at most every [`JUDGE_UNSURE_EVERY`] (the
+    /// read walks whole maps) and only once its figure grew since it was last
+    /// judged (the bound rises only with an allocation). See docs/limits.md.
+    fn judge_unsure(&mut self, kernel: &impl Kernel, daemon: &mut Daemon) {
+        if self
+            .judged_at
+            .is_some_and(|at| at.elapsed() < JUDGE_UNSURE_EVERY)
+        {
+            return;
+        }
+        let tasks = daemon.unsure_over_quota();
+        self.judged
+            .retain(|id, _| tasks.iter().any(|(t, _, _)| t == id));
+        let tasks: Vec<_> = tasks
+            .into_iter()
+            .filter(|(id, held, _)| self.judged.get(id).is_none_or(|judged| held > judged))
+            .collect();
+        if tasks.is_empty() {
+            return;
+        }
+        self.judged_at = Some(Instant::now());
+        for (id, held, pids) in tasks {
+            self.judged.insert(id, held);
+            match kernel.sure_video_bytes(&pids) {
+                Ok(bytes) => daemon.judge_unsure(id, bytes),
+                Err(e) => log::warn!("task {id}: its sure GPU memory could not be read: {e:#}"),
             }
         }
     }
@@ -430,8 +501,9 @@ fn ingest(
     c: &mut Counters,
     daemon: &mut Daemon,
     metrics: &mut Metrics,
-    kernel: &impl Kernel,
+    kernel: &mut impl Kernel,
     books: &mut Books,
+    grace: Duration,
 ) {
     c.count(e);
     let charged = match e {
@@ -442,12 +514,13 @@ fn ingest(
     if let Some((pid, bytes)) = charged
         && daemon.would_pass_quota(pid, bytes)
     {
-        books.check(kernel, daemon);
+        books.check(kernel, daemon, grace);
     }
     if let Event::Exit(x) = e
         && x.group_dead != 0
     {
         metrics.table.exited(x.header.pid, monotonic_ns());
+        books.exited(x.header.pid);
     }
     daemon.on_event(e);
 }

@@ -3,7 +3,10 @@
 //! ([`Kernel`]), the event ring buffer ([`EventSource`], the event module's)
 //! and the fail-safe ([`Guard`]). The real ones are the probes,
 //! [`EventStream`](crate::event::EventStream) and [`FailSafe`].
-use std::{collections::BTreeMap, future::Future};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+};
 
 pub use crate::event::EventSource;
 use crate::{
@@ -24,6 +27,14 @@ pub trait Kernel {
     fn gpu_accounting(&self) -> anyhow::Result<GpuAccounting>;
     /// How many processes are traced.
     fn tracked_processes(&self) -> anyhow::Result<usize>;
+    /// A sound lower bound of the video memory charged to `pids`, for a task
+    /// whose figure a full table made unsure (`Probes::sure_video_bytes`).
+    fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64>;
+    /// Processes whose full-table row the kernel created since the last call, and
+    /// how many it could not queue so far (`Probes::new_unsure_pids`).
+    fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)>;
+    /// Removes an exited process's rows of full tables and undecoded calls.
+    fn forget_books(&mut self, pid: u32) -> anyhow::Result<()>;
 }
 
 impl Kernel for Probes {
@@ -45,6 +56,18 @@ impl Kernel for Probes {
 
     fn tracked_processes(&self) -> anyhow::Result<usize> {
         Probes::tracked_processes(self)
+    }
+
+    fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64> {
+        Probes::sure_video_bytes(self, pids)
+    }
+
+    fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)> {
+        Probes::new_unsure_pids(self)
+    }
+
+    fn forget_books(&mut self, pid: u32) -> anyhow::Result<()> {
+        Probes::forget_books(self, pid)
     }
 }
 

@@ -55,6 +55,13 @@ struct KernelMaps {
     tracked: Vec<u32>,
     table_full: BTreeMap<u32, u64>,
     drops: u64,
+    /// Per process: the sound lower bound of its video memory.
+    sure_bytes: BTreeMap<u32, u64>,
+    /// Rows of `table_full` the kernel created and queued, and those it could not.
+    unsure_new: Vec<u32>,
+    unsure_lost: u64,
+    /// Processes whose rows the loop removed.
+    forgotten: Vec<u32>,
 }
 
 impl FakeKernel {
@@ -83,6 +90,24 @@ impl Kernel for FakeKernel {
 
     fn tracked_processes(&self) -> anyhow::Result<usize> {
         Ok(self.maps().tracked.len())
+    }
+
+    fn sure_video_bytes(&self, pids: &std::collections::BTreeSet<u32>) -> anyhow::Result<u64> {
+        let maps = self.maps();
+        Ok(pids.iter().filter_map(|p| maps.sure_bytes.get(p)).sum())
+    }
+
+    fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)> {
+        let mut maps = self.maps();
+        let new = std::mem::take(&mut maps.unsure_new);
+        Ok((new, maps.unsure_lost))
+    }
+
+    fn forget_books(&mut self, pid: u32) -> anyhow::Result<()> {
+        let mut maps = self.maps();
+        maps.table_full.remove(&pid);
+        maps.forgotten.push(pid);
+        Ok(())
     }
 }
 
@@ -593,6 +618,7 @@ async fn a_full_table_makes_the_figure_unsure_once_its_process_is_known() {
         let (root, child) = (w.host.pid(id), 5151);
         w.host.add_child(id, child);
         w.kernel.maps().table_full.insert(child, 1);
+        w.kernel.maps().unsure_new.push(child);
         // The fork is drained after the look at the tables: nobody to tell yet.
         w.event(fork(root, child)).await;
         assert!(!w.task(id).await.mem_unsure, "the child was no member yet");

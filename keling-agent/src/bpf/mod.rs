@@ -751,6 +751,119 @@ impl Probes {
         Ok(out)
     }
 
+    /// A sound lower bound of the video memory charged to the processes `pids`,
+    /// from the kernel's own objects, for a task whose figure a full table made
+    /// unsure ([`crate::sched::daemon::Daemon::judge_unsure`]): the bytes of every
+    /// memory charged to one of them that is certainly still allocated, because
+    /// the client of its (charged) handle is still the one it was made under and
+    /// the open file that client was made on is still the same open file (its
+    /// release, seen or not, frees it in the driver). A memory only export files
+    /// hold counts while they do. What a full table hides (an allocation Keling
+    /// never recorded) is not in it; what a full table inflates (a release Keling
+    /// missed: a client its file had no room for, a contributor past the table)
+    /// cannot be, so a quota may be enforced on it. Reads the whole `OBJECTS` and
+    /// `MEMS` maps: call it rarely.
+    pub fn sure_video_bytes(&self, pids: &BTreeSet<u32>) -> anyhow::Result<u64> {
+        use keling_common::{
+            ClientInfo, FileInfo, MAP_CLIENTS, MAP_FILES, MAP_MEMS, MAP_OBJECTS, MEM_HANDLES,
+            MemInfo, NO_HANDLE, ObjectInfo, ObjectKey, mem_kind,
+        };
+        let objects: HashMap<_, ObjectKey, ObjectInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_OBJECTS).context("OBJECTS")?)?;
+        let mems: HashMap<_, u64, MemInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_MEMS).context("MEMS")?)?;
+        let clients: HashMap<_, u32, ClientInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_CLIENTS).context("CLIENTS")?)?;
+        let files: HashMap<_, u64, FileInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_FILES).context("FILES")?)?;
+        // Per client handle: the generation of its live instance, if its file lives.
+        let mut live: BTreeMap<u32, Option<u32>> = BTreeMap::new();
+        let mut client_live = |client: u32, gen_: u32| {
+            let g = *live.entry(client).or_insert_with(|| {
+                let c = clients.get(&client, 0).ok()?;
+                let f = files.get(&c.file_id, 0).ok()?;
+                (c.file_gen != 0 && f.gen_ as u32 == c.file_gen).then_some(c.gen_)
+            });
+            g == Some(gen_)
+        };
+        let mut sum = 0u64;
+        for entry in objects.iter() {
+            let (key, o) = entry?;
+            if o.mem_id == 0
+                && o.mem_kind == mem_kind::VIDEO
+                && pids.contains(&o.owner_pid)
+                && client_live(key.client, o.client_gen)
+            {
+                sum = sum.saturating_add(o.bytes);
+            }
+        }
+        for entry in mems.iter() {
+            let (_, m) = entry?;
+            if m.kind != mem_kind::VIDEO || !pids.contains(&m.charged_pid) {
+                continue;
+            }
+            let held = if m.charged == NO_HANDLE {
+                m.export_refs > 0
+            } else if (m.charged as usize) < MEM_HANDLES {
+                let h = m.handles[m.charged as usize];
+                let key = ObjectKey {
+                    client: h.client,
+                    handle: h.handle,
+                };
+                objects
+                    .get(&key, 0)
+                    .is_ok_and(|o| client_live(h.client, o.client_gen))
+            } else {
+                false
+            };
+            if held {
+                sum = sum.saturating_add(m.bytes);
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Processes whose full-table row (`TABLE_FULL_PID`) the kernel created since
+    /// the last call, popped from `UNSURE_NEW` (one syscall when there are none),
+    /// and how many it could not queue so far (`UNSURE_LOST`: when that grows,
+    /// read [`Self::table_full_pids`] once).
+    pub fn new_unsure_pids(&mut self) -> anyhow::Result<(Vec<u32>, u64)> {
+        let mut queue: aya::maps::Queue<_, u32> = aya::maps::Queue::try_from(
+            self.ebpf
+                .map_mut(keling_common::MAP_UNSURE_NEW)
+                .context("UNSURE_NEW")?,
+        )?;
+        let mut pids = Vec::new();
+        // Bounded by the queue's size: the kernel may push while we pop.
+        while pids.len() < keling_common::MAX_TRACKED_PIDS as usize {
+            match queue.pop(0) {
+                Ok(pid) => pids.push(pid),
+                Err(aya::maps::MapError::ElementNotFound) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let lost: Array<_, u64> = Array::try_from(
+            self.ebpf
+                .map(keling_common::MAP_UNSURE_LOST)
+                .context("UNSURE_LOST")?,
+        )?;
+        Ok((pids, lost.get(&0, 0)?))
+    }
+
+    /// Removes an exited process's rows of full tables and undecoded calls
+    /// (`TABLE_FULL_PID`, `UNDECODED_PID`), once they were read.
+    pub fn forget_books(&mut self, pid: u32) -> anyhow::Result<()> {
+        for name in [MAP_TABLE_FULL_PID, MAP_UNDECODED_PID] {
+            let mut map: HashMap<_, u32, u64> =
+                HashMap::try_from(self.ebpf.map_mut(name).context(name)?)?;
+            match map.remove(&pid) {
+                Ok(()) | Err(aya::maps::MapError::ElementNotFound) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// The calls the followed processes made, by escape, UVM command and control,
     /// as the kernel counted them (apart from [`Self::gpu_accounting`], which the
     /// long-running agent reads often: this map can hold thousands of entries).

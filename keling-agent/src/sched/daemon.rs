@@ -831,6 +831,7 @@ pub mod restart;
 
 #[cfg(test)]
 mod behaviour;
+mod books;
 mod requests;
 mod slurm_attach;
 mod status_view;

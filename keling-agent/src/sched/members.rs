@@ -133,6 +133,15 @@ impl Members {
         self.pid_task.get(&pid).map(|m| m.task)
     }
 
+    /// The processes known to belong to task `id`.
+    pub fn pids_of(&self, id: TaskId) -> std::collections::BTreeSet<u32> {
+        self.pid_task
+            .iter()
+            .filter(|(_, m)| m.task == id)
+            .map(|(&pid, _)| pid)
+            .collect()
+    }
+
     /// Whether `pid` is a process of some task.
     pub fn is_member(&self, pid: u32) -> bool {
         self.pid_task.contains_key(&pid)

@@ -46,9 +46,10 @@ pub static TOTALS: HashMap<TotalKey, Totals> = HashMap::with_max_entries(MAX_TOT
 static ZERO_CLIENT: Array<ClientInfo> = Array::with_max_entries(1, 0);
 #[map]
 static ZERO_MEM: Array<MemInfo> = Array::with_max_entries(1, 0);
-/// [0]: client generation counter; [1]: memory id counter.
+/// [0]: client generation counter; [1]: memory id counter; [2]: file generation
+/// counter.
 #[map]
-static COUNTERS: Array<u64> = Array::with_max_entries(2, 0);
+static COUNTERS: Array<u64> = Array::with_max_entries(3, 0);
 
 const BPF_NOEXIST: u64 = 1;
 
@@ -60,6 +61,12 @@ fn next_id(idx: u32) -> u64 {
         Some(p) => (unsafe { atomic_add(p, 1) }) + 1,
         None => 1,
     }
+}
+
+/// A fresh, never-zero generation for a new `FILES` entry.
+#[inline(always)]
+pub fn next_file_gen() -> u64 {
+    next_id(2)
 }
 
 // --- Totals ------------------------------------------------------------------------
@@ -219,9 +226,25 @@ pub fn new_client(pid: u32, handle: u32, file_id: u64, device: u32) {
 /// file) is taken again: a file that lives long makes and frees many clients.
 #[inline(never)]
 pub fn attach_client(handle: u32, file_id: u64, device: u32, pid: u32) {
+    let new_file = FILES.get_ptr(file_id).is_none();
     let Some(f) = file_info(file_id, device, pid) else {
         return;
     };
+    // A file first used through an fd past the process's fd table (files.rs
+    // registers no such file at its open) is watched by the orphan sweep from
+    // its first client: its release is found from the kernel's own count.
+    if new_file && !super::files::in_fd_table(pid, file_id) {
+        crate::count_table_site(table_full::FD_TABLE);
+        let (_, tid) = crate::current_ids();
+        super::files::queue_orphan(pid, tid, file_id);
+    }
+    // Which file it is on, listed or not: the agent's sound lower bound of a
+    // task's memory (for a figure a full table made unsure) counts a client's
+    // objects only while this file lives.
+    if let Some(c) = CLIENTS.get_ptr_mut(handle) {
+        // SAFETY: map value pointers, valid for this program run.
+        unsafe { (*c).file_gen = (*f).gen_ as u32 };
+    }
     let mut free = FILE_CLIENTS;
     for i in 0..FILE_CLIENTS {
         // SAFETY: a map value pointer; i is in bounds.

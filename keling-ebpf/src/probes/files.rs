@@ -133,6 +133,21 @@ pub fn proc_fds(pid: u32, create: bool) -> Option<*mut ProcFds> {
     PROC_FDS.get_ptr_mut(pid)
 }
 
+/// Whether `pid`'s fd table (its first `FD_SLOTS` NVIDIA fds) holds `file_id`.
+#[inline(always)]
+pub fn in_fd_table(pid: u32, file_id: u64) -> bool {
+    let Some(fds) = PROC_FDS.get_ptr(pid) else {
+        return false;
+    };
+    for i in 0..FD_SLOTS {
+        // SAFETY: a map value pointer; i is in bounds.
+        if unsafe { (*fds).slots[i].file_id } == file_id {
+            return true;
+        }
+    }
+    false
+}
+
 /// The `FILES` entry of `file_id`, created if needed.
 pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
     if let Some(f) = FILES.get_ptr_mut(file_id) {
@@ -143,6 +158,7 @@ pub fn file_info(file_id: u64, device: u32, pid: u32) -> Option<*mut FileInfo> {
         opener_pid: pid,
         clients: [0; FILE_CLIENTS],
         exports: [0; FILE_EXPORTS],
+        gen_: super::accounting::next_file_gen(),
     };
     let _ = FILES.insert(file_id, info, BPF_NOEXIST);
     FILES.get_ptr_mut(file_id)
@@ -336,10 +352,15 @@ pub fn add_fd(fd: i32, device: u32, file: u64, how: u32, src_fd: i32) {
         // references: the books stay exact. Its calls are still decoded:
         // accounting is by file. The count says where (`table_full_at`), once
         // per file; it is no loss, so it is not held against the process.
+        // Only a file something was created through is watched (it has a `FILES`
+        // entry: `accounting::attach_client` watches it from its first client,
+        // see there): an fd with nothing on it has nothing to release, and
+        // registering every such open let one process fill the host-wide
+        // `FILES` table with nvidiactl opens (mode 0666) and leave other
+        // processes' clients unaccounted.
         let watched = orphans::is_orphan(file);
-        if !watched {
+        if !watched && FILES.get_ptr(file).is_some() {
             count_table_site(table_full::FD_TABLE);
-            let _ = file_info(file, device, pid);
             queue_orphan(pid, tid, file);
         }
         if how == open_how::FIRST_USE {

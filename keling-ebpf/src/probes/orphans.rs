@@ -256,17 +256,24 @@ fn check(i: u32) {
         }
         return;
     }
-    // SAFETY: map value pointers; whoever empties the slot does the release.
+    // SAFETY: map value pointers; whoever claims the slot does the release.
     unsafe {
-        if !atomic_cas(&mut (*slot).file, file, 0).1 {
+        if !atomic_cas(&mut (*slot).file, file, CLAIMING).1 {
             return;
         }
         atomic_add(&mut (*sweep).occupied, u64::MAX);
     }
+    // Out of the set while the slot is still held, and only then free: the
+    // `struct file` may be freed and reused at this address by a new file at
+    // once, and a new orphan at this address must find the set without it (the
+    // slot was freed first before, and such an orphan, between the two, was
+    // taken for one already watched: never checked, its release never seen).
     let _ = ORPHAN_SET.remove(file);
     if released {
         queue_release(0, 0, file);
     }
+    // SAFETY: as above; only this claimer changes the slot while it is CLAIMING.
+    unsafe { atomic_cas(&mut (*slot).file, CLAIMING, 0) };
     take_next(sweep, slot, 0);
 }
 

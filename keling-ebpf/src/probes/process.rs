@@ -66,6 +66,9 @@ fn try_sched_process_fork(ctx: &RawTracePointContext) -> Result<(), i64> {
     let child_pid = task_u32(child, config!(task_tgid_off))?;
     let (pid, tid) = current_ids();
     let new_process = child_pid != pid;
+    if new_process {
+        crate::forget_books(child_pid);
+    }
 
     // SAFETY: the value is copied out at once.
     let parent = unsafe { TRACKED_PIDS.get(pid).copied() };

@@ -167,3 +167,32 @@ fn an_unsure_figure_is_not_held_against_the_quota() {
     assert_eq!(view.mem_bytes[&0], 5 * GIB);
     assert_eq!(view.ending_reason, None);
 }
+
+/// Issue 32 (quota bypass): an unsure figure is judged on the sound lower bound
+/// the agent sends (`MemSure`): under the quota nothing happens, over it the task
+/// is ended as over quota (once); a `MemSure` for a sure figure changes nothing
+/// (its own `MemAlloc`s judge it).
+#[test]
+fn an_unsure_figure_is_judged_on_its_sound_lower_bound() {
+    let mut h = Harness::new(config(1, 1));
+    h.arrive(TaskSpec {
+        mem_quota_bytes: Some(4 * GIB),
+        ..spec(1, 5)
+    });
+    let ts_ns = h.ts_ns;
+    let sure = |bytes| Input::MemSure {
+        id: 1,
+        bytes,
+        ts_ns,
+    };
+    assert_eq!(h.step(sure(5 * GIB)), Output::default(), "a sure figure");
+    assert_eq!(h.step(Input::MemUnsure { id: 1, ts_ns }), Output::default());
+    assert_eq!(h.alloc(1, 0, 6 * GIB), Output::default(), "unsure");
+    assert_eq!(h.step(sure(4 * GIB)), Output::default(), "exactly at quota");
+    assert_eq!(
+        h.step(sure(4 * GIB + 1)).actions,
+        vec![Action::Terminate { id: 1 }]
+    );
+    assert_eq!(h.step(sure(5 * GIB)), Output::default(), "never twice");
+    assert_eq!(h.view(1).ending_reason, Some(Reason::OverQuota));
+}

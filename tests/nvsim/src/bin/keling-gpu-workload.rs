@@ -5,7 +5,7 @@
 //!                     [--checkpoint-every K]
 //!                     [--scenario random|basic|hostile|oom|share|busy|churn|
 //!                                 pass-server|pass-client|pass-holder|many-fds|
-//!                                 many-clients|fd-flood [--fds N]]
+//!                                 many-clients|fd-flood|fd-hoard [--fds N]]
 //!                     [--socket PATH]
 //! ```
 //! It only makes real syscalls on the device files (open, openat2, ioctl, dup,
@@ -149,7 +149,7 @@ struct Cli {
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u32,
     /// random (default), basic, hostile, oom, share, busy, churn, compute, pass-server,
-    /// pass-client, pass-holder, many-fds, many-clients, fd-flood.
+    /// pass-client, pass-holder, many-fds, many-clients, fd-flood, fd-hoard.
     #[arg(long, default_value = "random")]
     scenario: String,
     /// random: draw no "child killed by SIGKILL mid-work" step (a kill can land
@@ -197,7 +197,8 @@ struct Cli {
     /// file's clients holds).
     #[arg(long, default_value_t = 0)]
     clients: u32,
-    /// fd-flood: how many nvidiactl fds to open, each with 1 MiB.
+    /// fd-flood: how many nvidiactl fds to open, each with 1 MiB; fd-hoard: how
+    /// many to open with nothing on them.
     #[arg(long, default_value_t = 100)]
     fds: u32,
 }
@@ -3584,6 +3585,15 @@ fn fd_flood(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
     cp.emit();
 }
 
+/// `fd-hoard`: opens `--fds` nvidiactl fds and makes no call on them (what any
+/// user of the host may do: the device is mode 0666), then a checkpoint, and
+/// exits holding them.
+fn fd_hoard(env: &Env, cli: &Cli, cp: &mut Checkpoints) {
+    let fds: Vec<RawFd> = (0..cli.fds).map(|_| env.open("nvidiactl", false)).collect();
+    cp.emit();
+    drop(fds);
+}
+
 fn main() {
     let cli = Cli::parse();
     let env = Env::discover(&cli.dev_dir);
@@ -3623,6 +3633,7 @@ fn main() {
         "uvm-status" => uvm_status(&env),
         "many-clients" => many_clients(&env, &mut cp),
         "fd-flood" => fd_flood(&env, &cli, &mut cp),
+        "fd-hoard" => fd_hoard(&env, &cli, &mut cp),
         other => die(&format!("unknown scenario {other:?}")),
     }
 }
