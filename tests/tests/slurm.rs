@@ -182,7 +182,9 @@ fn two_shard_jobs_share_a_gpu(cluster: &Cluster, dir: &Path) {
         "-w",
         "n1",
         "--gres=shard:3",
-        "--gpu-priority=7",
+        // The same priority: under memory sharing a higher one that works
+        // freezes a lower one on its GPU (tested below); equals run side by side.
+        "--gpu-priority=6",
         "-o",
         o2.to_str().unwrap(),
         "--wrap",
@@ -193,7 +195,7 @@ fn two_shard_jobs_share_a_gpu(cluster: &Cluster, dir: &Path) {
             progress(p) > 0
         });
     }
-    let expect = [(j1, 6, 2 * GIB, 1024 << 20), (j2, 7, 3 * GIB, 2048 << 20)];
+    let expect = [(j1, 6, 2 * GIB, 1024 << 20), (j2, 6, 3 * GIB, 2048 << 20)];
     // Both progress at the same time: neither is frozen behind the other.
     let (a, b) = (progress(&p1), progress(&p2));
     wait_for(
@@ -341,8 +343,8 @@ fn a_job_over_its_shards_is_ended(cluster: &Cluster, dir: &Path) {
 
 /// A `--gpu-priority` job preempts a lower one on the same GPU while it works
 /// (frozen in its cgroup, then resumed), while `squeue` shows both RUNNING.
-/// The GPU has two slots: two low jobs fill them, and the high one takes the
-/// lowest's.
+/// Two low jobs of one priority run side by side (their shards fit); the high
+/// one freezes both while it works (they keep their memory), and both resume.
 fn gpu_priority_preempts(cluster: &Cluster, dir: &Path) {
     let n2 = cluster.node("n2");
     let (pl, pll, ph) = (dir.join("low"), dir.join("lower"), dir.join("high"));
@@ -360,7 +362,7 @@ fn gpu_priority_preempts(cluster: &Cluster, dir: &Path) {
         "-w",
         "n2",
         "--gres=shard:1",
-        "--gpu-priority=12",
+        "--gpu-priority=10",
         "-o",
         "/dev/null",
         "--wrap",
@@ -372,7 +374,11 @@ fn gpu_priority_preempts(cluster: &Cluster, dir: &Path) {
         });
     }
     let lower_cg = cgroup_of_job(n2, lower);
-    assert!(!frozen(&lower_cg), "two slots: both low jobs run");
+    let low_cg = cgroup_of_job(n2, low);
+    assert!(
+        !frozen(&lower_cg) && !frozen(&low_cg),
+        "equal priorities whose shards fit: both low jobs run"
+    );
     // A short high-priority job: it works, then ends.
     let high_script = format!(
         "exec {} --dev-dir $KDEV/dev-$SLURMD_NODENAME --scenario busy --iterations 500 \
@@ -391,9 +397,9 @@ fn gpu_priority_preempts(cluster: &Cluster, dir: &Path) {
         &high_script,
     ]);
     wait_for(
-        "the lowest job to be frozen",
+        "both low jobs to be frozen",
         Duration::from_secs(30),
-        || frozen(&lower_cg),
+        || frozen(&lower_cg) && frozen(&low_cg),
     );
     wait_for("the high job to work", Duration::from_secs(10), || {
         progress(&ph) > 0
@@ -405,12 +411,15 @@ fn gpu_priority_preempts(cluster: &Cluster, dir: &Path) {
             "squeue does not see a freeze: job {j} is {s:?}"
         );
     }
-    assert!(frozen(&lower_cg), "still frozen while squeue said RUNNING");
+    assert!(
+        frozen(&lower_cg) && frozen(&low_cg),
+        "still frozen while squeue said RUNNING"
+    );
     wait_for("the high job to end", Duration::from_secs(60), || {
         cluster.squeue_state(high).is_empty()
     });
-    wait_for("the lowest job to resume", Duration::from_secs(10), || {
-        !frozen(&lower_cg)
+    wait_for("the low jobs to resume", Duration::from_secs(10), || {
+        !frozen(&lower_cg) && !frozen(&low_cg)
     });
     let p = progress(&pll);
     wait_for(
