@@ -266,6 +266,35 @@ impl RealHost {
             let _ = wakes.send(Wake::Exited(id));
         });
     }
+
+    /// Takes on a task whose process (`pidfd`, `pid`) is in `cgroup`: its end
+    /// watched, its freezes done through the cgroup. A launch's child is `held`
+    /// until it is released to exec; one attached or taken back is not.
+    fn take_in_cgroup(
+        &mut self,
+        id: TaskId,
+        pid: u32,
+        pidfd: Pidfd,
+        cgroup: TaskCgroup,
+        held: Option<HeldChild>,
+    ) -> Started {
+        let pidfd = Arc::new(pidfd);
+        self.watch_exit(id, &pidfd);
+        let started = Started {
+            pid,
+            actuator: Arc::new(CgroupActuator::new(cgroup.clone(), self.freeze_boost)),
+            cgroup: cgroup.dir.clone(),
+        };
+        self.tasks.insert(
+            id,
+            Process {
+                pidfd,
+                cgroup: Some(cgroup),
+                held,
+            },
+        );
+        started
+    }
 }
 
 impl Drop for RealHost {
@@ -305,22 +334,7 @@ impl Host for RealHost {
             }
         };
         let pid = pidfd.pid();
-        let pidfd = Arc::new(pidfd);
-        self.watch_exit(id, &pidfd);
-        let started = Started {
-            pid,
-            actuator: Arc::new(CgroupActuator::new(cgroup.clone(), self.freeze_boost)),
-            cgroup: cgroup.dir.clone(),
-        };
-        self.tasks.insert(
-            id,
-            Process {
-                pidfd,
-                cgroup: Some(cgroup),
-                held: Some(child),
-            },
-        );
-        Ok(started)
+        Ok(self.take_in_cgroup(id, pid, pidfd, cgroup, Some(child)))
     }
 
     fn attach(
@@ -349,22 +363,7 @@ impl Host for RealHost {
             }
             return Err(e);
         }
-        let pidfd = Arc::new(pidfd);
-        self.watch_exit(id, &pidfd);
-        let started = Started {
-            pid,
-            actuator: Arc::new(CgroupActuator::new(cgroup.clone(), self.freeze_boost)),
-            cgroup: cgroup.dir.clone(),
-        };
-        self.tasks.insert(
-            id,
-            Process {
-                pidfd,
-                cgroup: Some(cgroup),
-                held: None,
-            },
-        );
-        Ok(started)
+        Ok(self.take_in_cgroup(id, pid, pidfd, cgroup, None))
     }
 
     fn release(&mut self, id: TaskId, gpu: Option<u32>) -> anyhow::Result<()> {
@@ -443,22 +442,7 @@ impl Host for RealHost {
                     cg.dir.display()
                 )
             })?;
-        let pidfd = Arc::new(pidfd);
-        self.watch_exit(id, &pidfd);
-        let started = Started {
-            pid,
-            actuator: Arc::new(CgroupActuator::new(cg.clone(), self.freeze_boost)),
-            cgroup: cg.dir.clone(),
-        };
-        self.tasks.insert(
-            id,
-            Process {
-                pidfd,
-                cgroup: Some(cg),
-                held: None,
-            },
-        );
-        Ok(started)
+        Ok(self.take_in_cgroup(id, pid, pidfd, cg, None))
     }
 
     fn start_ticks(&self, pid: u32) -> Option<u64> {
