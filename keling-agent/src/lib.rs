@@ -18,7 +18,7 @@
 //! | [`output`] | trace sinks (text, JSON lines, Perfetto) behind one `Sink` trait; findings; scheduler decisions read back | read `/proc`, maps or clocks |
 //! | [`os`] | `/proc` (the only parser of it), mounts, spawning held children, clocks, privileges, pidfds | know about GPUs or scheduling |
 //! | [`replay`] | reading the input and scheduling logs back, exact and what-if replay through `keling-sched`, the synthetic workload, what a replay measures ([`replay::figures`]) | read a clock (the command times it) |
-//! | [`report`] | the HTML report: queueing-delay heatmaps, root-cause findings, task timelines, latency histogram (SVG) | read anything but the logs it is given |
+//! | [`report`] | the HTML report: queueing-delay heatmaps, the longest waits and the GPUs idle through them, root-cause findings, task timelines, latency histogram (SVG) | read anything but the logs it is given |
 //! | [`slurm`] | Keling under Slurm: gres.conf and plugstack.conf lines, a Slurm job's notices to its output file, requeue and the reason told to Slurm | block the event loop (Slurm's commands run on the blocking pool) |
 //! | [`instance`] | which agent instance this process serves, and every path derived from it (cgroup root, run directory, socket, lock) | do I/O |
 //! | [`defaults`] | every default value the command line shows | |
