@@ -278,3 +278,103 @@ fn a_restarted_agent_takes_back_a_running_task_after_sigkill() {
         libc::SIGKILL,
     );
 }
+
+/// Whether a bpf filesystem is mounted on /sys/fs/bpf in `pid`'s mount namespace.
+fn bpffs_mounted_in(pid: u32) -> bool {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    info.lines().any(|l| {
+        let mut halves = l.splitn(2, " - ");
+        let (before, after) = (halves.next().unwrap_or(""), halves.next().unwrap_or(""));
+        before.split(' ').nth(4) == Some("/sys/fs/bpf") && after.starts_with("bpf ")
+    })
+}
+
+/// Where no bpf filesystem is on /sys/fs/bpf (in a mount namespace of the
+/// test's own, where the host's is unmounted) the agent mounts one for its
+/// pins, and a clean stop with no task running on unmounts it: the host is left
+/// as it was found. One that finds something else pinned there leaves it
+/// mounted.
+#[test]
+fn an_agent_unmounts_the_bpffs_it_mounted_when_nothing_is_pinned_there() {
+    const NAME: &str = "an_agent_unmounts_the_bpffs_it_mounted_when_nothing_is_pinned_there";
+    let Some(fx) = Fixture::needs(NAME)
+        .cgroups()
+        .check(|test| {
+            let found = Command::new("unshare").arg("--version").output().is_ok()
+                && Command::new("nsenter").arg("--version").output().is_ok();
+            if !found {
+                keling_tests::skip(test, "no unshare(1) or nsenter(1)");
+            }
+            found
+        })
+        .sim(&["--gpus", "1"])
+        .ready()
+    else {
+        return;
+    };
+    let sim = fx.sim();
+    // The namespace, held by a process of the test's own; no bpffs in it.
+    let holder = ChildGuard(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "600"])
+            .spawn()
+            .unwrap(),
+    );
+    let ns = holder.0.id();
+    let enter = |cmd: &str| {
+        let st = Command::new("nsenter")
+            .args(["-t", &ns.to_string(), "-m", "sh", "-c", cmd])
+            .status()
+            .unwrap();
+        assert!(st.success(), "{cmd}: {st}");
+    };
+    wait_for("the namespace", Duration::from_secs(5), || {
+        std::fs::read_link(format!("/proc/{ns}/exe")).is_ok_and(|p| p.ends_with("sleep"))
+    });
+    enter(
+        "while grep -q ' /sys/fs/bpf ' /proc/self/mountinfo; do umount /sys/fs/bpf || exit 1; done",
+    );
+    assert!(!bpffs_mounted_in(ns));
+    let start = || {
+        Agent::start_with(
+            sim,
+            AgentOptions {
+                wrapper: vec![
+                    "nsenter".into(),
+                    "-t".into(),
+                    ns.to_string().into(),
+                    "-m".into(),
+                    "--".into(),
+                ],
+                ..AgentOptions::default()
+            },
+        )
+    };
+
+    let mut agent = start();
+    assert!(bpffs_mounted_in(ns), "the agent mounted bpffs for its pins");
+    assert!(agent.stop().success());
+    assert!(
+        !bpffs_mounted_in(ns),
+        "a clean stop unmounts what the agent mounted: {:?}",
+        agent.stderr()
+    );
+    drop(agent);
+
+    // Someone else's pin (a directory in bpffs, as `bpftool` makes) keeps it.
+    let mut agent = start();
+    assert!(bpffs_mounted_in(ns));
+    enter("mkdir /sys/fs/bpf/someone-elses");
+    assert!(agent.stop().success());
+    assert!(bpffs_mounted_in(ns), "another's pins keep the mount");
+    assert!(
+        agent
+            .stderr()
+            .iter()
+            .any(|l| l.contains("stays: someone-elses pinned there")),
+        "{:?}",
+        agent.stderr()
+    );
+    drop(agent);
+    drop(holder);
+}
