@@ -6,12 +6,12 @@
 //! (`nvsim-state.json`), not Keling's own view.
 use std::{path::Path, process::Command, time::Duration};
 
+use keling_agent::control::{StatusReply, TaskStatus};
 use keling_tests::{
     Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
     keling_bin,
 };
-use serde_json::Value;
 
 fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
     Agent::start_with(
@@ -23,12 +23,11 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
     )
 }
 
-fn task(status: &Value, pid: u32) -> &Value {
-    status["tasks"]
-        .as_array()
-        .unwrap()
+fn task(status: &StatusReply, pid: u32) -> &TaskStatus {
+    status
+        .tasks
         .iter()
-        .find(|t| t["pid"] == pid)
+        .find(|t| t.pid == pid)
         .expect("task in status")
 }
 
@@ -151,10 +150,10 @@ fn a_job_pinned_to_one_gpu_is_preempted_on_the_gpu_it_works_on() {
         sim.state(),
         agent.status()
     );
-    let status = agent.status();
+    let status = agent.status_reply();
     let low = task(&status, pid_low);
-    assert_eq!(low["gpu"], 1, "it was pinned to GPU 1: {low}");
-    let cg_low = Path::new(low["cgroup"].as_str().unwrap()).to_path_buf();
+    assert_eq!(low.gpu, Some(1), "it was pinned to GPU 1: {low:?}");
+    let cg_low = Path::new(low.cgroup.as_deref().unwrap()).to_path_buf();
     assert!(!frozen(&cg_low));
     let mut high = agent.launch_busy(
         &["--priority", "3", "--gpu", "0"],
@@ -212,8 +211,5 @@ fn a_gpu_the_host_does_not_have_is_refused() {
             "{err}"
         );
     }
-    assert!(
-        agent.status()["tasks"].as_array().unwrap().is_empty(),
-        "nothing was started"
-    );
+    assert!(agent.status_reply().tasks.is_empty(), "nothing was started");
 }

@@ -10,12 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::control::{StatusReply, TaskStatus};
+use keling_sched::Input;
 use keling_tests::{
     ChildGuard, Fixture,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
     gpu_workload_bin, keling_bin,
 };
-use serde_json::Value;
 
 /// `keling launch`'s code when the agent went away and the task runs on
 /// (`keling_agent::cmd::launch::EXIT_AGENT_GONE`).
@@ -104,13 +105,12 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
-/// The status entry of the task whose root is `pid`.
-fn task_of(status: &Value, pid: u32) -> Option<Value> {
-    status["tasks"]
-        .as_array()?
-        .iter()
-        .find(|t| t["pid"] == pid && t["state"] != "COMPLETED" && t["state"] != "FAILED")
-        .cloned()
+/// The status entry of the live task whose root is `pid`.
+fn task_of(status: StatusReply, pid: u32) -> Option<TaskStatus> {
+    status
+        .tasks
+        .into_iter()
+        .find(|t| t.pid == pid && t.state != "COMPLETED" && t.state != "FAILED")
 }
 
 /// The video memory the simulated driver charges to `pid`, all GPUs.
@@ -178,39 +178,39 @@ fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) 
     });
     let pid = task_pid(&first, &p);
     wait_for("the task's 128 MiB", Duration::from_secs(10), || {
-        task_of(&first.status(), pid).is_some_and(|t| t["mem_bytes"] == 128 * MIB)
+        task_of(first.status_reply(), pid).is_some_and(|t| t.mem_bytes == 128 * MIB)
     });
-    let id = task_of(&first.status(), pid).unwrap()["id"].clone();
+    let id = task_of(first.status_reply(), pid).unwrap().id;
     first.signal(signal);
     wait_for("the first agent to stop", Duration::from_secs(15), || {
         !first.alive()
     });
     let second = Agent::start_with(sim, options());
-    let t = task_of(&second.status(), pid).expect("the task taken back, in the new agent's status");
+    let t = task_of(second.status_reply(), pid)
+        .expect("the task taken back, in the new agent's status");
     let truth = sim_bytes(sim, pid);
     assert_eq!(truth, 128 * MIB, "the simulator's truth");
-    assert_eq!(t["id"], id, "{t}");
-    assert_eq!(t["uid"], 0, "its owner: {t}");
-    assert_eq!(t["priority"], 9, "{t}");
-    assert_eq!(t["gpu"], 0, "{t}");
+    assert_eq!(t.id, id, "{t:?}");
+    assert_eq!(t.uid, Some(0), "its owner: {t:?}");
+    assert_eq!(t.priority, 9, "{t:?}");
+    assert_eq!(t.gpu, Some(0), "{t:?}");
     assert_eq!(
-        t["mem_bytes"], truth,
-        "its GPU memory, as the driver has it: {t}"
+        t.mem_bytes, truth,
+        "its GPU memory, as the driver has it: {t:?}"
     );
-    assert_eq!(
-        t["mem_unsure"], true,
-        "the gap while no agent ran is said: {t}"
-    );
+    assert!(t.mem_unsure, "the gap while no agent ran is said: {t:?}");
     // Its limits: the spec the new agent gave the core.
-    let arrive = std::fs::read_to_string(second.input_log())
+    let spec = std::fs::read_to_string(second.input_log())
         .unwrap()
         .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|l| l["Arrive"]["spec"]["pid"] == pid)
+        .filter_map(|l| serde_json::from_str::<Input>(l).ok())
+        .find_map(|l| match l {
+            Input::Arrive { spec, .. } if spec.pid == pid => Some(spec),
+            _ => None,
+        })
         .expect("the task's arrival in the new agent's input log");
-    let spec = &arrive["Arrive"]["spec"];
-    assert_eq!(spec["max_duration_ms"], 600000, "{spec}");
-    assert_eq!(spec["mem_quota_bytes"], 1u64 << 30, "{spec}");
+    assert_eq!(spec.max_duration_ms, Some(600000), "{spec:?}");
+    assert_eq!(spec.mem_quota_bytes, Some(1u64 << 30), "{spec:?}");
     // Its client is back.
     wait_for(
         "the client to attach again",
@@ -226,7 +226,7 @@ fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) 
         "the client waits on"
     );
     // The scheduler acts on it: a higher priority on its GPU freezes it.
-    let cg = std::path::PathBuf::from(t["cgroup"].as_str().unwrap());
+    let cg = std::path::PathBuf::from(t.cgroup.as_deref().unwrap());
     let ph = fx.dir.join("high");
     let _high = second.launch(&["--priority", "0", "--gpu", "0"], sim, 100_000_000, 0, &ph);
     let high_pid = task_pid(&second, &ph);

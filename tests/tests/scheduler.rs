@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::control::StatusReply;
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
@@ -28,14 +29,13 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
 }
 
 /// The cgroup Keling says the task `pid` is in.
-fn task_cgroup(status: &Value, pid: u32) -> PathBuf {
-    let t = status["tasks"]
-        .as_array()
-        .unwrap()
+fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
+    let t = status
+        .tasks
         .iter()
-        .find(|t| t["pid"] == pid)
+        .find(|t| t.pid == pid)
         .expect("task in status");
-    PathBuf::from(t["cgroup"].as_str().expect("cgroup path"))
+    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn interactive_task_preempts_background_and_it_resumes() {
     let (pa, pb) = (dir.join("a"), dir.join("b"));
     let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 100_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
-    let cg_a = task_cgroup(&agent.status(), pid_a);
+    let cg_a = task_cgroup(&agent.status_reply(), pid_a);
     let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     // The background task is frozen: in cgroup.events, in /proc, and it stops.
     wait_for(
@@ -86,12 +86,13 @@ fn interactive_task_preempts_background_and_it_resumes() {
         || progress(&pa) > after,
     );
     // The freeze was within the timeout model, and every move is logged.
-    let status = agent.status();
-    let freeze = &status["latency"]["by_action"]["freeze"];
-    assert!(freeze["count"].as_u64().unwrap_or(0) >= 1, "{status}");
+    let status = agent.status_reply();
+    let freeze = status.latency.by_action.get("freeze");
+    assert!(freeze.is_some_and(|f| f.count >= 1), "{status:?}");
     assert_eq!(
-        status["latency"]["late_by_action"]["freeze"], 0,
-        "the freeze was late: {status}"
+        status.latency.late_by_action.get("freeze"),
+        Some(&0),
+        "the freeze was late: {status:?}"
     );
     // The histograms export for tuning.
     let export = |format: &str| {
@@ -115,7 +116,6 @@ fn interactive_task_preempts_background_and_it_resumes() {
     assert!(prom.contains("action=\"freeze\""), "{prom}");
     assert!(export("tune").to_lowercase().contains("adaptive"));
     assert!(export("percentiles").contains("Percentile"));
-    assert!(status["placement"]["weights"].is_array(), "{status}");
     let log = agent.log();
     let moves: Vec<&str> = log
         .iter()
@@ -172,11 +172,11 @@ fn equal_priorities_take_turns() {
     wait_for("both tasks to progress", Duration::from_secs(20), || {
         progress(&pa) > 50 && progress(&pb) > 50
     });
-    let pid_b = agent.status()["tasks"]
-        .as_array()
-        .unwrap()
+    let pid_b = agent
+        .status_reply()
+        .tasks
         .iter()
-        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .map(|t| t.pid)
         .find(|&p| p != pid_a)
         .unwrap();
     // Each is preempted and resumed repeatedly: they alternate.
@@ -282,11 +282,11 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
             s["gpus"][0]["used_bytes"].as_u64().unwrap_or(0) >= 800 << 20
         },
     );
-    let pid2 = agent.status()["tasks"]
-        .as_array()
-        .unwrap()
+    let pid2 = agent
+        .status_reply()
+        .tasks
         .iter()
-        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .map(|t| t.pid)
         .find(|&p| p != pid1)
         .unwrap();
     // A high-priority task needs 600 MiB: one victim suffices, and the lowest
@@ -347,7 +347,7 @@ fn frozen_tasks_run_again_within_a_second_after_the_agent_is_killed() {
         let (pa, pb) = (dir.join("a"), dir.join("b"));
         let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
         let pid_a = task_pid(&agent, &pa);
-        let cg_a = task_cgroup(&agent.status(), pid_a);
+        let cg_a = task_cgroup(&agent.status_reply(), pid_a);
         let _b = agent.launch(&["--priority", "1", "--gpu", "0"], sim, 1_000_000, 0, &pb);
         wait_for("the low task to be frozen", Duration::from_secs(10), || {
             frozen(&cg_a)
@@ -437,11 +437,11 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
     );
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
-        agent.status()["tasks"]
-            .as_array()
-            .unwrap()
+        agent
+            .status_reply()
+            .tasks
             .iter()
-            .any(|t| t["pid"] == pid_a && t["priority"] == 12)
+            .any(|t| t.pid == pid_a && t.priority == 12)
     });
     let pb = dir.join("b");
     let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 300, 0, &pb);
@@ -534,20 +534,11 @@ fn adopted_process_without_a_rule_priority_gets_the_default_priority() {
     );
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
-        agent.status()["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["pid"] == pid_a)
+        agent.status_reply().tasks.iter().any(|t| t.pid == pid_a)
     });
-    let status = agent.status();
-    let task = status["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["pid"] == pid_a)
-        .unwrap();
-    assert_eq!(task["priority"], 5, "{task}");
+    let status = agent.status_reply();
+    let task = status.tasks.iter().find(|t| t.pid == pid_a).unwrap();
+    assert_eq!(task.priority, 5, "{task:?}");
     drop(a);
     drop(agent);
 }
