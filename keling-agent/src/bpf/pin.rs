@@ -35,9 +35,10 @@ use keling_common::{
 
 /// Where bpffs is mounted.
 pub const BPFFS: &str = "/sys/fs/bpf";
-/// A directory in bpffs's root that says Keling mounted it (a dot: no instance
-/// is named so).
-pub const MOUNTED_MARK: &str = ".keling-mounted";
+/// A directory in bpffs's root that says Keling mounted it (no instance's
+/// directory is named so: those are `keling` and `keling-NAME`; bpffs refuses
+/// names with a dot).
+pub const MOUNTED_MARK: &str = "keling_mounted";
 /// What the kernel itself puts in a fresh bpffs (the preloaded iterators).
 const KERNELS_OWN: &[&str] = &["maps.debug", "progs.debug"];
 /// The bpf filesystem's magic (`statfs`).
