@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use keling_agent::control::StatusReply;
+use keling_agent::{control::StatusReply, log_format::SchedLine};
 use serde_json::Value;
 
 use crate::{ChildGuard, Nvsim, gpu_workload_bin, keling_bin, tempdir};
@@ -310,7 +310,17 @@ impl Agent {
             .unwrap_or_else(|e| panic!("keling status --json is not a StatusReply ({e}): {raw}"))
     }
 
-    /// The scheduling log's lines.
+    /// The scheduling log's lines, typed as the agent writes them (lines that
+    /// do not parse are left out).
+    pub fn sched_lines(&self) -> Vec<SchedLine> {
+        std::fs::read_to_string(&self.sched_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The scheduling log's lines as raw JSON (for tests of their shape).
     pub fn log(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.sched_log)
             .unwrap_or_default()

@@ -6,7 +6,11 @@
 //! (`nvsim-state.json`), not Keling's own view.
 use std::{path::Path, process::Command, time::Duration};
 
-use keling_agent::control::{StatusReply, TaskStatus};
+use keling_agent::{
+    control::{StatusReply, TaskStatus},
+    log_format::SchedLine,
+};
+use keling_sched::Reason;
 use keling_tests::{
     Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
@@ -104,10 +108,10 @@ fn a_claimed_runtime_does_not_buy_immunity_from_eviction() {
     );
     assert!(high_status.unwrap().success(), "{high_status:?}");
     assert_eq!(sim_held(sim, pid_low, 0), 0, "the victim's memory is free");
-    let log = agent.log();
+    let log = agent.sched_lines();
     assert!(
-        log.iter()
-            .any(|l| l["pid"] == pid_low && l["reason"] == "evicted_for_memory"),
+        log.iter().any(|l| matches!(l, SchedLine::Transition(t)
+            if t.pid == pid_low && t.reason == Reason::EvictedForMemory)),
         "{log:?}"
     );
 }
@@ -177,11 +181,12 @@ fn a_job_pinned_to_one_gpu_is_preempted_on_the_gpu_it_works_on() {
         Duration::from_secs(10),
         || !frozen(&cg_low),
     );
-    let log = agent.log();
+    let log = agent.sched_lines();
     assert!(
-        log.iter().any(|l| l["pid"] == pid_low
-            && l["state_transition"] == "RUNNING→PREEMPTED"
-            && l["reason"] == "preempted_by_higher_priority"),
+        log.iter().any(|l| matches!(l, SchedLine::Transition(t)
+            if t.pid == pid_low
+                && t.state_transition == "RUNNING→PREEMPTED"
+                && t.reason == Reason::PreemptedByHigherPriority)),
         "{log:?}"
     );
 }

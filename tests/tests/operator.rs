@@ -22,6 +22,7 @@ use hdrhistogram::{
         interval_log::{IntervalLogIterator, LogEntry},
     },
 };
+use keling_agent::log_format::SchedLine;
 use keling_sched::Reason;
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
@@ -1043,10 +1044,10 @@ fn a_full_table_flags_the_figure_and_the_quota_holds_on_a_sound_bound() {
         done < 1500,
         "it was stopped after {done} of 1500 iterations"
     );
-    let over_quota: Vec<Value> = agent
-        .log()
+    let over_quota: Vec<SchedLine> = agent
+        .sched_lines()
         .into_iter()
-        .filter(|l| l.to_string().contains("over_quota"))
+        .filter(|l| matches!(l, SchedLine::Transition(t) if t.reason == Reason::OverQuota))
         .collect();
     assert!(!over_quota.is_empty(), "the sched log says why");
 }

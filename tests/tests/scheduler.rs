@@ -9,13 +9,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use keling_agent::control::StatusReply;
+use keling_agent::{
+    control::StatusReply,
+    log_format::{InputLogHeader, Record, SchedLine},
+};
+use keling_sched::{Policy, Reason};
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
     gpu_workload_bin, keling_bin, tempdir,
 };
-use serde_json::Value;
 
 /// `keling run` with no periodic status lines (these tests read none).
 fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
@@ -116,14 +119,18 @@ fn interactive_task_preempts_background_and_it_resumes() {
     assert!(prom.contains("action=\"freeze\""), "{prom}");
     assert!(export("tune").to_lowercase().contains("adaptive"));
     assert!(export("percentiles").contains("Percentile"));
-    let log = agent.log();
-    let moves: Vec<&str> = log
-        .iter()
-        .filter(|l| l["pid"] == pid_a && l["state_transition"].is_string())
-        .map(|l| l["state_transition"].as_str().unwrap())
+    let moves: Vec<String> = agent
+        .sched_lines()
+        .into_iter()
+        .filter_map(|l| match l {
+            SchedLine::Transition(t) if t.pid == pid_a => Some(t.state_transition),
+            _ => None,
+        })
         .collect();
-    assert!(moves.contains(&"RUNNING→PREEMPTED"), "{moves:?}");
-    assert!(moves.contains(&"PREEMPTED→RUNNING"), "{moves:?}");
+    assert!(moves.iter().any(|m| m == "RUNNING→PREEMPTED"), "{moves:?}");
+    assert!(moves.iter().any(|m| m == "PREEMPTED→RUNNING"), "{moves:?}");
+    // Every transition line has every field (the JSON itself).
+    let log = agent.log();
     for l in log.iter().filter(|l| l["state_transition"].is_string()) {
         for field in [
             "event_id",
@@ -146,14 +153,10 @@ fn interactive_task_preempts_background_and_it_resumes() {
     drop(_a);
     assert!(agent.stop().success(), "keling run exits 0 on SIGINT");
     let inputs = std::fs::read_to_string(agent.input_log()).unwrap();
-    let header: Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
-    assert_eq!(header["keling_input_log"], 1, "{header}");
-    assert_eq!(header["policy"], "hybrid", "{header}");
-    assert_eq!(
-        header["config"]["gpus"].as_array().map(Vec::len),
-        Some(1),
-        "{header}"
-    );
+    let header: InputLogHeader = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
+    assert_eq!(header.keling_input_log, 1, "{header:?}");
+    assert_eq!(header.policy, Policy::Hybrid, "{header:?}");
+    assert_eq!(header.config.gpus.len(), 1, "{header:?}");
     keling_tests::agent::assert_replays_exactly(&agent, 4);
 }
 
@@ -181,10 +184,13 @@ fn equal_priorities_take_turns() {
         .unwrap();
     // Each is preempted and resumed repeatedly: they alternate.
     wait_for("several turns each", Duration::from_secs(20), || {
-        let log = agent.log();
+        let log = agent.sched_lines();
         let turns = |pid: u32| {
             log.iter()
-                .filter(|l| l["pid"] == pid && l["state_transition"] == "PREEMPTED→RUNNING")
+                .filter(|l| {
+                    matches!(l, SchedLine::Transition(t)
+                        if t.pid == pid && t.state_transition == "PREEMPTED→RUNNING")
+                })
                 .count()
         };
         turns(pid_a) >= 3 && turns(pid_b) >= 3
@@ -223,12 +229,17 @@ fn duration_limit_warns_then_kills_with_the_4003_record() {
         Some(128 + 9),
         "killed at the limit: {status:?}"
     );
-    let log = agent.log();
-    let warning = log
-        .iter()
-        .find(|l| l["type"] == "warning")
+    let remaining_ms = agent
+        .sched_lines()
+        .into_iter()
+        .find_map(|l| match l {
+            SchedLine::Record(Record::Warning { remaining_ms, .. }) => Some(remaining_ms),
+            _ => None,
+        })
         .expect("a warning before the limit");
-    assert!(warning["remaining_ms"].as_u64().unwrap() <= 1000);
+    assert!(remaining_ms <= 1000);
+    // The enforcement record as the client sees it: its JSON itself.
+    let log = agent.log();
     let e = log
         .iter()
         .find(|l| l["type"] == "enforcement")
@@ -323,10 +334,10 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
         "the victim's memory is free (simulator ground truth)"
     );
     assert_eq!(held(pid1), 400 << 20);
-    let log = agent.log();
+    let log = agent.sched_lines();
     assert!(
-        log.iter()
-            .any(|l| l["pid"] == pid2 && l["reason"] == "evicted_for_memory"),
+        log.iter().any(|l| matches!(l, SchedLine::Transition(t)
+            if t.pid == pid2 && t.reason == Reason::EvictedForMemory)),
         "{log:?}"
     );
     let _ = l1.0.kill();
