@@ -101,8 +101,8 @@ macro_rules! indexed_by_code {
 #[cfg(test)]
 mod tests {
     use crate::{
-        mem_kind::MemKind, nvidia::ObjectKind, open_how::OpenHowCode, outcome::OutcomeCode,
-        ref_how::RefHowCode, table_full::TableFull, teardown::TeardownReason,
+        active_cause::ActiveCause, mem_kind::MemKind, nvidia::ObjectKind, open_how::OpenHowCode,
+        outcome::OutcomeCode, ref_how::RefHowCode, table_full::TableFull, teardown::TeardownReason,
         undecoded::UndecodedReason,
     };
 
@@ -133,6 +133,7 @@ mod tests {
         round_trips!(UndecodedReason);
         round_trips!(TableFull);
         round_trips!(ObjectKind);
+        round_trips!(ActiveCause);
     }
 
     #[test]
