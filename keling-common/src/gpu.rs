@@ -48,6 +48,58 @@ pub mod device_file {
     pub const CTL: u32 = 255;
     pub const UVM: u32 = 256;
     pub const NONE: u32 = u32::MAX;
+
+    /// Which NVIDIA device file, as a type; it prints as the file is named under
+    /// `/dev`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum DeviceFile {
+        /// `nvidiactl`.
+        Ctl,
+        /// `nvidiaN`.
+        Gpu(u32),
+        /// `nvidia-uvm`.
+        Uvm,
+    }
+
+    impl DeviceFile {
+        /// The file of `code`; `None` for a number that names no file ([`NONE`]
+        /// among them).
+        pub const fn from_raw(code: u32) -> Option<Self> {
+            match code {
+                CTL => Some(Self::Ctl),
+                UVM => Some(Self::Uvm),
+                n if n <= MAX_GPU => Some(Self::Gpu(n)),
+                _ => None,
+            }
+        }
+
+        /// The number on the wire.
+        pub const fn code(self) -> u32 {
+            match self {
+                Self::Ctl => CTL,
+                Self::Uvm => UVM,
+                Self::Gpu(n) => n,
+            }
+        }
+
+        /// The GPU of an `nvidiaN` file.
+        pub const fn gpu(self) -> Option<u32> {
+            match self {
+                Self::Gpu(n) => Some(n),
+                _ => None,
+            }
+        }
+    }
+
+    impl core::fmt::Display for DeviceFile {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            match self {
+                Self::Ctl => f.write_str("nvidiactl"),
+                Self::Uvm => f.write_str("nvidia-uvm"),
+                Self::Gpu(n) => write!(f, "nvidia{n}"),
+            }
+        }
+    }
 }
 
 /// NVIDIA fds tracked per process in its own table (`PROC_FDS`). NVIDIA's libcuda

@@ -7,7 +7,7 @@
 //! on [`Event`] and never look at `header.kind` or a raw code again.
 use keling_common::{
     self as raw, ALL_GPUS, ActiveEvent, COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent,
-    ForkEvent, NO_GPU, SwitchEvent, call_kind, device_file,
+    ForkEvent, NO_GPU, SwitchEvent, call_kind,
     nvidia::{self, ObjectKind, escape},
     open_how::OpenHowCode,
     outcome::OutcomeCode,
@@ -106,43 +106,8 @@ impl Event {
     }
 }
 
-/// Which NVIDIA device file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceFile {
-    /// `nvidiactl`.
-    Ctl,
-    /// `nvidiaN`.
-    Gpu(u32),
-    /// `nvidia-uvm`.
-    Uvm,
-}
-
-impl DeviceFile {
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            device_file::CTL => Some(Self::Ctl),
-            device_file::UVM => Some(Self::Uvm),
-            n if n <= device_file::MAX_GPU => Some(Self::Gpu(n)),
-            _ => None,
-        }
-    }
-
-    pub const fn code(self) -> u32 {
-        match self {
-            Self::Ctl => device_file::CTL,
-            Self::Uvm => device_file::UVM,
-            Self::Gpu(n) => n,
-        }
-    }
-
-    /// The GPU of an `nvidiaN` file.
-    pub const fn gpu(self) -> Option<u32> {
-        match self {
-            Self::Gpu(n) => Some(n),
-            _ => None,
-        }
-    }
-}
+/// Which NVIDIA device file: keling-common's [`device_file`](keling_common::device_file) set.
+pub use keling_common::device_file::DeviceFile;
 
 /// What kind of bytes a memory holds: keling-common's [`mem_kind`](keling_common::mem_kind) set.
 pub use keling_common::mem_kind::MemKind;
@@ -528,7 +493,7 @@ impl Fields {
         })
     }
     fn device(&self, v: u32) -> Result<DeviceFile, DecodeError> {
-        self.get("device", v, DeviceFile::from_u32(v))
+        self.get("device", v, DeviceFile::from_raw(v))
     }
     fn gpu(&self, v: u32) -> Result<Option<u32>, DecodeError> {
         self.get("gpu", v, gpu_of(v))
@@ -758,7 +723,7 @@ impl ExitStatus {
 #[cfg(test)]
 mod tests {
     use keling_common::{
-        mem_kind, nvidia::status, open_how, outcome, ref_how, teardown, undecoded,
+        device_file, mem_kind, nvidia::status, open_how, outcome, ref_how, teardown, undecoded,
     };
     use proptest::prelude::*;
 

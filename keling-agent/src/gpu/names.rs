@@ -325,12 +325,9 @@ pub fn lookup(table: &[(u32, &'static str)], code: u32) -> Option<&'static str> 
     table.iter().find(|(c, _)| *c == code).map(|(_, n)| *n)
 }
 
+/// As the file is named under `/dev` (keling-common's `DeviceFile` prints it).
 pub fn device(d: DeviceFile) -> String {
-    match d {
-        DeviceFile::Ctl => "nvidiactl".into(),
-        DeviceFile::Uvm => "nvidia-uvm".into(),
-        DeviceFile::Gpu(n) => format!("nvidia{n}"),
-    }
+    d.to_string()
 }
 
 /// The driver version names are given for (escape 0x5F is another escape from
@@ -730,6 +727,31 @@ mod tests {
             outcomes.map(|o| (o.code(), outcome(o))),
             [(0, "decoded"), (1, "no_memory_escape"), (2, "undecoded")]
         );
+    }
+
+    /// Every number that names a device file leads back to it; the others name none.
+    #[test]
+    fn device_files_round_trip() {
+        for code in (0..=300).chain([u32::MAX - 1, u32::MAX]) {
+            match DeviceFile::from_raw(code) {
+                Some(d) => {
+                    assert_eq!(d.code(), code);
+                    let name = device(d);
+                    match d {
+                        DeviceFile::Gpu(n) => assert_eq!(name, format!("nvidia{n}")),
+                        DeviceFile::Ctl => assert_eq!(name, "nvidiactl"),
+                        DeviceFile::Uvm => assert_eq!(name, "nvidia-uvm"),
+                    }
+                }
+                None => assert!(
+                    code > keling_common::device_file::MAX_GPU
+                        && code != keling_common::device_file::CTL
+                        && code != keling_common::device_file::UVM,
+                    "{code}"
+                ),
+            }
+        }
+        assert_eq!(DeviceFile::from_raw(keling_common::device_file::NONE), None);
     }
 
     #[test]
