@@ -6,7 +6,7 @@
 //! Each LOG is read by its first line: an input log (a header, or a serde
 //! `Input`) is replayed exactly through the core (`replay::exact`) with its
 //! header's config, or the agent's defaults; a scheduling log is read as it is.
-//! Queueing delay is measured as `replay::metrics` defines it. A scheduling log
+//! Queueing delay is measured as `replay::figures` defines it. A scheduling log
 //! alone has no `Active`/`Idle` inputs, so the time between a preemption for
 //! idleness and the task's next run is not counted as delay (the log cannot say
 //! when the task wanted the GPU again); an input log can.
@@ -34,12 +34,12 @@ use self::{
     svg::{Timeline, esc},
 };
 use crate::{
+    log_format::{Record, SchedLine, TransitionLine},
     replay::{
         Metrics, Summary,
+        figures::Wait,
         log::{InputLogReader, read_sched_log},
-        metrics::Wait,
     },
-    sched_log::{Record, SchedLine, TransitionLine},
 };
 
 /// How a report is made.
