@@ -759,7 +759,7 @@ mod tests {
 
     #[test]
     fn summary_has_the_new_figures() {
-        let procs = vec![crate::model::ProcessStats {
+        let procs = vec![crate::process_model::ProcessStats {
             pid: 7,
             gpu: GpuProcessStats {
                 gpu_egm_bytes: 11,

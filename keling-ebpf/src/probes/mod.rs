@@ -21,11 +21,11 @@
 //! programs (work) call back into them to do it.
 pub mod accounting;
 pub mod active;
+pub mod context_switch;
 pub mod deferred;
 pub mod files;
 pub mod floor;
 pub mod nvidia;
 pub mod orphans;
 pub mod process;
-pub mod sched;
 pub mod work;
