@@ -12,11 +12,15 @@ use std::{
     time::Duration,
 };
 
+use keling_agent::{
+    control::{StatusReply, TaskStatus},
+    log_format::{InputLogHeader, SchedLine},
+};
+use keling_sched::{Binding, Reason, Sharing, WaitReason};
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, progress, wait_for},
 };
-use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
 
@@ -41,37 +45,30 @@ fn launch(
 }
 
 /// The newest task in `keling status` whose pid is not in `known`.
-fn newest_task(agent: &Agent, known: &[u32]) -> Value {
+fn newest_task(agent: &Agent, known: &[u32]) -> TaskStatus {
     let mut found = None;
     wait_for(
         "a new task in keling status",
         Duration::from_secs(20),
         || {
-            found = agent.status()["tasks"]
-                .as_array()
-                .unwrap()
-                .iter()
+            found = agent
+                .status_reply()
+                .tasks
+                .into_iter()
                 .rev()
-                .find(|t| !known.contains(&(t["pid"].as_u64().unwrap() as u32)))
-                .cloned();
+                .find(|t| !known.contains(&t.pid));
             found.is_some()
         },
     );
     found.unwrap()
 }
 
-fn task_by_pid(status: &Value, pid: u32) -> Value {
-    status["tasks"]
-        .as_array()
-        .unwrap()
+fn task_by_pid(status: &StatusReply, pid: u32) -> &TaskStatus {
+    status
+        .tasks
         .iter()
-        .find(|t| t["pid"] == pid)
-        .cloned()
-        .unwrap_or_else(|| panic!("no task with pid {pid}: {status:#}"))
-}
-
-fn pid_of(t: &Value) -> u32 {
-    t["pid"].as_u64().unwrap() as u32
+        .find(|t| t.pid == pid)
+        .unwrap_or_else(|| panic!("no task with pid {pid}: {status:#?}"))
 }
 
 /// Progress of `file` grows within a second or so.
@@ -113,7 +110,7 @@ fn tasks_share_a_gpu_while_their_budgets_fit_and_a_higher_priority_freezes_them(
     let mut pids = Vec::new();
     for (i, budget) in [3 * GIB, 3 * GIB, 4 * GIB].into_iter().enumerate() {
         clients.push(launch(&agent, sim, 8, budget, 1_000_000, &files[i]));
-        pids.push(pid_of(&newest_task(&agent, &pids)));
+        pids.push(newest_task(&agent, &pids).pid);
     }
     // The first two run at the same time; the third waits unbound, for memory.
     for f in &files[..2] {
@@ -122,23 +119,30 @@ fn tasks_share_a_gpu_while_their_budgets_fit_and_a_higher_priority_freezes_them(
         });
     }
     assert!(progresses(&files[0]) && progresses(&files[1]));
-    let status = agent.status();
+    let status = agent.status_reply();
     let third = task_by_pid(&status, pids[2]);
-    assert_eq!(third["state"], "PENDING", "{third:#}");
-    assert!(third["gpu"].is_null(), "{third:#}");
-    assert_eq!(third["queued"]["reason"], "memory", "{third:#}");
-    assert_eq!(third["wait_reason"], "memory", "{third:#}");
+    assert_eq!(third.state, "PENDING", "{third:#?}");
+    assert_eq!(third.gpu, None, "{third:#?}");
+    assert_eq!(
+        third.queued.map(|q| q.reason),
+        Some(WaitReason::Memory),
+        "{third:#?}"
+    );
+    assert_eq!(third.wait_reason, Some(WaitReason::Memory), "{third:#?}");
     assert_eq!(progress(&files[2]), 0, "the third task ran");
     // Per GPU: capacity, held by tasks (512 MiB each), outside tasks, free.
     let mut status = status;
     wait_for("both to hold their memory", Duration::from_secs(10), || {
-        status = agent.status();
-        status["gpus"][0]["tasks_bytes"] == 1024u64 << 20
+        status = agent.status_reply();
+        status
+            .gpus
+            .first()
+            .is_some_and(|g| g.tasks_bytes == 1024 << 20)
     });
-    let gpu = &status["gpus"][0];
-    assert_eq!(gpu["capacity_bytes"], 8 * GIB, "{status:#}");
-    assert_eq!(gpu["outside_bytes"], 0, "{status:#}");
-    assert_eq!(gpu["free_bytes"], 8 * GIB - (1024 << 20), "{status:#}");
+    let gpu = &status.gpus[0];
+    assert_eq!(gpu.capacity_bytes, 8 * GIB, "{status:#?}");
+    assert_eq!(gpu.outside_bytes, 0, "{status:#?}");
+    assert_eq!(gpu.free_bytes, 8 * GIB - (1024 << 20), "{status:#?}");
 
     // One exits: the third starts.
     // SAFETY: a task's root process, by the pid keling status gave, while it runs.
@@ -148,8 +152,8 @@ fn tasks_share_a_gpu_while_their_budgets_fit_and_a_higher_priority_freezes_them(
         Duration::from_secs(20),
         || progress(&files[2]) > 0,
     );
-    let status = agent.status();
-    let cgroup = |pid: u32| PathBuf::from(task_by_pid(&status, pid)["cgroup"].as_str().unwrap());
+    let status = agent.status_reply();
+    let cgroup = |pid: u32| PathBuf::from(task_by_pid(&status, pid).cgroup.as_deref().unwrap());
     let (cg_b, cg_c) = (cgroup(pids[1]), cgroup(pids[2]));
     assert!(progresses(&files[1]) && progresses(&files[2]));
 
@@ -159,11 +163,11 @@ fn tasks_share_a_gpu_while_their_budgets_fit_and_a_higher_priority_freezes_them(
     wait_for("both to be frozen", Duration::from_secs(10), || {
         frozen(&cg_b) && frozen(&cg_c)
     });
-    let status = agent.status();
+    let status = agent.status_reply();
     for &pid in &pids[1..3] {
         let t = task_by_pid(&status, pid);
-        assert_eq!(t["wait_reason"], "higher_priority", "{t:#}");
-        assert_eq!(t["mem_bytes"], 512 << 20, "{t:#}");
+        assert_eq!(t.wait_reason, Some(WaitReason::HigherPriority), "{t:#?}");
+        assert_eq!(t.mem_bytes, 512 << 20, "{t:#?}");
     }
     let frozen_at = (progress(&files[1]), progress(&files[2]));
     wait_for(
@@ -194,33 +198,28 @@ fn tasks_share_a_gpu_while_their_budgets_fit_and_a_higher_priority_freezes_them(
     let mut agent = agent;
     assert!(agent.stop().success());
     let inputs = std::fs::read_to_string(agent.input_log()).unwrap();
-    let header: Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
-    assert_eq!(header["config"]["sharing"], "memory", "{header}");
-    assert_eq!(header["config"]["binding"], "late", "{header}");
-    assert_eq!(header["config"]["slots_per_gpu"], 0, "{header}");
-    let log = agent.log();
-    let moves = |pid: u32| -> Vec<String> {
+    let header: InputLogHeader = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
+    assert_eq!(header.config.sharing, Sharing::Memory, "{header:?}");
+    assert_eq!(header.config.binding, Binding::Late, "{header:?}");
+    assert_eq!(header.config.slots_per_gpu, 0, "{header:?}");
+    let log = agent.sched_lines();
+    let moves = |pid: u32| -> Vec<(&str, Reason)> {
         log.iter()
-            .filter(|l| l["pid"] == pid && l["state_transition"].is_string())
-            .map(|l| {
-                format!(
-                    "{} {}",
-                    l["state_transition"].as_str().unwrap(),
-                    l["reason"]
-                )
+            .filter_map(|l| match l {
+                SchedLine::Transition(t) if t.pid == pid => {
+                    Some((t.state_transition.as_str(), t.reason))
+                }
+                _ => None,
             })
             .collect()
     };
     for &pid in &pids[1..3] {
         let m = moves(pid);
         assert!(
-            m.contains(&"RUNNING→PREEMPTED \"preempted_by_higher_priority\"".to_string()),
+            m.contains(&("RUNNING→PREEMPTED", Reason::PreemptedByHigherPriority)),
             "{m:?}"
         );
-        assert!(
-            m.contains(&"PREEMPTED→RUNNING \"resumed\"".to_string()),
-            "{m:?}"
-        );
+        assert!(m.contains(&("PREEMPTED→RUNNING", Reason::Resumed)), "{m:?}");
     }
     keling_tests::agent::assert_replays_exactly(&agent, 10);
 }
