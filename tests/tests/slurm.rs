@@ -10,6 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::control::{SlurmRef, StatusReply, TaskStatus};
+use keling_sched::WaitReason;
 use keling_tests::{
     Fixture,
     agent::{frozen, progress, wait_for},
@@ -40,15 +42,15 @@ fn busy_script(progress: &Path, mib: u64) -> String {
 }
 
 /// The Keling task of Slurm job `job` in `status`.
-fn slurm_task(status: &Value, job: u32) -> Option<Value> {
-    status["tasks"]
-        .as_array()?
-        .iter()
-        .find(|t| t["slurm"]["job"] == job && t["exit_code"].is_null())
-        .cloned()
+fn slurm_task(status: StatusReply, job: u32) -> Option<TaskStatus> {
+    status
+        .tasks
+        .into_iter()
+        .find(|t| t.slurm.is_some_and(|s| s.job == job) && t.exit_code.is_none())
 }
 
-/// The simulator's video bytes charged to `pid` on GPU `gpu`.
+/// The simulator's video bytes charged to `pid` on GPU `gpu` (the simulator's
+/// state file, not Keling's reply: raw JSON).
 fn truth_bytes(state: &Value, pid: u64, gpu: u64) -> u64 {
     state["processes"]
         .as_array()
@@ -210,27 +212,31 @@ fn two_shard_jobs_share_a_gpu(cluster: &Cluster, dir: &Path) {
     let mut last = String::new();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let status = n1.agent().status();
+        let status = n1.agent().status_reply();
         let state = n1.sim.state();
         let mut ok = true;
         last.clear();
         for (job, priority, budget, held) in expect {
-            let Some(t) = slurm_task(&status, job) else {
+            let Some(t) = slurm_task(status.clone(), job) else {
                 ok = false;
                 last.push_str(&format!("job {job}: no task; "));
                 continue;
             };
-            assert_eq!(t["priority"], priority, "job {job}: {t}");
-            assert_eq!(t["mem_quota_bytes"], budget, "job {job}'s budget: {t}");
-            assert_eq!(t["gpu"], 0, "job {job}: {t}");
-            assert_eq!(t["slurm"]["step"], 0xffff_fffbu32, "the batch step: {t}");
-            let truth = truth_bytes(&state, t["pid"].as_u64().unwrap(), 0);
-            let ours = t["mem_bytes_per_gpu"]["0"].as_u64().unwrap_or(0);
+            assert_eq!(t.priority, priority, "job {job}: {t:?}");
+            assert_eq!(t.mem_quota_bytes, Some(budget), "job {job}'s budget: {t:?}");
+            assert_eq!(t.gpu, Some(0), "job {job}: {t:?}");
+            assert_eq!(
+                t.slurm.map(|s| s.step),
+                Some(SlurmRef::BATCH_STEP),
+                "the batch step: {t:?}"
+            );
+            let truth = truth_bytes(&state, t.pid.into(), 0);
+            let ours = t.mem_bytes_per_gpu.get(&0).copied().unwrap_or(0);
             last.push_str(&format!(
                 "job {job}: keling {ours}, simulator {truth}, state {}; ",
-                t["state"]
+                t.state
             ));
-            ok &= ours == truth && truth == held && t["state"] == "RUNNING";
+            ok &= ours == truth && truth == held && t.state == "RUNNING";
         }
         if ok {
             break;
@@ -562,16 +568,17 @@ fn memory_pressure_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
         "--wrap",
         &busy_script(&pb, 1024),
     ]);
-    let mut task = Value::Null;
+    let mut task = None;
     wait_for(
         "job B's task to wait for memory",
         Duration::from_secs(30),
         || {
-            task = slurm_task(&n1.agent().status(), b).unwrap_or_default();
-            task["wait_reason"] == "memory"
+            task = slurm_task(n1.agent().status_reply(), b);
+            task.as_ref()
+                .is_some_and(|t| t.wait_reason == Some(WaitReason::Memory))
         },
     );
-    assert_eq!(progress(&pb), 0, "job B waits: {task}");
+    assert_eq!(progress(&pb), 0, "job B waits: {task:?}");
     let mut shown = String::new();
     wait_for(
         "n1 drained by Keling for memory pressure",
@@ -648,8 +655,8 @@ fn cgroup_of_job(node: &keling_tests::slurm::Node, job: u32) -> PathBuf {
         &format!("job {job}'s task"),
         Duration::from_secs(10),
         || {
-            cg = slurm_task(&node.agent().status(), job)
-                .and_then(|t| t["cgroup"].as_str().map(PathBuf::from));
+            cg = slurm_task(node.agent().status_reply(), job)
+                .and_then(|t| t.cgroup.map(PathBuf::from));
             cg.is_some()
         },
     );
@@ -735,14 +742,14 @@ fn slurm_step_start_cost() {
         without.push(step(false));
         with.push(step(true));
     }
-    let attached = cluster.node("n1").agent().status()["archive"]["completed"].as_u64();
+    let attached = cluster.node("n1").agent().status_reply().archive.completed;
     std::fs::write(&plugstack, &with_plugin).unwrap();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!(
-        "slurm step start ms: without {:.1} with {:.1} (rounds {rounds}, Keling tasks completed {attached:?})",
+        "slurm step start ms: without {:.1} with {:.1} (rounds {rounds}, Keling tasks completed {attached})",
         median(&mut without),
         median(&mut with)
     );
