@@ -180,7 +180,8 @@ pub trait View {
     fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32>;
     /// The driver's per-process video memory figure on `gpu` (private +
     /// shared-owned, see docs/nvidia-abi.md) for GPU_GET_PID_INFO
-    /// VIDEO_MEMORY_USAGE.
+    /// VIDEO_MEMORY_USAGE, by the rule of the simulated branch (which device
+    /// objects and classes count: docs/gpu-accounting.md).
     fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64;
     /// Free video bytes of `gpu` (capacity - used).
     fn free_bytes(&self, gpu: u32) -> u64;
