@@ -182,6 +182,11 @@ struct Cli {
     /// busy: the GPU to use (default: the first of CUDA_VISIBLE_DEVICES, else 0).
     #[arg(long)]
     use_gpu: Option<u32>,
+    /// compute: a second device object of the same GPU in the same client,
+    /// with this much video memory under it, in MiB (the driver's per-process
+    /// figure counts it from 545 only).
+    #[arg(long, default_value_t = 0)]
+    second_device_mib: u64,
     /// busy: write the iterations done so far to this file as it goes.
     #[arg(long)]
     progress: Option<PathBuf>,
@@ -3242,6 +3247,18 @@ fn compute(env: &Env, cli: &Cli) {
             class::NV01_MEMORY_LOCAL_USER,
             Some(&mut p),
             "video memory",
+        );
+    }
+    if cli.second_device_mib > 0 {
+        let d2 = env.device(ctl, c, gpu, "second device");
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, cli.second_device_mib * MIB);
+        obj(
+            c,
+            d2,
+            class::NV01_MEMORY_LOCAL_USER,
+            Some(&mut p),
+            "video memory under the second device",
         );
     }
     let vas = obj(c, d, class::FERMI_VASPACE_A, None, "VA space");
