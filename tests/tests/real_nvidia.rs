@@ -29,10 +29,6 @@ struct Branch {
     version: &'static str,
     /// cuDriverGetVersion: the CUDA version the branch provides.
     cuda: u64,
-    /// Whether NVML finds the GPU's PCI bus id without sysfs. From 550 NVML
-    /// looks the GPU up in /sys/bus/pci/devices, which the sandbox does not
-    /// simulate: nvidia-smi then shows "[Not Found]" (docs/real-nvidia.md).
-    smi_bus_id: bool,
     /// Whether the driver's per-process figure (GET_PID_INFO, so NVML's)
     /// counts the memory under every device object of a client on the GPU
     /// (from 545), or only under its first (535).
@@ -45,21 +41,18 @@ const B535: Branch = Branch {
     version: "535.261.03",
     unpacked: |test| nvidia_userspace_of(test, "535.261.03").is_some(),
     cuda: 12020,
-    smi_bus_id: true,
     pid_info_every_device: false,
 };
 const B550: Branch = Branch {
     version: "550.163.01",
     unpacked: |test| nvidia_userspace_of(test, "550.163.01").is_some(),
     cuda: 12040,
-    smi_bus_id: false,
     pid_info_every_device: true,
 };
 const B555: Branch = Branch {
     version: "555.58.02",
     unpacked: |test| nvidia_userspace_of(test, "555.58.02").is_some(),
     cuda: 12050,
-    smi_bus_id: false,
     pid_info_every_device: true,
 };
 
@@ -421,11 +414,8 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
         .nth(1)
         .and_then(|u| u.strip_suffix(')'))
         .unwrap_or_else(|| panic!("GPU 1's UUID in {listed}"));
-    let bus_id = if b.smi_bus_id {
-        "00000000:19:00.0"
-    } else {
-        "[Not Found]"
-    };
+    // From 550 NVML finds the bus id in /sys/bus/pci/devices (the sandbox's).
+    let bus_id = "00000000:19:00.0";
     assert_eq!(
         apps,
         vec![vec![
@@ -441,6 +431,12 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
         full.contains("NVIDIA H200") && full.contains("Attached GPUs"),
         "{full}"
     );
+    let bus_ids: Vec<&str> = full
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Bus Id"))
+        .map(|v| v.trim_start_matches([' ', ':']))
+        .collect();
+    assert_eq!(bus_ids, ["00000000:18:00.0", bus_id], "{full}");
 
     // Keling's NVML cross-check (every 5 s) inside the sandbox: the real
     // libnvidia-ml's figure for the workload equals Keling's figure by the
