@@ -845,11 +845,12 @@ impl Probes {
             HashMap::try_from(self.ebpf.map(MAP_MEMS).context("MEMS")?)?;
         let clients: HashMap<_, u32, ClientInfo> =
             HashMap::try_from(self.ebpf.map(MAP_CLIENTS).context("CLIENTS")?)?;
-        // Entries may go between the listing and the read: those are skipped.
-        let objects: BTreeMap<ObjectKey, ObjectInfo> =
-            objects.iter().filter_map(Result::ok).collect();
-        let mems: Vec<MemInfo> = mems.iter().filter_map(|e| e.ok().map(|(_, m)| m)).collect();
-        let clients: BTreeMap<u32, ClientInfo> = clients.iter().filter_map(Result::ok).collect();
+        let objects: BTreeMap<ObjectKey, ObjectInfo> = objects.iter().collect::<Result<_, _>>()?;
+        let mems: Vec<MemInfo> = mems
+            .iter()
+            .map(|e| e.map(|(_, m)| m))
+            .collect::<Result<_, _>>()?;
+        let clients: BTreeMap<u32, ClientInfo> = clients.iter().collect::<Result<_, _>>()?;
         Ok(crate::gpu::nvml::outside_first_device(
             &objects, &mems, &clients,
         ))
