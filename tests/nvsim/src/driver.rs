@@ -243,6 +243,8 @@ pub struct Driver {
     ioctl_total: u64,
     ioctl_failed: u64,
     received: BTreeMap<u32, Received>,
+    /// A pid as a caller's pid namespace sees it ([`crate::pidns::ns_pid`]).
+    ns_pid: fn(u32, u32) -> Option<u32>,
 }
 
 /// `nvsim-state.json`.
@@ -456,6 +458,7 @@ impl Driver {
             ioctl_total: 0,
             ioctl_failed: 0,
             received: BTreeMap::new(),
+            ns_pid: crate::pidns::ns_pid,
         }
     }
 
@@ -1883,6 +1886,7 @@ impl Driver {
         let view = ClientView {
             driver: self,
             client: h_client,
+            caller: call.pid,
         };
         let st = controls::answer(&view, target, cmd, &mut b, call.mem)?;
         if st == NV_OK && want > 0 && !call.mem.write(ptr, &b) {
@@ -2435,6 +2439,8 @@ mod tests;
 struct ClientView<'d> {
     driver: &'d Driver,
     client: u32,
+    /// The process that sent the control (its pid in the initial namespace).
+    caller: u32,
 }
 
 impl controls::View for ClientView<'_> {
@@ -2444,7 +2450,9 @@ impl controls::View for ClientView<'_> {
 
     /// Creators of the clients that hold an object of `class` under a device
     /// of `gpu` (GPU_GET_PIDS by class: the driver walks every client and
-    /// lists the process of each that owns such an object).
+    /// lists the process of each that owns such an object), as the caller's
+    /// pid namespace sees them; those it cannot see are left out
+    /// (`_gpuConvertPid`, every branch).
     fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32> {
         let mut pids: Vec<u32> = self
             .driver
@@ -2455,15 +2463,33 @@ impl controls::View for ClientView<'_> {
                     .iter()
                     .any(|(h, o)| o.class == class && Driver::device_gpu(c, *h) == Some(gpu))
             })
-            .map(|c| c.creator_pid)
+            .filter_map(|c| (self.driver.ns_pid)(c.creator_pid, self.caller))
             .collect();
         pids.sort_unstable();
         pids.dedup();
         pids
     }
 
+    /// `pid` is matched with the clients' creators in the initial namespace
+    /// up to 560, in the caller's from 565 (`_gpuMatchClientPid`): a caller in
+    /// a container asking for a pid GPU_GET_PIDS gave it gets 0 before 565.
     fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64 {
-        self.driver.pid_info_video_bytes(pid, gpu)
+        let d = self.driver;
+        if !abi::branch::pid_info_in_callers_namespace(d.version) {
+            return d.pid_info_video_bytes(pid, gpu);
+        }
+        let mut creators: Vec<u32> = d
+            .clients
+            .values()
+            .map(|c| c.creator_pid)
+            .filter(|&p| (d.ns_pid)(p, self.caller) == Some(pid))
+            .collect();
+        creators.sort_unstable();
+        creators.dedup();
+        creators
+            .into_iter()
+            .map(|p| d.pid_info_video_bytes(p, gpu))
+            .sum()
     }
 
     fn free_bytes(&self, gpu: u32) -> u64 {
