@@ -6,13 +6,18 @@
 //! with `mknod` in the directory (Slurm refuses the simulator's regular files).
 //!
 //! Every daemon is started in the foreground as our child and stopped by pid
-//! when the [`Cluster`] is dropped (jobs cancelled first), then the agents, then
-//! the simulators: nothing is left running, mounted or frozen. Waits poll
+//! when the [`Cluster`] is dropped, then the agents, then the simulators:
+//! nothing is left running, mounted or frozen, also when a test failed. Before
+//! the daemons stop, every job the cluster ran is cancelled and its steps are
+//! given a bounded time to end; whatever is still left of the cluster then (a
+//! `slurmstepd`, a job's process: a process whose environment names this
+//! cluster's `SLURM_CONF` or `KDEV`) is killed by pid, and said so. Waits poll
 //! `sinfo` / `squeue` / `scontrol` with a deadline.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -139,6 +144,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     pub dir: PathBuf,
     pub conf: PathBuf,
+    /// Every job `sbatch` submitted: cancelled in [`Drop`].
+    submitted: Mutex<Vec<u32>>,
 }
 
 /// A free TCP port on 127.0.0.1 (bound, read, let go).
@@ -190,6 +197,7 @@ impl Cluster {
             nodes: Vec::new(),
             conf: dir.join("slurm.conf"),
             dir: dir.clone(),
+            submitted: Mutex::new(Vec::new()),
         };
         // Nodes first: each one's simulator and agent, whose GPUs make gres.conf.
         for (i, sim_args) in opts.nodes.iter().enumerate() {
@@ -401,11 +409,16 @@ impl Cluster {
     pub fn sbatch(&self, args: &[&str]) -> u32 {
         let out = run_ok(self.cmd("sbatch").arg("--parsable").args(args));
         let text = String::from_utf8_lossy(&out.stdout);
-        text.trim()
+        let id = text
+            .trim()
             .split(';')
             .next()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("sbatch printed {text:?}"))
+            .unwrap_or_else(|| panic!("sbatch printed {text:?}"));
+        if let Ok(mut s) = self.submitted.lock() {
+            s.push(id);
+        }
+        id
     }
 
     /// `scontrol show job -o ID` as its `Key=Value` fields (the values of
@@ -491,12 +504,32 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Jobs first, while the daemons can still end them.
-        let _ = self.cmd("scancel").args(["--full", "-u", "root"]).output();
-        let deadline = Instant::now() + Duration::from_secs(15);
+        // Jobs first, while the daemons can still end them: every job sbatch
+        // submitted, and any other the queue holds (an `srun` of a test).
+        let mut jobs: Vec<String> = self
+            .submitted
+            .lock()
+            .map(|s| s.iter().map(u32::to_string).collect())
+            .unwrap_or_default();
+        if let Ok(o) = self.cmd("squeue").args(["-h", "-o", "%i"]).output() {
+            jobs.extend(
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .map(String::from),
+            );
+        }
+        jobs.sort();
+        jobs.dedup();
+        if !jobs.is_empty() {
+            let _ = self.cmd("scancel").arg("--full").args(&jobs).output();
+        }
+        // Gone from the queue, and their steps ended (a slurmstepd outlives its
+        // job's line in squeue by a moment): bounded.
+        let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             let out = self.cmd("squeue").args(["-h", "-o", "%i"]).output();
-            if out.is_ok_and(|o| o.status.success() && o.stdout.is_empty()) {
+            let queue_empty = out.is_ok_and(|o| o.status.success() && o.stdout.is_empty());
+            if queue_empty && self.left_behind(Some("slurmstepd")).is_empty() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -507,6 +540,61 @@ impl Drop for Cluster {
             cleanup_cgroups_in(&format!("keling-{}", node.name));
             let _ = std::fs::remove_dir_all(format!("/run/keling/{}", node.name));
         }
+        // Whatever of the cluster is still running now was left behind: killed
+        // by pid (a process frozen in a cgroup dies of SIGKILL too).
+        let left = self.left_behind(None);
+        for &(pid, ref comm) in &left {
+            eprintln!("slurm harness: pid {pid} ({comm}) was left behind: killed");
+            // SAFETY: a signal to one pid that this cluster started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !left.is_empty()
+            && Instant::now() < deadline
+            && left
+                .iter()
+                .any(|(pid, _)| Path::new(&format!("/proc/{pid}")).exists())
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Cluster {
+    /// The processes of this cluster still running (`comm` only if given), but
+    /// this test's own: those whose environment names this cluster's config
+    /// (`SLURM_CONF`: slurmd, slurmstepd, every job's process; the agents too,
+    /// before they are stopped) or its directory (`KDEV`: what a job ran).
+    fn left_behind(&self, comm: Option<&str>) -> Vec<(i32, String)> {
+        let marks = [
+            format!("SLURM_CONF={}", self.conf.display()).into_bytes(),
+            format!("KDEV={}", self.dir.display()).into_bytes(),
+        ];
+        let me = std::process::id() as i32;
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let name = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            let name = name.trim();
+            if comm.is_some_and(|c| c != name) {
+                continue;
+            }
+            let Ok(env) = std::fs::read(e.path().join("environ")) else {
+                continue;
+            };
+            if env
+                .split(|&b| b == 0)
+                .any(|v| marks.iter().any(|m| v == m.as_slice()))
+            {
+                out.push((pid, name.to_owned()));
+            }
+        }
+        out
     }
 }
 

@@ -129,6 +129,10 @@ fn slurm_jobs_run_under_keling() {
         "memory outside Slurm's jobs sends shard jobs elsewhere",
         || memory_outside_slurm_sends_jobs_elsewhere(&cluster, &dir),
     );
+    phase(
+        "memory pressure on n1's GPU sends shard jobs elsewhere while it lasts",
+        || memory_pressure_sends_jobs_elsewhere(&cluster, &dir),
+    );
     phase("a node whose agent is down runs jobs, told once", || {
         agent_down_runs_jobs_told_once(&mut cluster, &dir)
     });
@@ -500,6 +504,132 @@ fn memory_outside_slurm_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
         "true",
     ]);
     cluster.wait_job(j, "COMPLETED", Duration::from_secs(30));
+}
+
+/// A GPU under memory pressure: a stray process holds 768 MiB of n1's GPU (under
+/// the shard that drains a node by itself), a job holds 4 of its 8 GiB, and a
+/// second job's 4 shards then do not fit beside them: its task waits for
+/// memory. n1 is drained with Keling's pressure reason, the next shard job runs
+/// on n2; once the wait is over (the first job cancelled) n1 stays drained for
+/// the hold, then is resumed and takes jobs again.
+fn memory_pressure_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
+    let n1 = cluster.node("n1");
+    let held = dir.join("pressure-stray");
+    let stray = keling_tests::ChildGuard(
+        std::process::Command::new(gpu_workload_bin())
+            .args(["--dev-dir", n1.sim.dev_dir(), "--scenario", "busy"])
+            .args([
+                "--iterations",
+                "100000000",
+                "--alloc-mib",
+                "768",
+                "--progress",
+            ])
+            .arg(&held)
+            .env("CUDA_VISIBLE_DEVICES", "0")
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(
+        "the stray process to hold its memory",
+        Duration::from_secs(20),
+        || progress(&held) > 0,
+    );
+    let (pa, pb) = (dir.join("pressure-a"), dir.join("pressure-b"));
+    let a = cluster.sbatch(&[
+        "-w",
+        "n1",
+        "--gres=shard:4",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        &busy_script(&pa, 4096),
+    ]);
+    wait_for("job A to work", Duration::from_secs(30), || {
+        progress(&pa) > 0
+    });
+    assert!(
+        !node_line(cluster, "n1").contains("DRAIN"),
+        "768 MiB outside alone does not drain n1: {}",
+        node_line(cluster, "n1")
+    );
+    let b = cluster.sbatch(&[
+        "-w",
+        "n1",
+        "--gres=shard:4",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        &busy_script(&pb, 1024),
+    ]);
+    let mut task = Value::Null;
+    wait_for(
+        "job B's task to wait for memory",
+        Duration::from_secs(30),
+        || {
+            task = slurm_task(&n1.agent().status(), b).unwrap_or_default();
+            task["wait_reason"] == "memory"
+        },
+    );
+    assert_eq!(progress(&pb), 0, "job B waits: {task}");
+    let mut shown = String::new();
+    wait_for(
+        "n1 drained by Keling for memory pressure",
+        Duration::from_secs(20),
+        || {
+            shown = node_line(cluster, "n1");
+            shown.contains("DRAIN")
+                && shown.contains("Reason=keling: GPU memory pressure: GPU 0 ")
+                && shown.contains("/8 GiB held, 1 task waits for memory")
+        },
+    );
+    assert!(
+        !shown.contains("held outside Slurm jobs"),
+        "pressure only: {shown}"
+    );
+    let j = cluster.sbatch(&["--gres=shard:2", "-o", "/dev/null", "--wrap", "true"]);
+    cluster.wait_job(j, "COMPLETED", Duration::from_secs(30));
+    assert_eq!(
+        cluster.job(j)["NodeList"],
+        "n2",
+        "the job went elsewhere: {:?}",
+        cluster.job(j)
+    );
+    // The pressure ends: A leaves, B runs.
+    let _ = cluster.cmd("scancel").arg(a.to_string()).status();
+    wait_for("job B to work", Duration::from_secs(30), || {
+        progress(&pb) > 0
+    });
+    let ended = Instant::now();
+    // The hold: not resumed at once (it would flap at every wait).
+    shown = node_line(cluster, "n1");
+    assert!(
+        shown.contains("DRAIN") && shown.contains("GPU memory pressure"),
+        "still drained right after the wait ended: {shown}"
+    );
+    wait_for("n1 resumed by Keling", Duration::from_secs(60), || {
+        shown = node_line(cluster, "n1");
+        !shown.contains("DRAIN")
+    });
+    eprintln!(
+        "n1 resumed {} ms after the wait ended",
+        ended.elapsed().as_millis()
+    );
+    let j = cluster.sbatch(&[
+        "-w",
+        "n1",
+        "--gres=shard:2",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "true",
+    ]);
+    cluster.wait_job(j, "COMPLETED", Duration::from_secs(30));
+    let _ = cluster.cmd("scancel").arg(b.to_string()).status();
+    wait_for("job B to leave", Duration::from_secs(20), || {
+        cluster.squeue_state(b).is_empty()
+    });
+    drop(stray);
 }
 
 /// `scontrol show node -o NAME`.

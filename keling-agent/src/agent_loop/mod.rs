@@ -30,8 +30,8 @@ use crate::{
     event::decode::Event,
     gpu::stats::GpuAccounting,
     latency::{LatencyRecorder, intervals::IntervalLogAppender},
-    metrics::{Metrics, Sources, http::Scrape},
     os::monotonic_ns,
+    prometheus::{Metrics, Sources, http::Scrape},
     sched::{daemon::Daemon, host::Wake, supervisor::Notice, worker::Confirmation},
 };
 
@@ -86,7 +86,7 @@ pub struct Agent<K, E, G> {
     ticks: Ticks,
     started: Instant,
     /// `--slurm-report`: told each second what GPU memory is held outside
-    /// Slurm's jobs (`crate::slurm::node`).
+    /// Slurm's jobs and each GPU's memory pressure (`crate::slurm::node`).
     slurm: Option<crate::slurm::node::NodeReport>,
 }
 
@@ -284,9 +284,12 @@ impl<K: Kernel, E: EventSource, G: Guard> Agent<K, E, G> {
             t.last_reconcile = Instant::now();
             self.daemon.reconcile_members();
             if let Some(r) = &mut self.slurm {
-                r.observe_kernel(self.kernel.gpu_accounting(), |pid| {
-                    self.daemon.in_slurm_task(pid)
-                });
+                let pressure = self.daemon.memory_pressure();
+                r.observe_kernel(
+                    self.kernel.gpu_accounting(),
+                    |pid| self.daemon.in_slurm_task(pid),
+                    &pressure,
+                );
             }
         }
     }

@@ -40,7 +40,7 @@ use super::{
     history::Histories,
     host::{Host, Wake},
     launch::{self, Launches},
-    log::Logs,
+    log_writer::Logs,
     members::Members,
     notify::{Clients, Eviction},
     worker::{Confirmation, Job},
@@ -49,7 +49,7 @@ use crate::{
     control::{ExportFormat, StatusReply},
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
     latency::{DecisionTimes, LatencyRecorder, Verdict},
-    sched_log::Record,
+    log_format::Record,
 };
 
 /// Recent decisions kept for `--export tune`.
@@ -143,6 +143,9 @@ pub struct Daemon {
     finished: Finished,
     /// GPU memory of processes in no task, told to the core at each tick.
     outside: OutsideMemory,
+    /// Per GPU, the video allocations of tasks the driver refused for lack of
+    /// memory since the daemon started (memory pressure, for Slurm).
+    refused: std::collections::BTreeMap<u32, u64>,
     /// Where launched tasks' records go, for the next agent (`restart`).
     records: Option<std::path::PathBuf>,
 }
@@ -177,6 +180,7 @@ impl Daemon {
             histories: Histories::default(),
             finished: Finished::default(),
             outside: OutsideMemory::default(),
+            refused: Default::default(),
             records: None,
         }
     }
@@ -190,6 +194,9 @@ impl Daemon {
     /// `cause` is what the decisions are timed from.
     fn step(&mut self, input: &Input, cause: Cause) {
         self.logs.input(input);
+        if let Input::AllocFailed { gpu, .. } = *input {
+            *self.refused.entry(gpu).or_insert(0) += 1;
+        }
         let out = self.sched.step(input);
         self.apply(out, &cause);
     }
@@ -694,6 +701,11 @@ impl Daemon {
     /// The task a process belongs to, as far as the agent knows (`/metrics` labels).
     pub fn task_of(&self, pid: u32) -> Option<TaskId> {
         self.members.task_of(pid)
+    }
+
+    /// Per GPU, what the Slurm report judges memory pressure by.
+    pub fn memory_pressure(&self) -> Vec<super::sharing::MemoryPressure> {
+        super::sharing::memory_pressure(&self.sched, &self.refused)
     }
 
     /// What `keling status` shows (to nobody in particular: `/metrics`).

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use keling_sched::{Input, Scheduler, TaskId};
+use keling_sched::{Input, Scheduler, TaskId, WaitReason};
 
 use crate::control::GpuMemoryStatus;
 use crate::event::decode::{Event, MemKind};
@@ -144,6 +144,45 @@ pub fn gpu_memory(sched: &Scheduler) -> Vec<GpuMemoryStatus> {
                     .saturating_sub(tasks_bytes)
                     .saturating_sub(outside_bytes),
             }
+        })
+        .collect()
+}
+
+/// One GPU's figures for the memory-pressure report to Slurm
+/// (`crate::slurm::node`): what it holds, who waits for memory on it, and how
+/// many of its tasks' video allocations the driver refused since the agent
+/// started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryPressure {
+    pub gpu: u32,
+    pub capacity_bytes: u64,
+    /// Held by live tasks and by processes in no task.
+    pub held_bytes: u64,
+    /// Live tasks placed on this GPU (or queued pinned to it) that wait for
+    /// memory (wait reason `memory`).
+    pub waiting: usize,
+    /// Video allocations of its tasks the driver refused for lack of memory
+    /// (`NO_MEMORY`), since the agent started: a count that only grows.
+    pub refused: u64,
+}
+
+/// Per configured GPU, its [`MemoryPressure`] figures; `refused` per GPU as
+/// the daemon counted them.
+pub fn memory_pressure(sched: &Scheduler, refused: &BTreeMap<u32, u64>) -> Vec<MemoryPressure> {
+    let live = sched.live_tasks();
+    gpu_memory(sched)
+        .into_iter()
+        .map(|g| MemoryPressure {
+            gpu: g.gpu,
+            capacity_bytes: g.capacity_bytes,
+            held_bytes: g.tasks_bytes.saturating_add(g.outside_bytes),
+            waiting: live
+                .iter()
+                // Placed there, or queued unbound pinned to it (late binding).
+                .filter(|t| t.gpu.or(t.spec.gpu) == Some(g.gpu))
+                .filter(|t| sched.wait_reason(t.spec.id) == Some(WaitReason::Memory))
+                .count(),
+            refused: refused.get(&g.gpu).copied().unwrap_or(0),
         })
         .collect()
 }

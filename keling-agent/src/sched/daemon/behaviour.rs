@@ -28,7 +28,7 @@ use crate::{
             EnvGpu, Host as _, Wake,
             fake::{Call, FakeHost},
         },
-        log::Logs,
+        log_writer::Logs,
     },
 };
 
@@ -825,6 +825,82 @@ fn memory_outside_tasks_reaches_the_core_and_status_per_gpu() {
         Some(keling_sched::WaitReason::Memory),
         "{waiting:?}"
     );
+}
+
+/// What the Slurm report judges memory pressure by: per GPU, what it holds,
+/// the tasks placed on (or pinned to) it that wait for memory, and the
+/// allocations of its tasks the driver refused for lack of memory.
+#[test]
+fn memory_pressure_counts_tasks_waiting_for_memory_and_refused_allocations() {
+    use keling_common::{
+        EventHeader, EventKind,
+        nvidia::{escape, status},
+    };
+
+    use crate::event::decode::{Call, DeviceFile, Event, GpuIoctlEvent, IoctlOutcome};
+
+    let gib = 1u64 << 30;
+    let mut a = agent(SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes: 8 * gib,
+        }],
+        sharing: keling_sched::Sharing::Memory,
+        slots_per_gpu: 0,
+        binding: keling_sched::Binding::Late,
+        idle_timeout_ms: 3_600_000,
+        ..SchedConfig::default()
+    });
+    let (first, _c1) = a.running(8, Some(0));
+    let quiet = a.daemon.memory_pressure();
+    assert_eq!((quiet.len(), quiet[0].waiting, quiet[0].refused), (1, 0, 0));
+    // The first holds nothing: a 4 GiB budget fits beside it, then an 8 GiB one
+    // pinned to the GPU does not and waits for memory.
+    let (reply, _rx) = Replier::for_test();
+    a.handle(
+        Request::Launch(LaunchRequest {
+            mem_quota_bytes: Some(4 * gib),
+            ..launch_request(8, Some(0))
+        }),
+        reply,
+    );
+    let (reply, _rx1) = Replier::for_test();
+    a.handle(
+        Request::Launch(LaunchRequest {
+            mem_quota_bytes: Some(8 * gib),
+            ..launch_request(8, Some(0))
+        }),
+        reply,
+    );
+    let pid = a.task(first).pid;
+    a.daemon.tick();
+    let waiting = a.daemon.memory_pressure();
+    let reasons: Vec<_> = a.status().tasks.iter().map(|t| t.wait_reason).collect();
+    assert_eq!(waiting[0].waiting, 1, "{reasons:?}");
+    assert_eq!(waiting[0].refused, 0);
+    // The driver refuses the first task a GiB for lack of memory.
+    a.daemon.on_event(&Event::GpuIoctl(GpuIoctlEvent {
+        header: EventHeader {
+            kind: EventKind::GpuIoctl as u32,
+            cpu: 0,
+            ts_ns: a.host.now_ns(),
+            pid,
+            tid: pid,
+        },
+        fd: 3,
+        device: DeviceFile::Ctl,
+        call: Call::Rm(escape::ALLOC),
+        cmd: 0xC030_462B,
+        control_cmd: None,
+        class: 0x40,
+        gpu: Some(0),
+        status: status::NO_MEMORY,
+        outcome: IoctlOutcome::Decoded,
+        via_xfer: false,
+        ret: 0,
+        requested_bytes: gib,
+    }));
+    assert_eq!(a.daemon.memory_pressure()[0].refused, 1);
 }
 
 /// `request` on a fresh connection from `peer`; the connection.
