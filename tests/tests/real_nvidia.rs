@@ -29,10 +29,10 @@ struct Branch {
     version: &'static str,
     /// cuDriverGetVersion: the CUDA version the branch provides.
     cuda: u64,
-    /// Whether NVML finds the GPU's PCI bus id without sysfs. From 550 NVML
-    /// looks the GPU up in /sys/bus/pci/devices, which the sandbox does not
-    /// simulate: nvidia-smi then shows "[Not Found]" (docs/real-nvidia.md).
-    smi_bus_id: bool,
+    /// Whether the driver's per-process figure (GET_PID_INFO, so NVML's)
+    /// counts the memory under every device object of a client on the GPU
+    /// (from 545), or only under its first (535).
+    pid_info_every_device: bool,
     /// Whether its userspace is unpacked (records a skip if not).
     unpacked: fn(&str) -> bool,
 }
@@ -41,19 +41,19 @@ const B535: Branch = Branch {
     version: "535.261.03",
     unpacked: |test| nvidia_userspace_of(test, "535.261.03").is_some(),
     cuda: 12020,
-    smi_bus_id: true,
+    pid_info_every_device: false,
 };
 const B550: Branch = Branch {
     version: "550.163.01",
     unpacked: |test| nvidia_userspace_of(test, "550.163.01").is_some(),
     cuda: 12040,
-    smi_bus_id: false,
+    pid_info_every_device: true,
 };
 const B555: Branch = Branch {
     version: "555.58.02",
     unpacked: |test| nvidia_userspace_of(test, "555.58.02").is_some(),
     cuda: 12050,
-    smi_bus_id: false,
+    pid_info_every_device: true,
 };
 
 /// Root, FUSE, NVIDIA's userspace unpacked, and the simulator as NVIDIA's 535
@@ -306,7 +306,10 @@ fn nvidia_smi_555_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps()
 /// nvidia-smi and NVML of branch `b` against the simulated driver of the same
 /// version, with a workload traced by Keling: the GPUs, their memory and the
 /// compute app as the simulator has them, and real NVML's per-process figure
-/// equal to Keling's.
+/// equal to Keling's by the branch's rule. The workload's client has a second
+/// device object of its GPU with 100 MiB under it: the exact figures hold
+/// 400 MiB in every branch, NVML 300 MiB on 535 (the first device object only)
+/// and 400 MiB from 550.
 fn smi_and_keling_agree(test: &'static str, b: &Branch) {
     let Some(fx) = fixture_of(test, b) else {
         return;
@@ -337,6 +340,8 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
             "1",
             "--alloc-mib",
             "300",
+            "--second-device-mib",
+            "100",
         ],
     )
     .stdin(Stdio::piped())
@@ -371,7 +376,14 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
         .expect("the simulator knows the workload")["gpus"][0]
         .clone();
     assert_eq!(truth["gpu"], 1);
-    assert_eq!(truth["driver_video_bytes"].as_u64(), Some(300 * MIB));
+    assert_eq!(truth["bytes"].as_u64(), Some(400 * MIB));
+    assert_eq!(truth["driver_video_bytes"].as_u64(), Some(400 * MIB));
+    let nvml_mib = if b.pid_info_every_device { 400 } else { 300 };
+    assert_eq!(
+        truth["pid_info_video_bytes"].as_u64(),
+        Some(nvml_mib * MIB),
+        "{truth}"
+    );
 
     let listed = in_sandbox(sim, &["nvidia-smi", "-L"]);
     let gpus: Vec<&str> = listed.lines().filter(|l| l.starts_with("GPU ")).collect();
@@ -402,16 +414,13 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
         .nth(1)
         .and_then(|u| u.strip_suffix(')'))
         .unwrap_or_else(|| panic!("GPU 1's UUID in {listed}"));
-    let bus_id = if b.smi_bus_id {
-        "00000000:19:00.0"
-    } else {
-        "[Not Found]"
-    };
+    // From 550 NVML finds the bus id in /sys/bus/pci/devices (the sandbox's).
+    let bus_id = "00000000:19:00.0";
     assert_eq!(
         apps,
         vec![vec![
             pid.to_string(),
-            "300".to_string(),
+            nvml_mib.to_string(),
             bus_id.to_string(),
             gpu1_uuid.to_string(),
         ]],
@@ -422,9 +431,16 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
         full.contains("NVIDIA H200") && full.contains("Attached GPUs"),
         "{full}"
     );
+    let bus_ids: Vec<&str> = full
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Bus Id"))
+        .map(|v| v.trim_start_matches([' ', ':']))
+        .collect();
+    assert_eq!(bus_ids, ["00000000:18:00.0", bus_id], "{full}");
 
     // Keling's NVML cross-check (every 5 s) inside the sandbox: the real
-    // libnvidia-ml's figure for the workload equals Keling's driver figure.
+    // libnvidia-ml's figure for the workload equals Keling's figure by the
+    // branch's rule; Keling's driver figure holds both device objects' memory.
     let deadline = Instant::now() + Duration::from_secs(20);
     let check = loop {
         if let Some(c) = trace_lines(&out)
@@ -456,10 +472,19 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
         .collect();
     assert_eq!(mine.len(), 1, "{check}");
     assert_eq!(mine[0]["gpu"], 1, "{check}");
-    assert_eq!(mine[0]["nvml_bytes"].as_u64(), Some(300 * MIB), "{check}");
+    assert_eq!(
+        mine[0]["nvml_bytes"].as_u64(),
+        Some(nvml_mib * MIB),
+        "{check}"
+    );
+    assert_eq!(
+        mine[0]["keling_nvml_rule_bytes"].as_u64(),
+        Some(nvml_mib * MIB),
+        "{check}"
+    );
     assert_eq!(
         mine[0]["keling_driver_bytes"].as_u64(),
-        Some(300 * MIB),
+        Some(400 * MIB),
         "{check}"
     );
     assert_eq!(mine[0]["diff_bytes"], 0, "{check}");

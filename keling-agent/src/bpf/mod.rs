@@ -146,6 +146,8 @@ pub struct Probes {
     /// Where NVIDIA ioctls are seen.
     pub ioctl_backend: IoctlBackend,
     nvidia_files: NvidiaFiles,
+    /// The driver's version the probes were loaded for.
+    driver_version: nvidia::branch::Version,
 }
 
 /// Offsets this kernel needs, from BTF and the tracepoints' format files.
@@ -309,6 +311,7 @@ impl Probes {
             degraded,
             ioctl_backend,
             nvidia_files: opts.nvidia_files.clone(),
+            driver_version: opts.driver_version,
         })
     }
 
@@ -821,6 +824,36 @@ impl Probes {
             }
         }
         Ok(sum)
+    }
+
+    /// Per (pid, GPU), the part of Keling's driver figure that the driver
+    /// branch's rule for its per-process figure (what NVML shows) leaves out:
+    /// memory under a client's device objects other than its first of that GPU
+    /// up to 535 ([`crate::gpu::nvml::outside_first_device`]); nothing from 545
+    /// (without reading a map). Reads the whole `OBJECTS`, `MEMS` and `CLIENTS`
+    /// maps on 535: call it rarely.
+    pub fn outside_nvml_rule(&self) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
+        use keling_common::{
+            ClientInfo, MAP_CLIENTS, MAP_MEMS, MAP_OBJECTS, MemInfo, ObjectInfo, ObjectKey,
+        };
+        if self.driver_version >= nvidia::branch::since::PID_INFO_EVERY_DEVICE {
+            return Ok(BTreeMap::new());
+        }
+        let objects: HashMap<_, ObjectKey, ObjectInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_OBJECTS).context("OBJECTS")?)?;
+        let mems: HashMap<_, u64, MemInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_MEMS).context("MEMS")?)?;
+        let clients: HashMap<_, u32, ClientInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_CLIENTS).context("CLIENTS")?)?;
+        let objects: BTreeMap<ObjectKey, ObjectInfo> = objects.iter().collect::<Result<_, _>>()?;
+        let mems: Vec<MemInfo> = mems
+            .iter()
+            .map(|e| e.map(|(_, m)| m))
+            .collect::<Result<_, _>>()?;
+        let clients: BTreeMap<u32, ClientInfo> = clients.iter().collect::<Result<_, _>>()?;
+        Ok(crate::gpu::nvml::outside_first_device(
+            &objects, &mems, &clients,
+        ))
     }
 
     /// Processes whose full-table row (`TABLE_FULL_PID`) the kernel created since

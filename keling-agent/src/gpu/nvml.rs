@@ -2,9 +2,14 @@
 //! process uses, next to what Keling counted from the ioctls.
 //!
 //! NVML's per-process `usedGpuMemory` is the driver's per-process figure (video
-//! memory of the clients the process created, docs/gpu-accounting.md), so it is
-//! compared number for number with Keling's *driver figure*; Keling's per-caller
-//! figure (what quotas use) is shown beside it and may differ by design.
+//! memory of the clients the process created, docs/gpu-accounting.md), computed
+//! by the rule of the driver's branch: up to 535 the driver counts only the
+//! memory under a client's first device object of each GPU, from 545 under all
+//! of them. NVML is compared number for number with Keling's *NVML-rule figure*:
+//! Keling's *driver figure* (every device object) less, on a branch that counts
+//! one device object, what lies under the others ([`outside_first_device`]).
+//! Both are shown, and Keling's per-caller figure (what quotas use) beside them,
+//! which may differ by design.
 //!
 //! NVML (libnvidia-ml.so, loaded at run time by nvml-wrapper) exists only on hosts
 //! with the NVIDIA driver; elsewhere this says so once and does nothing. NVML's
@@ -14,6 +19,9 @@
 //! hidden.
 use std::collections::BTreeMap;
 
+use keling_common::{
+    ClientInfo, MEM_HANDLES, MemInfo, ObjectInfo, ObjectKey, mem_kind, nvidia::ObjectKind,
+};
 use nvml_wrapper::{Nvml, enums::device::UsedGpuMemory};
 use serde::Serialize;
 
@@ -29,11 +37,14 @@ pub struct NvmlDiff {
     pub gpu: u32,
     /// What NVML reports (None: NVML cannot tell, e.g. under MPS or WDDM).
     pub nvml_bytes: Option<u64>,
-    /// Keling's driver figure: what NVML should report.
+    /// Keling's figure by the driver branch's rule: what NVML should report.
+    pub keling_nvml_rule_bytes: u64,
+    /// Keling's driver figure: video memory of the process's clients under
+    /// every device object (the NVML-rule figure from 545 on).
     pub keling_driver_bytes: u64,
     /// Keling's per-caller figure (video memory charged to the process).
     pub keling_caller_bytes: u64,
-    /// nvml - keling_driver_bytes.
+    /// nvml - keling_nvml_rule_bytes.
     pub diff_bytes: Option<i64>,
 }
 
@@ -55,8 +66,14 @@ impl NvmlCheck {
         self.nvml.is_some()
     }
 
-    /// Differences for every process either side knows of on each GPU.
-    pub fn compare(&self, ours: &BTreeMap<u32, GpuProcessStats>) -> Vec<NvmlDiff> {
+    /// Differences for every process either side knows of on each GPU;
+    /// `outside_rule`: per (pid, GPU), the part of Keling's driver figure the
+    /// branch's rule leaves out ([`outside_first_device`]; empty from 545).
+    pub fn compare(
+        &self,
+        ours: &BTreeMap<u32, GpuProcessStats>,
+        outside_rule: &BTreeMap<(u32, u32), u64>,
+    ) -> Vec<NvmlDiff> {
         let Some(nvml) = &self.nvml else {
             return Vec::new();
         };
@@ -73,8 +90,67 @@ impl NvmlCheck {
                 theirs.insert((p.pid, index), bytes);
             }
         }
-        diff(&theirs, ours)
+        diff(&theirs, ours, outside_rule)
     }
+}
+
+/// Per (creator pid, GPU), the video bytes in Keling's driver figure that lie
+/// under a device object other than their client's first of that GPU (the
+/// lowest handle): what a driver that counts one device object per client and
+/// GPU (up to 535, `deviceGetByGpu` in `gpu_rmapi.c`) leaves out of NVML's
+/// figure. From the kernel's books: `objects` (OBJECTS), `mems` (MEMS), and
+/// `clients` (CLIENTS); objects of an older client under the same handle are
+/// skipped, as the driver figure skips them.
+pub fn outside_first_device(
+    objects: &BTreeMap<ObjectKey, ObjectInfo>,
+    mems: &[MemInfo],
+    clients: &BTreeMap<u32, ClientInfo>,
+) -> BTreeMap<(u32, u32), u64> {
+    let live = |key: &ObjectKey, o: &ObjectInfo| {
+        clients
+            .get(&key.client)
+            .is_some_and(|c| c.gen_ == o.client_gen)
+    };
+    let mut first: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for (key, o) in objects {
+        if o.kind == ObjectKind::Device as u32 && live(key, o) {
+            let f = first.entry((key.client, o.gpu)).or_insert(key.handle);
+            *f = (*f).min(key.handle);
+        }
+    }
+    // (client, device, gpu, bytes) of every charged video memory.
+    let mut charged: Vec<(u32, u32, u32, u64)> = Vec::new();
+    for (key, o) in objects {
+        if o.mem_id == 0 && o.mem_kind == mem_kind::VIDEO && o.bytes > 0 && live(key, o) {
+            charged.push((key.client, o.device, o.gpu, o.bytes));
+        }
+    }
+    for m in mems {
+        if m.kind != mem_kind::VIDEO || (m.charged as usize) >= MEM_HANDLES {
+            continue;
+        }
+        let h = m.handles[m.charged as usize];
+        let key = ObjectKey {
+            client: h.client,
+            handle: h.handle,
+        };
+        if objects.get(&key).is_some_and(|o| live(&key, o)) {
+            charged.push((h.client, h.device, m.gpu, m.bytes));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (client, device, gpu, bytes) in charged {
+        if first.get(&(client, gpu)) == Some(&device) {
+            continue;
+        }
+        let Some(c) = clients.get(&client) else {
+            continue;
+        };
+        if c.creator_pid != 0 {
+            *out.entry((c.creator_pid, gpu)).or_insert(0) += bytes;
+        }
+    }
+    out
 }
 
 /// Each GPU's memory capacity as NVML reports it (empty without NVML).
@@ -98,6 +174,7 @@ pub fn capacities() -> Vec<keling_sched::GpuInfo> {
 fn diff(
     theirs: &BTreeMap<(u32, u32), Option<u64>>,
     ours: &BTreeMap<u32, GpuProcessStats>,
+    outside_rule: &BTreeMap<(u32, u32), u64>,
 ) -> Vec<NvmlDiff> {
     let mut keys: std::collections::BTreeSet<(u32, u32)> = theirs.keys().copied().collect();
     for (&pid, g) in ours {
@@ -113,14 +190,17 @@ fn diff(
                 .get(&pid)
                 .and_then(|g| g.gpus.iter().find(|d| d.gpu == gpu));
             let keling_driver_bytes = ours.map_or(0, |d| d.driver_bytes);
+            let keling_nvml_rule_bytes = keling_driver_bytes
+                .saturating_sub(outside_rule.get(&(pid, gpu)).copied().unwrap_or(0));
             let nvml_bytes = theirs.get(&(pid, gpu)).copied().flatten();
             NvmlDiff {
                 pid,
                 gpu,
                 nvml_bytes,
+                keling_nvml_rule_bytes,
                 keling_driver_bytes,
                 keling_caller_bytes: ours.map_or(0, |d| d.bytes),
-                diff_bytes: nvml_bytes.map(|n| n as i64 - keling_driver_bytes as i64),
+                diff_bytes: nvml_bytes.map(|n| n as i64 - keling_nvml_rule_bytes as i64),
             }
         })
         .collect()
@@ -158,7 +238,7 @@ mod tests {
         let mut theirs = BTreeMap::new();
         theirs.insert((10, 0), Some(150));
         theirs.insert((11, 1), None);
-        let d = diff(&theirs, &ours);
+        let d = diff(&theirs, &ours, &BTreeMap::new());
         assert_eq!(
             d,
             vec![
@@ -166,6 +246,7 @@ mod tests {
                     pid: 10,
                     gpu: 0,
                     nvml_bytes: Some(150),
+                    keling_nvml_rule_bytes: 150,
                     keling_driver_bytes: 150,
                     keling_caller_bytes: 100,
                     diff_bytes: Some(0)
@@ -174,6 +255,7 @@ mod tests {
                     pid: 11,
                     gpu: 1,
                     nvml_bytes: None,
+                    keling_nvml_rule_bytes: 0,
                     keling_driver_bytes: 0,
                     keling_caller_bytes: 0,
                     diff_bytes: None
@@ -182,6 +264,7 @@ mod tests {
                     pid: 12,
                     gpu: 0,
                     nvml_bytes: None,
+                    keling_nvml_rule_bytes: 0,
                     keling_driver_bytes: 0,
                     keling_caller_bytes: 50,
                     diff_bytes: None
@@ -196,7 +279,7 @@ mod tests {
         ours.insert(10, proc_on(&[(1, 4096, 1024)]));
         let mut theirs = BTreeMap::new();
         theirs.insert((10, 1), Some(512));
-        let d = diff(&theirs, &ours);
+        let d = diff(&theirs, &ours, &BTreeMap::new());
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].diff_bytes, Some(512 - 1024));
         let v = serde_json::to_value(&d[0]).unwrap();
@@ -204,6 +287,7 @@ mod tests {
             "pid",
             "gpu",
             "nvml_bytes",
+            "keling_nvml_rule_bytes",
             "keling_driver_bytes",
             "keling_caller_bytes",
             "diff_bytes",
@@ -216,6 +300,137 @@ mod tests {
     fn without_nvml_there_is_nothing_to_compare() {
         let check = NvmlCheck { nvml: None };
         assert!(!check.available());
-        assert!(check.compare(&BTreeMap::new()).is_empty());
+        assert!(check.compare(&BTreeMap::new(), &BTreeMap::new()).is_empty());
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn client(creator_pid: u32, gen_: u32) -> ClientInfo {
+        ClientInfo {
+            file_id: 1,
+            creator_pid,
+            gen_,
+            shared_head: 0,
+            file_gen: 1,
+            contributors: [Default::default(); keling_common::CLIENT_CONTRIBUTORS],
+        }
+    }
+
+    fn device(gpu: u32, handle: u32) -> ObjectInfo {
+        ObjectInfo {
+            class: 0x80,
+            kind: ObjectKind::Device as u32,
+            device: handle,
+            gpu,
+            client_gen: 1,
+            ..Default::default()
+        }
+    }
+
+    fn memory(gpu: u32, device: u32, kind: u32, bytes: u64) -> ObjectInfo {
+        ObjectInfo {
+            class: 0x40,
+            kind: ObjectKind::VideoMemory as u32,
+            device,
+            gpu,
+            client_gen: 1,
+            bytes,
+            mem_kind: kind,
+            ..Default::default()
+        }
+    }
+
+    fn key(client: u32, handle: u32) -> ObjectKey {
+        ObjectKey { client, handle }
+    }
+
+    /// A client of pid 10 with two device objects on GPU 0 (0xd0 first) and one
+    /// on GPU 1: what lies under 0xd1, its own or shared and charged to it, is
+    /// outside a one-device rule; what lies under the first device of each GPU,
+    /// host memory, a stale client's object and another client's are not.
+    #[test]
+    fn outside_the_first_device_is_what_a_second_device_object_holds() {
+        let clients = BTreeMap::from([(1, client(10, 1)), (2, client(20, 1))]);
+        let mut objects = BTreeMap::from([
+            (key(1, 0xd1), device(0, 0xd1)),
+            (key(1, 0xd0), device(0, 0xd0)),
+            (key(1, 0xd2), device(1, 0xd2)),
+            (key(1, 0xa0), memory(0, 0xd0, mem_kind::VIDEO, 2 * MIB)),
+            (key(1, 0xa1), memory(0, 0xd1, mem_kind::VIDEO, 6 * MIB)),
+            (key(1, 0xa2), memory(1, 0xd2, mem_kind::VIDEO, 10 * MIB)),
+            (key(1, 0xa4), memory(0, 0xd1, mem_kind::HOST, 16 * MIB)),
+            (key(2, 0xd5), device(0, 0xd5)),
+            (key(2, 0xa5), memory(0, 0xd5, mem_kind::VIDEO, 32 * MIB)),
+        ]);
+        // Left over from an older client 1 (generation 0).
+        let mut stale = memory(0, 0xd1, mem_kind::VIDEO, 64 * MIB);
+        stale.client_gen = 0;
+        objects.insert(key(1, 0xa6), stale);
+        // A shared memory whose charged handle is 0xa3 under 0xd1.
+        let mut shared = memory(0, 0xd1, mem_kind::VIDEO, 0);
+        shared.mem_id = 7;
+        objects.insert(key(1, 0xa3), shared);
+        let mut m = MemInfo {
+            bytes: 4 * MIB,
+            kind: mem_kind::VIDEO,
+            gpu: 0,
+            export_refs: 0,
+            charged_pid: 10,
+            charged: 1,
+            next_seq: 2,
+            handles: [Default::default(); MEM_HANDLES],
+        };
+        m.handles[0] = keling_common::MemHandle {
+            client: 2,
+            handle: 0xa7,
+            device: 0xd5,
+            ..Default::default()
+        };
+        m.handles[1] = keling_common::MemHandle {
+            client: 1,
+            handle: 0xa3,
+            device: 0xd1,
+            ..Default::default()
+        };
+        let out = outside_first_device(&objects, &[m], &clients);
+        assert_eq!(out, BTreeMap::from([((10, 0), 10 * MIB)]));
+        // Only export files hold it: in no driver figure, so in no rule's.
+        m.charged = keling_common::NO_HANDLE;
+        let out = outside_first_device(&objects, &[m], &clients);
+        assert_eq!(out, BTreeMap::from([((10, 0), 6 * MIB)]));
+    }
+
+    /// The figure compared with NVML is the driver figure less what the
+    /// branch's rule leaves out; the driver figure is shown as it is.
+    #[test]
+    fn nvml_is_compared_with_the_branch_rule_figure() {
+        let mut ours = BTreeMap::new();
+        ours.insert(
+            10,
+            proc_on(&[(0, 12 * MIB, 12 * MIB), (1, 10 * MIB, 10 * MIB)]),
+        );
+        let mut theirs = BTreeMap::new();
+        theirs.insert((10, 0), Some(2 * MIB));
+        theirs.insert((10, 1), Some(10 * MIB));
+        let outside = BTreeMap::from([((10, 0), 10 * MIB)]);
+        let d = diff(&theirs, &ours, &outside);
+        assert_eq!(
+            d.iter()
+                .map(|d| (
+                    d.gpu,
+                    d.keling_nvml_rule_bytes,
+                    d.keling_driver_bytes,
+                    d.diff_bytes
+                ))
+                .collect::<Vec<_>>(),
+            vec![
+                (0, 2 * MIB, 12 * MIB, Some(0)),
+                (1, 10 * MIB, 10 * MIB, Some(0))
+            ]
+        );
+        // Without the rule's part (545 on), a second device object's memory
+        // is NVML's too.
+        let d = diff(&theirs, &ours, &BTreeMap::new());
+        assert_eq!(d[0].diff_bytes, Some(2 * MIB as i64 - 12 * MIB as i64));
     }
 }

@@ -279,12 +279,13 @@ impl Sink for TextSink {
         for d in diffs {
             writeln!(
                 self.out,
-                "nvml check: pid {} gpu{}: NVML {} bytes, Keling (driver figure) {} bytes, difference {}; charged to the process as a caller {} bytes",
+                "nvml check: pid {} gpu{}: NVML {} bytes, Keling (the branch's NVML rule) {} bytes, difference {}; driver figure (every device object) {} bytes; charged to the process as a caller {} bytes",
                 d.pid,
                 d.gpu,
                 d.nvml_bytes.map_or("n/a".into(), |b| b.to_string()),
-                d.keling_driver_bytes,
+                d.keling_nvml_rule_bytes,
                 d.diff_bytes.map_or("n/a".into(), |b| b.to_string()),
+                d.keling_driver_bytes,
                 d.keling_caller_bytes
             )?;
         }
@@ -620,7 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn nvml_line_shows_both_figures() {
+    fn nvml_line_shows_every_figure() {
         let (capture, out) = Capture::new();
         let mut sink = TextSink::new(Box::new(capture), 0, false);
         sink.nvml_check(
@@ -629,7 +630,8 @@ mod tests {
                 pid: 7,
                 gpu: 0,
                 nvml_bytes: Some(150),
-                keling_driver_bytes: 100,
+                keling_nvml_rule_bytes: 100,
+                keling_driver_bytes: 120,
                 keling_caller_bytes: 80,
                 diff_bytes: Some(50),
             }],
@@ -638,7 +640,7 @@ mod tests {
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
         assert_eq!(
             text,
-            "nvml check: pid 7 gpu0: NVML 150 bytes, Keling (driver figure) 100 bytes, difference 50; charged to the process as a caller 80 bytes\n"
+            "nvml check: pid 7 gpu0: NVML 150 bytes, Keling (the branch's NVML rule) 100 bytes, difference 50; driver figure (every device object) 120 bytes; charged to the process as a caller 80 bytes\n"
         );
     }
 }

@@ -8,6 +8,7 @@
 //! processes and wires the sources in; the kernel's maps, the ring buffer and
 //! the signals are behind traits, so the loop's tests run without root.
 use std::{
+    collections::BTreeMap,
     fs::File,
     future::Future,
     io::{BufRead, BufReader},
@@ -53,6 +54,9 @@ pub trait TraceKernel {
     fn call_counts(&self) -> anyhow::Result<CallCounts>;
     /// Which ioctl probes are attached (the summary says).
     fn ioctl_backend(&self) -> &'static str;
+    /// Per (pid, GPU), what the driver branch's rule for NVML's per-process
+    /// figure leaves out of Keling's driver figure.
+    fn outside_nvml_rule(&self) -> anyhow::Result<BTreeMap<(u32, u32), u64>>;
 }
 
 impl TraceKernel for Probes {
@@ -78,6 +82,10 @@ impl TraceKernel for Probes {
 
     fn ioctl_backend(&self) -> &'static str {
         self.ioctl_backend.name()
+    }
+
+    fn outside_nvml_rule(&self) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
+        Probes::outside_nvml_rule(self)
     }
 }
 
@@ -335,8 +343,9 @@ impl<K: TraceKernel, E: EventSource> Tracer<K, E> {
         // Every few seconds, when NVML is there: its view next to ours.
         if self.ticks.is_multiple_of(nvml_every) && self.nvml.available() {
             let (procs, _) = gpu_stats(&self.kernel.gpu_accounting()?);
+            let outside = self.kernel.outside_nvml_rule()?;
             self.sink
-                .nvml_check(monotonic_ns(), &self.nvml.compare(&procs))?;
+                .nvml_check(monotonic_ns(), &self.nvml.compare(&procs, &outside))?;
         }
         if self.ticks.is_multiple_of(drops_every) {
             let per_cpu = self.kernel.drops_per_cpu()?;
@@ -365,8 +374,13 @@ impl<K: TraceKernel, E: EventSource> Tracer<K, E> {
         self.snapshots += 1;
         self.sink
             .gpu_snapshot(monotonic_ns(), self.snapshots, &procs, &gpus)?;
+        let outside = if self.nvml.available() {
+            self.kernel.outside_nvml_rule()?
+        } else {
+            BTreeMap::new()
+        };
         self.sink
-            .nvml_check(monotonic_ns(), &self.nvml.compare(&procs))?;
+            .nvml_check(monotonic_ns(), &self.nvml.compare(&procs, &outside))?;
         Ok(())
     }
 

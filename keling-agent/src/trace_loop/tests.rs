@@ -53,6 +53,10 @@ impl TraceKernel for FakeKernel {
     fn ioctl_backend(&self) -> &'static str {
         "fake"
     }
+
+    fn outside_nvml_rule(&self) -> anyhow::Result<std::collections::BTreeMap<(u32, u32), u64>> {
+        Ok(Default::default())
+    }
 }
 
 struct FakeAsks(mpsc::UnboundedReceiver<Ask>);

@@ -48,6 +48,12 @@ pub mod since {
     /// params grow 40 -> 80 bytes, allocSize @8 -> @48; escape 0x5F becomes
     /// LOCKLESS_DIAGNOSTIC (was NVLOG_CTRL). All at 545.23.06 (535.288.01 has none).
     pub const V545: Version = Version::new(545, 0, 0);
+    /// The driver's per-process figure (GPU_GET_PID_INFO, what NVML and
+    /// nvidia-smi show; `gpuFindClientInfoWithPidIterator`, `gpu_rmapi.c`) counts
+    /// the memory under every device object of a client on the GPU: 545.23.06
+    /// (535.261.03 counts only the client's first device object of the GPU,
+    /// `deviceGetByGpu`: the lowest handle).
+    pub const PID_INFO_EVERY_DEVICE: Version = V545;
     /// NVOS47 40 -> 48 bytes, escape 218 WAIT_OPEN_COMPLETE, NVOS32's USE_EGM bit:
     /// 550.40.07, the first 550 tag.
     pub const V550: Version = Version::new(550, 0, 0);

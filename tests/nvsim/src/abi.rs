@@ -428,6 +428,14 @@ pub mod mem_alloc {
     pub const H_VASPACE: usize = 108;
 }
 
+/// `NV_MEMORY_HW_RESOURCES_ALLOCATION_PARAMS` (`nvos.h`, 120 bytes in every
+/// branch from 535 to 580): attr@12 (location bits 26:25 as NVOS32), size@72.
+pub mod hw_resources {
+    pub const SIZE_OF: usize = 120;
+    pub const ATTR: usize = 12;
+    pub const SIZE: usize = 72;
+}
+
 /// Class 0x71 alloc params (40 bytes).
 pub mod os_descriptor {
     pub const DESCRIPTOR: usize = 16;
@@ -466,6 +474,10 @@ pub mod class {
     pub const NV01_MEMORY_VIRTUAL: u32 = 0x70;
     pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
     pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;
+    /// Compression and other HW resources for a surface (`cl00b1.h`): takes no
+    /// framebuffer of its own, but up to 545 the driver's per-process figure
+    /// counts its size (`gpu_rmapi.c`).
+    pub const NV01_MEMORY_HW_RESOURCES: u32 = 0xB1;
     pub const NV50_MEMORY_VIRTUAL: u32 = 0x50A0;
     pub const NV_MEMORY_FABRIC: u32 = 0xF8;
     /// The other 0-byte memory classes of the ABI table (names from
@@ -698,6 +710,26 @@ pub mod branch {
         } else {
             (40, 8)
         }
+    }
+    /// GPU_GET_PID_INFO's video memory (`gpuFindClientInfoWithPidIterator`,
+    /// `gpu_rmapi.c`; first tag of open-gpu-kernel-modules that has each rule,
+    /// the older tag before it does not): which device objects of a client
+    /// count on a GPU. 535: `deviceGetByGpu`, the client's first device of
+    /// that GPU (lowest handle); from 545.23.06 every device of the client on
+    /// that GPU.
+    pub fn pid_info_every_device(v: Version) -> bool {
+        v.at_least(545, 0, 0)
+    }
+    /// Whether `_gpuCollectMemInfo` counts NV01_MEMORY_HW_RESOURCES (0xB1):
+    /// up to 545.29.06; not from 550.40.07.
+    pub fn pid_info_counts_hw_resources(v: Version) -> bool {
+        !v.at_least(550, 0, 0)
+    }
+    /// Whether GPU_GET_PID_INFO matches the asked pid against a client's pid
+    /// as the caller's pid namespace sees it (`_gpuMatchClientPid`, from
+    /// 565.57.01); before, against the pid in the initial namespace.
+    pub fn pid_info_in_callers_namespace(v: Version) -> bool {
+        v.at_least(565, 0, 0)
     }
     /// UVM commands 76-79 from 565, 80 (DISCARD) from 580.
     pub fn uvm_last_command(v: Version) -> u32 {

@@ -180,7 +180,8 @@ pub trait View {
     fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32>;
     /// The driver's per-process video memory figure on `gpu` (private +
     /// shared-owned, see docs/nvidia-abi.md) for GPU_GET_PID_INFO
-    /// VIDEO_MEMORY_USAGE.
+    /// VIDEO_MEMORY_USAGE, by the rule of the simulated branch (which device
+    /// objects and classes count: docs/gpu-accounting.md).
     fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64;
     /// Free video bytes of `gpu` (capacity - used).
     fn free_bytes(&self, gpu: u32) -> u64;
@@ -310,26 +311,12 @@ pub fn params_size(cmd: u32, v: Version) -> Option<usize> {
 /// older one's): `Some(None)` for a control the branch does not have.
 pub fn branch_params_size(cmd: u32, v: Version) -> Option<Option<usize>> {
     use cmd::*;
-    let at = |major| v.at_least(major, 0, 0);
-    // (535, 550, 555, 570, 580) -> the one for `v`.
-    let by = |s: [usize; 5]| {
-        Some(Some(if at(580) {
-            s[4]
-        } else if at(570) {
-            s[3]
-        } else if at(555) {
-            s[2]
-        } else if at(550) {
-            s[1]
-        } else {
-            s[0]
-        }))
-    };
+    let by = |s: [usize; 5]| Some(Some(moved::by(v, s)));
     match cmd {
         SYSTEM_GET_BUILD_VERSION_V2 => by([776, 776, 776, 1032, 1032]),
         GPU_GET_PROBED_IDS => by([256, 256, 256, 256, 384]),
         // New in 550: one gpuId each.
-        GPU_ASYNC_ATTACH_ID | GPU_WAIT_ATTACH_ID => Some(at(550).then_some(4)),
+        GPU_ASYNC_ATTACH_ID | GPU_WAIT_ATTACH_ID => Some(v.at_least(550, 0, 0).then_some(4)),
         DEV_GPU_GET_VIRTUALIZATION_MODE => by([4, 4, 8, 8, 8]),
         DEV_GPU_GET_CLASSLIST_V2 => by([644, 700, 404, 404, 804]),
         GPU_GET_INFO_V2 => by([516, 524, 524, 524, 564]),
@@ -345,11 +332,14 @@ pub fn branch_params_size(cmd: u32, v: Version) -> Option<Option<usize>> {
     }
 }
 
-/// Where the fields after a list or table that grew are, for driver `v`
-/// (offsetof at each tag, as [`branch_params_size`]).
+/// Where the fields after a list or table that grew are, at the five tags
+/// (535, 550, 555, 570, 580: offsetof at each, as [`branch_params_size`]);
+/// [`moved::by`] takes the one of driver `v`.
 pub mod moved {
     use crate::abi::Version;
-    fn by(v: Version, s: [usize; 5]) -> usize {
+    /// The number of `v`'s branch in a row of the five tags' numbers
+    /// (535, 550, 555, 570, 580).
+    pub fn by(v: Version, s: [usize; 5]) -> usize {
         let at = |major| v.at_least(major, 0, 0);
         if at(580) {
             s[4]
@@ -365,34 +355,18 @@ pub mod moved {
     }
     /// BUILD_VERSION_V2: the three strings' size (256, then 256/512/256 from
     /// 570: titleBuffer@768) and changelistNumber.
-    pub fn build_version_title(v: Version) -> usize {
-        by(v, [512, 512, 512, 768, 768])
-    }
-    pub fn build_version_changelist(v: Version) -> usize {
-        by(v, [768, 768, 768, 1024, 1024])
-    }
+    pub const BUILD_VERSION_TITLE: [usize; 5] = [512, 512, 512, 768, 768];
+    pub const BUILD_VERSION_CHANGELIST: [usize; 5] = [768, 768, 768, 1024, 1024];
     /// QUERY_ECC_STATUS: bFatalPoisonError, the last output field.
-    pub fn ecc_fatal_poison(v: Version) -> usize {
-        by(v, [960, 1000, 1200, 1440, 1440])
-    }
+    pub const ECC_FATAL_POISON: [usize; 5] = [960, 1000, 1200, 1440, 1440];
     /// GR_GET_GLOBAL_SM_ORDER: numSm (numTpc 2 bytes later).
-    pub fn sm_order_num_sm(v: Version) -> usize {
-        by(v, [6144, 6144, 6144, 6144, 9216])
-    }
+    pub const SM_ORDER_NUM_SM: [usize; 5] = [6144, 6144, 6144, 6144, 9216];
     /// CE_GET_ALL_CAPS: `present` after capsTbl[32 or 64][2].
-    pub fn ce_present(v: Version) -> usize {
-        by(v, [64, 128, 128, 128, 128])
-    }
+    pub const CE_PRESENT: [usize; 5] = [64, 128, 128, 128, 128];
     /// The V2 lists' maximum entries: GPU_GET_INFO_V2, GR_GET_INFO_V2, FB_GET_INFO_V2.
-    pub fn gpu_info_max(v: Version) -> usize {
-        by(v, [64, 65, 65, 65, 70])
-    }
-    pub fn gr_info_max(v: Version) -> usize {
-        by(v, [53, 56, 56, 58, 58])
-    }
-    pub fn fb_info_max(v: Version) -> usize {
-        by(v, [54, 55, 55, 57, 128])
-    }
+    pub const GPU_INFO_MAX: [usize; 5] = [64, 65, 65, 65, 70];
+    pub const GR_INFO_MAX: [usize; 5] = [53, 56, 56, 58, 58];
+    pub const FB_INFO_MAX: [usize; 5] = [54, 55, 55, 57, 128];
 }
 
 /// The 535.261.03 sizes.
@@ -702,8 +676,8 @@ fn client_control(view: &dyn View, cmd: u32, p: &mut [u8], mem: &dyn UserMem) ->
             use build_version::*;
             let v = Version::of(&cfg.driver_version);
             let (title, changelist) = (
-                moved::build_version_title(v),
-                moved::build_version_changelist(v),
+                moved::by(v, moved::BUILD_VERSION_TITLE),
+                moved::by(v, moved::BUILD_VERSION_CHANGELIST),
             );
             put_cstr(p, 0, V2_STRING, &cfg.driver_version);
             put_cstr(p, V2_STRING, V2_STRING, BUILD_BRANCH_VERSION);
@@ -1099,7 +1073,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             NV_OK
         }
         cmd::GPU_GET_INFO => deprecated_list(p, mem, 64, gpu_info),
-        cmd::GPU_GET_INFO_V2 => list_v2(p, moved::gpu_info_max(v), gpu_info),
+        cmd::GPU_GET_INFO_V2 => list_v2(p, moved::by(v, moved::GPU_INFO_MAX), gpu_info),
         cmd::GPU_GET_NAME_STRING => name_string(p),
         // NV2080_CTRL_GPU_GET_SHORT_NAME_STRING_PARAMS {gpuShortNameString[64]}
         // (ctrl2080gpu.h).
@@ -1171,7 +1145,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             NV_OK
         }
         cmd::GR_GET_INFO => embedded_list(p, mem, 53, gr_info),
-        cmd::GR_GET_INFO_V2 => list_v2(p, moved::gr_info_max(v), gr_info),
+        cmd::GR_GET_INFO_V2 => list_v2(p, moved::by(v, moved::GR_INFO_MAX), gr_info),
         cmd::GR_GET_GLOBAL_SM_ORDER => global_sm_order(p, v),
         // NV0080_CTRL_GR_GET_CAPS_V2_PARAMS {capsTbl[23]@0; grRouteInfo@24;
         // NvBool bCapsPopulated@40} (ctrl0080gr.h). The 535 headers publish no
@@ -1206,7 +1180,9 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
             NV_OK
         }
         cmd::FB_GET_INFO => embedded_list(p, mem, 54, |l| fb_info(view, gpu, l)),
-        cmd::FB_GET_INFO_V2 => list_v2(p, moved::fb_info_max(v), |l| fb_info(view, gpu, l)),
+        cmd::FB_GET_INFO_V2 => list_v2(p, moved::by(v, moved::FB_INFO_MAX), |l| {
+            fb_info(view, gpu, l)
+        }),
         // NV2080_CTRL_FB_GET_GPU_CACHE_INFO_PARAMS {powerState; writeMode;
         // bypassMode; rcmState} (ctrl2080fb.h): ENABLED 0, WRITEBACK 1,
         // BYPASS_MODE_DISABLED 0, RCM_STATE_FULL 0.
@@ -1290,7 +1266,7 @@ fn subdevice_control(view: &dyn View, gpu: u32, cmd: u32, p: &mut [u8], mem: &dy
                     put_bytes(p, 2 * i as usize, &c);
                 }
             }
-            put_u32(p, moved::ce_present(v), (1 << NUM_CE) - 1);
+            put_u32(p, moved::by(v, moved::CE_PRESENT), (1 << NUM_CE) - 1);
             NV_OK
         }
         // NV2080_CTRL_GSP_GET_FEATURES_PARAMS {gspFeatures@0; NvBool bValid@4;
@@ -1687,7 +1663,7 @@ fn gr_fs_info(p: &mut [u8]) -> u32 {
 }
 
 fn ecc_status(p: &mut [u8], v: Version) -> u32 {
-    p[..moved::ecc_fatal_poison(v) + 4].fill(0);
+    p[..moved::by(v, moved::ECC_FATAL_POISON) + 4].fill(0);
     NV_OK
 }
 
@@ -1755,7 +1731,7 @@ fn get_pid_info(view: &dyn View, gpu: u32, p: &mut [u8]) -> u32 {
 /// subdeviceCtrlCmdKGrGetGlobalSmOrder (`kernel_graphics.c`). Global TPC ids
 /// go round-robin over the GPCs, two SMs each.
 fn global_sm_order(p: &mut [u8], v: Version) -> u32 {
-    let num_sm = moved::sm_order_num_sm(v);
+    let num_sm = moved::by(v, moved::SM_ORDER_NUM_SM);
     p[..num_sm].fill(0);
     let mut tpc = 0u16;
     let max_local = TPCS_PER_GPC.iter().copied().max().unwrap_or(0);

@@ -127,6 +127,12 @@ enum ObjKind {
         gpu: u32,
     },
     Subdevice,
+    /// NV01_MEMORY_HW_RESOURCES: no framebuffer of its own (no memory, no
+    /// figure but GPU_GET_PID_INFO's up to 545); `video_bytes` is its size
+    /// when it was asked for in video memory, else 0.
+    HwResources {
+        video_bytes: u64,
+    },
     /// A handle of memory `mem`; `seq` is its place in the global creation
     /// order of handles.
     Memory {
@@ -237,6 +243,8 @@ pub struct Driver {
     ioctl_total: u64,
     ioctl_failed: u64,
     received: BTreeMap<u32, Received>,
+    /// A pid as a caller's pid namespace sees it ([`crate::pidns::ns_pid`]).
+    ns_pid: fn(u32, u32) -> Option<u32>,
 }
 
 /// `nvsim-state.json`.
@@ -302,6 +310,11 @@ pub struct ProcGpuState {
     /// created. Dups/imports of others' memory and memory kept only by an
     /// export file are not in it.
     pub driver_video_bytes: u64,
+    /// What this branch's GPU_GET_PID_INFO (so NVML and nvidia-smi) reports:
+    /// the driver figure by the branch's rule
+    /// ([`Driver::pid_info_video_bytes`]).
+    #[serde(default)]
+    pub pid_info_video_bytes: u64,
     /// Memories holding bytes (video, host or EGM, more than 0) this process
     /// created; 0-byte memories, dups, imports and exports are not counted,
     /// nor is a charge moving in.
@@ -445,6 +458,7 @@ impl Driver {
             ioctl_total: 0,
             ioctl_failed: 0,
             received: BTreeMap::new(),
+            ns_pid: crate::pidns::ns_pid,
         }
     }
 
@@ -904,6 +918,70 @@ impl Driver {
         None
     }
 
+    /// The device object `h` is under (itself for a device).
+    fn device_of(c: &Client, mut h: u32) -> Option<u32> {
+        for _ in 0..64 {
+            let o = c.objects.get(&h)?;
+            if let ObjKind::Device { .. } = o.kind {
+                return Some(h);
+            }
+            h = o.parent;
+        }
+        None
+    }
+
+    /// The video memory GPU_GET_PID_INFO reports for `pid` on `gpu`, by this
+    /// branch's rule (`gpuFindClientInfoWithPidIterator` and
+    /// `_gpuCollectMemInfo`, `gpu_rmapi.c`): for every client `pid` created,
+    /// the memories whose charged handle lies in that client (the driver
+    /// figure, `driver_video_bytes`), under the client's first device object
+    /// of `gpu` (lowest handle) up to 535 and under any of its devices of
+    /// `gpu` from 545; up to 545 also the size of its video
+    /// NV01_MEMORY_HW_RESOURCES objects under those devices, which take no
+    /// framebuffer and are in no other figure. From 545 without HW_RESOURCES
+    /// this is `driver_video_bytes`.
+    pub fn pid_info_video_bytes(&self, pid: u32, gpu: u32) -> u64 {
+        let every_device = abi::branch::pid_info_every_device(self.version);
+        let hw_resources = abi::branch::pid_info_counts_hw_resources(self.version);
+        let mut sum = 0u64;
+        for c in self.clients.values().filter(|c| c.creator_pid == pid) {
+            let Some(first) = c
+                .objects
+                .iter()
+                .filter(|(_, o)| o.kind == ObjKind::Device { gpu })
+                .map(|(h, _)| *h)
+                .min()
+            else {
+                continue;
+            };
+            for (&h, o) in &c.objects {
+                let bytes = match o.kind {
+                    ObjKind::Memory { mem, seq } => match self.memories.get(&mem) {
+                        Some(m)
+                            if m.kind == MemKind::Video
+                                && m.gpu == gpu
+                                && m.charged == Some(seq) =>
+                        {
+                            m.bytes
+                        }
+                        _ => continue,
+                    },
+                    ObjKind::HwResources { video_bytes } if hw_resources => video_bytes,
+                    _ => continue,
+                };
+                let counted = match Self::device_of(c, h) {
+                    Some(d) if every_device => Self::device_gpu(c, d) == Some(gpu),
+                    Some(d) => d == first,
+                    None => false,
+                };
+                if counted {
+                    sum = sum.saturating_add(bytes);
+                }
+            }
+        }
+        sum
+    }
+
     /// Checks that `h` may be a new handle in client `c` (0: the driver picks).
     fn check_new_handle(c: &Client, client: u32, h: u32) -> St<()> {
         if h != 0 && (h == client || c.objects.contains_key(&h)) {
@@ -1327,6 +1405,7 @@ impl Driver {
             || class::EVENTS.contains(&h_class)
             || class::USERMODE.contains(&h_class)
             || h_class == class::NV2081_BINAPI
+            || h_class == class::NV01_MEMORY_HW_RESOURCES
             || class::CHANNELS.contains(&h_class)
             || class::COMPUTE.contains(&h_class)
             || class::COPY.contains(&h_class);
@@ -1382,6 +1461,24 @@ impl Driver {
                     Ok((kind, bytes)) => NewObj::Memory { gpu, kind, bytes },
                     Err(st) => return Ok(Err(st)),
                 }
+            }
+            class::NV01_MEMORY_HW_RESOURCES => {
+                if dev_gpu.is_none() {
+                    return Ok(Err(NV_ERR_INVALID_OBJECT_PARENT));
+                }
+                if p_params == 0 {
+                    return Ok(Err(NV_ERR_INVALID_ARGUMENT));
+                }
+                let b = mem
+                    .read(p_params, abi::hw_resources::SIZE_OF)
+                    .ok_or(libc::EFAULT)?;
+                let location = (u32_at(&b, abi::hw_resources::ATTR)
+                    >> abi::nvos32::ATTR_LOCATION_SHIFT)
+                    & abi::nvos32::ATTR_LOCATION_MASK;
+                let size = u64_at(&b, abi::hw_resources::SIZE);
+                NewObj::Plain(ObjKind::HwResources {
+                    video_bytes: if location == 0 { size } else { 0 },
+                })
             }
             c if class::EVENTS.contains(&c) => NewObj::Plain(ObjKind::Other),
             class::NV2081_BINAPI => {
@@ -1789,6 +1886,7 @@ impl Driver {
         let view = ClientView {
             driver: self,
             client: h_client,
+            caller: call.pid,
         };
         let st = controls::answer(&view, target, cmd, &mut b, call.mem)?;
         if st == NV_OK && want > 0 && !call.mem.write(ptr, &b) {
@@ -2220,6 +2318,7 @@ impl Driver {
                             host_bytes: pg.host_bytes,
                             egm_bytes: pg.egm_bytes,
                             driver_video_bytes: pg.driver_video_bytes,
+                            pid_info_video_bytes: self.pid_info_video_bytes(*pid, *gpu),
                             allocs: pg.allocs,
                             frees: pg.frees,
                         })
@@ -2340,6 +2439,8 @@ mod tests;
 struct ClientView<'d> {
     driver: &'d Driver,
     client: u32,
+    /// The process that sent the control (its pid in the initial namespace).
+    caller: u32,
 }
 
 impl controls::View for ClientView<'_> {
@@ -2349,7 +2450,9 @@ impl controls::View for ClientView<'_> {
 
     /// Creators of the clients that hold an object of `class` under a device
     /// of `gpu` (GPU_GET_PIDS by class: the driver walks every client and
-    /// lists the process of each that owns such an object).
+    /// lists the process of each that owns such an object), as the caller's
+    /// pid namespace sees them; those it cannot see are left out
+    /// (`_gpuConvertPid`, every branch).
     fn pids_with_class(&self, gpu: u32, class: u32) -> Vec<u32> {
         let mut pids: Vec<u32> = self
             .driver
@@ -2360,17 +2463,33 @@ impl controls::View for ClientView<'_> {
                     .iter()
                     .any(|(h, o)| o.class == class && Driver::device_gpu(c, *h) == Some(gpu))
             })
-            .map(|c| c.creator_pid)
+            .filter_map(|c| (self.driver.ns_pid)(c.creator_pid, self.caller))
             .collect();
         pids.sort_unstable();
         pids.dedup();
         pids
     }
 
+    /// `pid` is matched with the clients' creators in the initial namespace
+    /// up to 560, in the caller's from 565 (`_gpuMatchClientPid`): a caller in
+    /// a container asking for a pid GPU_GET_PIDS gave it gets 0 before 565.
     fn video_bytes_of(&self, pid: u32, gpu: u32) -> u64 {
-        self.driver
-            .proc_gpu(pid, gpu)
-            .map_or(0, |p| p.driver_video_bytes)
+        let d = self.driver;
+        if !abi::branch::pid_info_in_callers_namespace(d.version) {
+            return d.pid_info_video_bytes(pid, gpu);
+        }
+        let mut creators: Vec<u32> = d
+            .clients
+            .values()
+            .map(|c| c.creator_pid)
+            .filter(|&p| (d.ns_pid)(p, self.caller) == Some(pid))
+            .collect();
+        creators.sort_unstable();
+        creators.dedup();
+        creators
+            .into_iter()
+            .map(|p| d.pid_info_video_bytes(p, gpu))
+            .sum()
     }
 
     fn free_bytes(&self, gpu: u32) -> u64 {

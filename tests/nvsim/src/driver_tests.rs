@@ -2219,3 +2219,135 @@ fn events_on_nvidia_n_usermode_and_unknown_classes() {
     let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xBEEF, 0, 0);
     assert_eq!(st, 0x22);
 }
+
+/// GPU_GET_PID_INFO (0x2080018e) of `pid` on the subdevice `sub` of client
+/// `cl`: VIDEO_MEMORY_USAGE's memPrivate (entry 0: pid@8, index@12 = 0,
+/// result@16, memPrivate@24 of the 14408-byte params).
+fn pid_info(d: &mut Driver, m: &FakeMem, cl: u32, sub: u32, pid: u32) -> u64 {
+    let mut p = vec![0u8; 14408];
+    w32(&mut p, 0, 1);
+    w32(&mut p, 8, pid);
+    let (st, out) = control(d, m, CTL_FH, PID, &NoFds, cl, sub, 0x2080_018e, &p);
+    assert_eq!((st, r32(&out, 16)), (0, 0));
+    r64(&out, 24)
+}
+
+/// NV_MEMORY_HW_RESOURCES_ALLOCATION_PARAMS (120 bytes): attr@12, size@72.
+fn hw_resources(d: &mut Driver, m: &FakeMem, cl: u32, dev: u32, attr: u32, size: u64) -> u32 {
+    let mut p = vec![0u8; 120];
+    w32(&mut p, 12, attr);
+    w64(&mut p, 72, size);
+    let a = m.place(&p);
+    let (st, h) = alloc21(d, m, CTL_FH, PID, cl, dev, 0, 0xB1, a, 120);
+    assert_eq!(st, 0);
+    h
+}
+
+/// One client with two device objects on GPU 0 (memory under each) and a
+/// HW_RESOURCES object under the first: the per-process figure NVML reads
+/// follows each branch's rule (535: the first device and HW_RESOURCES; 545:
+/// every device and HW_RESOURCES; 550 on: every device, no HW_RESOURCES),
+/// while the exact figures are the same in every branch.
+#[test]
+fn pid_info_follows_each_branchs_rule_and_the_exact_figure_does_not() {
+    for (version, want) in [
+        ("535.261.03", 2 * MIB + 3 * MIB),
+        ("545.29.06", 2 * MIB + 6 * MIB + 3 * MIB),
+        ("550.163.01", 2 * MIB + 6 * MIB),
+        ("570.211.01", 2 * MIB + 6 * MIB),
+    ] {
+        let m = FakeMem::new();
+        let mut d = drv(2, 80 * GIB, version);
+        let cl = client(&mut d, &m, CTL_FH, PID, 0);
+        let (_, first) = device(&mut d, &m, CTL_FH, PID, cl, 0xd0, 0);
+        let (_, second) = device(&mut d, &m, CTL_FH, PID, cl, 0xd1, 0);
+        let (_, other_gpu) = device(&mut d, &m, CTL_FH, PID, cl, 0xd2, 1);
+        let (_, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, first, 0, 0x2080, 0, 0);
+        memalloc(&mut d, &m, CTL_FH, PID, cl, sub, 0, 0x40, 2 * MIB);
+        memalloc(&mut d, &m, CTL_FH, PID, cl, second, 0, 0x40, 6 * MIB);
+        memalloc(&mut d, &m, CTL_FH, PID, cl, other_gpu, 0, 0x40, 10 * MIB);
+        // Video (location 0) HW resources count up to 545; host ones never.
+        hw_resources(&mut d, &m, cl, first, 0, 3 * MIB);
+        hw_resources(&mut d, &m, cl, first, 2 << 25, 5 * MIB);
+        assert_eq!(pid_info(&mut d, &m, cl, sub, PID), want, "{version}");
+        assert_eq!(d.pid_info_video_bytes(PID, 0), want, "{version}");
+        assert_eq!(d.pid_info_video_bytes(PID, 1), 10 * MIB, "{version}");
+        // The exact figures: HW_RESOURCES takes no framebuffer.
+        assert_eq!(d.gpu_used(0), 8 * MIB, "{version}");
+        assert_eq!(fig(&d, PID, 0), (8 * MIB, 8 * MIB, 8 * MIB, 2, 0));
+        let s = d.state();
+        let g0 = &s.processes[0].gpus[0];
+        assert_eq!(
+            (g0.driver_video_bytes, g0.pid_info_video_bytes),
+            (8 * MIB, want),
+            "{version}"
+        );
+        // A pid with no client: nothing.
+        assert_eq!(pid_info(&mut d, &m, cl, sub, PID + 1), 0);
+        // The first device gone, the second is the first.
+        assert_eq!(free(&mut d, &m, CTL_FH, cl, cl, first), 0);
+        assert_eq!(d.pid_info_video_bytes(PID, 0), 6 * MIB, "{version}");
+    }
+}
+
+/// A caller in a container: 9000 sees host pid P >= 4000 as P - 4000 and
+/// nothing below; every other caller shares the host's namespace.
+fn container_ns(pid: u32, caller: u32) -> Option<u32> {
+    match caller {
+        9000 => pid.checked_sub(4000),
+        _ => Some(pid),
+    }
+}
+
+/// GPU_GET_PIDS by class (0x2080018d: idType@0 CLASS, id@4, count@8,
+/// pidTbl@12) of `gpu`'s subdevice `sub`, sent by `caller`.
+fn get_pids(d: &mut Driver, m: &FakeMem, cl: u32, sub: u32, class: u32, caller: u32) -> Vec<u32> {
+    let mut p = vec![0u8; 3812];
+    w32(&mut p, 4, class);
+    let (st, out) = control(d, m, CTL_FH, caller, &NoFds, cl, sub, 0x2080_018d, &p);
+    assert_eq!(st, 0);
+    (0..r32(&out, 8) as usize)
+        .map(|k| r32(&out, 12 + 4 * k))
+        .collect()
+}
+
+/// GET_PIDS answers a caller in a container with the pids it sees (every
+/// branch); GET_PID_INFO matches the pid asked for in the initial namespace up
+/// to 560 (so the container's pid finds nothing) and in the caller's from 565.
+#[test]
+fn pid_info_matches_pids_in_the_callers_namespace_from_565() {
+    for (version, callers_ns) in [("550.163.01", false), ("570.211.01", true)] {
+        let m = FakeMem::new();
+        let mut d = drv(1, 80 * GIB, version);
+        d.ns_pid = container_ns;
+        let (cl, dev) = setup(&mut d, &m, 0);
+        let (_, sub) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x2080, 0, 0);
+        memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, 2 * MIB);
+        // A compute object (class 0xC7C0 stands for any owned class here).
+        let (st, _) = alloc21(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0xCBC0, 0, 0);
+        assert_eq!(st, 0);
+        // The host sees the host pid; the container 242.
+        assert_eq!(get_pids(&mut d, &m, cl, sub, 0xCBC0, 1), [PID]);
+        assert_eq!(get_pids(&mut d, &m, cl, sub, 0xCBC0, 9000), [PID - 4000]);
+        // A process of the host the container cannot see is not listed to it.
+        d.ns_pid = |pid, caller| if caller == 9000 { None } else { Some(pid) };
+        assert!(get_pids(&mut d, &m, cl, sub, 0xCBC0, 9000).is_empty());
+        d.ns_pid = container_ns;
+        let info = |d: &mut Driver, pid: u32, caller: u32| {
+            let mut p = vec![0u8; 14408];
+            w32(&mut p, 0, 1);
+            w32(&mut p, 8, pid);
+            let (st, out) = control(d, &m, CTL_FH, caller, &NoFds, cl, sub, 0x2080_018e, &p);
+            assert_eq!((st, r32(&out, 16)), (0, 0));
+            r64(&out, 24)
+        };
+        assert_eq!(info(&mut d, PID, 1), 2 * MIB, "{version}: the host");
+        let (container, host_pid) = if callers_ns {
+            (2 * MIB, 0)
+        } else {
+            (0, 2 * MIB)
+        };
+        assert_eq!(info(&mut d, PID - 4000, 9000), container, "{version}");
+        assert_eq!(info(&mut d, PID, 9000), host_pid, "{version}");
+    }
+}

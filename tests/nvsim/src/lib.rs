@@ -8,5 +8,6 @@ pub mod controls;
 pub mod driver;
 pub mod fuse;
 pub mod mount;
+pub mod pidns;
 pub mod procmem;
 pub mod sandbox;

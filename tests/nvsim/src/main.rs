@@ -92,7 +92,9 @@
 //!   capacity limit), 0-byte memories 0xC2 (24-byte params, memSize@0 written
 //!   with the whole heap), 0xF8 (48-byte params, only under a subdevice), 0xFD
 //!   (40-byte params before 550, 80 from 550 on), 0xF9, 0xFB, 0xE0, 0x50A0,
-//!   0x70 (params not read).
+//!   0x70 (params not read); 0xB1 HW_RESOURCES (120-byte params, size@72,
+//!   attr@12) takes no framebuffer and is in no figure but GPU_GET_PID_INFO's
+//!   up to 545 (docs/gpu-accounting.md).
 //! * RM_ALLOC_MEMORY (NVOS02 on nvidiaN): 0x3E / 0x71 allocate limit + 1 host
 //!   bytes (limit not written back); 0x40 makes a 0-byte object and writes
 //!   limit = the GPU's whole capacity - 1; 0x3F writes limit 0xFFFFFFFF.

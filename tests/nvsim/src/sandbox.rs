@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `/dev` | a tmpfs holding the host's `/dev` entries (bind mounts, so `/dev/null`, `/dev/pts`, `/dev/shm` are the host's) plus `nvidiactl`, `nvidia0..N-1`, `nvidia-uvm` bound from DIR (the FUSE inodes, so every open, ioctl and mmap reaches the simulator through the kernel); a node `mknod` creates lands in the tmpfs |
 //! | `/sys/module` | the host's modules plus `nvidia/` (`initstate` = `live`, `version`) |
+//! | `/sys/bus/pci/devices` | the host's entries plus one directory per simulated GPU at its bus id (`0000:18:00.0` on): `vendor`, `device`, `class`, `revision`, `subsystem_vendor`, `subsystem_device` and a 256-byte `config` header, what NVML reads there from 550 to find a GPU's PCI bus id (nvidia-smi's `Bus Id`, `gpu_bus_id`); left as the host's, with a warning, where the host has no such directory |
 //! | `/proc/driver` | the host's entries plus `nvidia/` (`version` = DIR's, `params` with `ModifyDeviceFiles: 0`, `capabilities/mig/{config,monitor}`, `gpus/<bus>/information`) as the 535 driver writes them |
 //! | libraries | `libcuda.so.1` and `libnvidia-ml.so.1` found by their sonames (`LD_LIBRARY_PATH`), `nvidia-smi` first on `PATH`, from the unpacked Debian packages (`cargo xtask setup`) |
 //! | everything else | the host's: `/sys/kernel` (tracefs, BTF), cgroups, `/run`, `/tmp`, so `keling trace` and `keling run` work inside |
@@ -347,6 +348,56 @@ fn driver_files(dir: &Path, gpus: u32) -> Result<()> {
     Ok(())
 }
 
+/// Where the kernel lists PCI functions (sysfs).
+const PCI_DEVICES: &str = "/sys/bus/pci/devices";
+
+/// The standard PCI configuration header (type 0, the first 64 bytes; the rest
+/// of the 256 zero, no capabilities) of the simulated GPU, as sysfs' `config`
+/// gives it to a reader: vendor@0, device@2, command@4 (memory space and bus
+/// master), revision@8, class code@9 (prog-if, subclass, class: 3D
+/// controller 0x030200), subsystem vendor@0x2c, subsystem@0x2e.
+fn pci_config() -> Vec<u8> {
+    use crate::abi::gpu_id;
+    let mut c = vec![0u8; 256];
+    c[0..2].copy_from_slice(&gpu_id::PCI_VENDOR.to_le_bytes());
+    c[2..4].copy_from_slice(&gpu_id::PCI_DEVICE.to_le_bytes());
+    c[4..6].copy_from_slice(&0x0006u16.to_le_bytes());
+    c[8] = crate::controls::PCI_REVISION as u8;
+    c[9..12].copy_from_slice(&[0x00, 0x02, 0x03]);
+    c[0x2c..0x2e].copy_from_slice(&gpu_id::PCI_VENDOR.to_le_bytes());
+    c[0x2e..0x30].copy_from_slice(&crate::controls::PCI_SUBSYSTEM.to_le_bytes());
+    c
+}
+
+/// One directory per simulated GPU in the sandbox's `/sys/bus/pci/devices`
+/// (a tmpfs there), holding the files NVML reads, in sysfs' format.
+fn pci_files(pci: &Path, gpus: u32) -> Result<()> {
+    use crate::abi::gpu_id;
+    for i in 0..gpus {
+        let d = pci.join(pci_bus(i));
+        for (name, text) in [
+            ("vendor", format!("{:#06x}\n", gpu_id::PCI_VENDOR)),
+            ("device", format!("{:#06x}\n", gpu_id::PCI_DEVICE)),
+            ("class", "0x030200\n".to_string()),
+            (
+                "revision",
+                format!("{:#04x}\n", crate::controls::PCI_REVISION),
+            ),
+            ("subsystem_vendor", format!("{:#06x}\n", gpu_id::PCI_VENDOR)),
+            (
+                "subsystem_device",
+                format!("{:#06x}\n", crate::controls::PCI_SUBSYSTEM),
+            ),
+            ("numa_node", "-1\n".to_string()),
+        ] {
+            write(&d.join(name), &text)?;
+        }
+        fs::write(d.join("config"), pci_config())
+            .with_context(|| format!("write {}", d.join("config").display()))?;
+    }
+    Ok(())
+}
+
 /// `$name` with `first` put in front (colon-separated).
 fn prepend(name: &str, first: &Path) -> OsString {
     let mut v = first.as_os_str().to_owned();
@@ -414,10 +465,20 @@ pub fn run(
             .with_context(|| format!("bind {} to {}", f.name, dst.display()))?;
     }
     lost += overlay_dir(Path::new("/sys/module"), &|n| n == "nvidia")?;
+    let pci = Path::new(PCI_DEVICES);
+    if pci.is_dir() {
+        let buses: Vec<OsString> = (0..gpus).map(|i| OsString::from(pci_bus(i))).collect();
+        lost += overlay_dir(pci, &|n| buses.iter().any(|b| b == n))?;
+        pci_files(pci, gpus)?;
+    } else {
+        log::warn!(
+            "sandbox: no {PCI_DEVICES} here: NVML 550 and later cannot tell the simulated GPUs' PCI bus ids (nvidia-smi says \"Not Found\")"
+        );
+    }
     lost += overlay_dir(Path::new("/proc/driver"), &|n| n == "nvidia")?;
     if lost > 0 {
         log::warn!(
-            "sandbox: {lost} host entries of /dev, /sys/module or /proc/driver are missing inside"
+            "sandbox: {lost} host entries of /dev, /sys/module, {PCI_DEVICES} or /proc/driver are missing inside"
         );
     }
     driver_files(&dir, gpus)?;

@@ -5,7 +5,8 @@ use super::*;
 /// while Keling has it frozen.
 /// compute: what a CUDA process holds once its context exists, as far as
 /// the driver sees it: a client, the device of `--use-gpu` (default 0) with a
-/// subdevice, `--alloc-mib` of video memory, a VA space, a channel group with a
+/// subdevice, `--alloc-mib` of video memory (and `--second-device-mib` under
+/// a second device object of the same GPU), a VA space, a channel group with a
 /// context share and a Hopper channel carrying a compute object (what
 /// GPU_GET_PIDS lists by class). Sends one control no driver defines and
 /// prints `unknown_control_status 0x..`, then `ready <pid>`, and holds until
@@ -32,6 +33,18 @@ pub(crate) fn compute(env: &Env, cli: &Cli) {
             class::NV01_MEMORY_LOCAL_USER,
             Some(&mut p),
             "video memory",
+        );
+    }
+    if cli.second_device_mib > 0 {
+        let d2 = env.device(ctl, c, gpu, "second device");
+        let mut p = vec![0u8; abi::size::MEMORY_ALLOCATION_PARAMS];
+        put_u64(&mut p, 64, cli.second_device_mib * MIB);
+        obj(
+            c,
+            d2,
+            class::NV01_MEMORY_LOCAL_USER,
+            Some(&mut p),
+            "video memory under the second device",
         );
     }
     let vas = obj(c, d, class::FERMI_VASPACE_A, None, "VA space");

@@ -182,6 +182,11 @@ struct Cli {
     /// busy: the GPU to use (default: the first of CUDA_VISIBLE_DEVICES, else 0).
     #[arg(long)]
     use_gpu: Option<u32>,
+    /// compute: a second device object of the same GPU in the same client,
+    /// with this much video memory under it, in MiB (the driver's per-process
+    /// figure counts it from 545 only).
+    #[arg(long, default_value_t = 0)]
+    second_device_mib: u64,
     /// busy: write the iterations done so far to this file as it goes.
     #[arg(long)]
     progress: Option<PathBuf>,
