@@ -10,7 +10,9 @@ use std::{
 use serde_json::Value;
 
 pub mod agent;
-pub mod bpfmaps;
+/// The kernel's own count of a process's eBPF hash-map entries (shared with
+/// `cargo xtask soak`).
+pub use keling_bpfmaps as bpfmaps;
 pub mod fixture;
 pub mod slurm;
 
