@@ -5,6 +5,7 @@ use std::{
     io::Write,
     path::PathBuf,
     process::{Command, Output},
+    sync::{Arc, Mutex},
 };
 
 use serde_json::Value;
@@ -177,6 +178,48 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+impl ChildGuard {
+    /// Reads the child's piped standard error as it comes (it may stay open as
+    /// long as the child runs), echoing each line as `tag: line`; what it has
+    /// said so far, one line each. Panics if standard error was not piped.
+    pub fn echo_stderr(&mut self, tag: &'static str) -> Arc<Mutex<String>> {
+        use std::io::{BufRead, BufReader};
+        let said = Arc::new(Mutex::new(String::new()));
+        let lines = BufReader::new(self.0.stderr.take().expect("stderr piped")).lines();
+        let keep = said.clone();
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                eprintln!("{tag}: {l}");
+                let mut s = keep.lock().unwrap();
+                s.push_str(&l);
+                s.push('\n');
+            }
+        });
+        said
+    }
+}
+
+/// A GPU process Keling did not launch: `keling-gpu-workload --scenario busy`
+/// (1,000,000 iterations) on `sim`, its progress written to `progress` (a config
+/// rule adopts it by its comm).
+pub fn unlaunched_gpu_process(sim: &Nvsim, progress: &std::path::Path) -> ChildGuard {
+    ChildGuard(
+        Command::new(gpu_workload_bin())
+            .args([
+                "--dev-dir",
+                sim.dev_dir(),
+                "--scenario",
+                "busy",
+                "--iterations",
+                "1000000",
+                "--progress",
+            ])
+            .arg(progress)
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// Whether FUSE can be used here (for the simulated driver); records a skip if not.

@@ -21,12 +21,12 @@ use std::{
 };
 
 use keling_tests::{
-    ChildGuard, Fixture, Nvsim,
+    ChildGuard, Fixture,
     agent::{
         Agent, AgentOptions, cgroup_of, cgroup2, children_of, frozen, proc_state, progress,
         realtime_threads, task_cgroups, task_pid, wait_for,
     },
-    gpu_workload_bin, keling_bin, skip,
+    keling_bin, skip, unlaunched_gpu_process,
 };
 use serde_json::Value;
 
@@ -79,25 +79,6 @@ fn workload_config(dir: &Path, body: &str) -> PathBuf {
     let path = dir.join("keling.toml");
     std::fs::write(&path, body).unwrap();
     path
-}
-
-/// A GPU process Keling did not launch (adopted through a config rule).
-fn unlaunched_gpu_process(sim: &Nvsim, progress: &Path) -> ChildGuard {
-    ChildGuard(
-        Command::new(gpu_workload_bin())
-            .args([
-                "--dev-dir",
-                sim.dev_dir(),
-                "--scenario",
-                "busy",
-                "--iterations",
-                "1000000",
-                "--progress",
-            ])
-            .arg(progress)
-            .spawn()
-            .unwrap(),
-    )
 }
 
 /// The config rule that adopts `keling-gpu-workload` (comm cut to 15 bytes).

@@ -4,9 +4,7 @@
 //! agent starts, it takes the task back (owner, priority, limits, GPU memory)
 //! and the client attaches to it again.
 use std::{
-    io::{BufRead, BufReader},
     process::{Command, Stdio},
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -56,17 +54,7 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
     );
     // The task has the client's standard error too: read it as it comes (it
     // stays open while the task runs).
-    let said = Arc::new(Mutex::new(String::new()));
-    let lines = BufReader::new(client.0.stderr.take().unwrap()).lines();
-    let keep = said.clone();
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            eprintln!("launch: {l}");
-            let mut s = keep.lock().unwrap();
-            s.push_str(&l);
-            s.push('\n');
-        }
-    });
+    let said = client.echo_stderr("launch");
     let pid = task_pid(&agent, &p);
     // The agent stops, by pid, as systemd stops it.
     agent.signal(libc::SIGTERM);
@@ -165,17 +153,7 @@ fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) 
             .spawn()
             .unwrap(),
     );
-    let said = Arc::new(Mutex::new(String::new()));
-    let lines = BufReader::new(client.0.stderr.take().unwrap()).lines();
-    let keep = said.clone();
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            eprintln!("launch: {l}");
-            let mut s = keep.lock().unwrap();
-            s.push_str(&l);
-            s.push('\n');
-        }
-    });
+    let said = client.echo_stderr("launch");
     let pid = task_pid(&first, &p);
     wait_for("the task's 128 MiB", Duration::from_secs(10), || {
         task_of(first.status_reply(), pid).is_some_and(|t| t.mem_bytes == 128 * MIB)

@@ -15,9 +15,9 @@ use keling_agent::{
 };
 use keling_sched::{Policy, Reason};
 use keling_tests::{
-    ChildGuard, Fixture, Nvsim,
+    Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
-    gpu_workload_bin, keling_bin, tempdir,
+    keling_bin, tempdir, unlaunched_gpu_process,
 };
 
 /// `keling run` with no periodic status lines (these tests read none).
@@ -431,21 +431,7 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
     .unwrap();
     let agent = start_agent(sim, &["--config", config.to_str().unwrap()]);
     let pa = dir.join("a");
-    let a = ChildGuard(
-        Command::new(gpu_workload_bin())
-            .args([
-                "--dev-dir",
-                sim.dev_dir(),
-                "--scenario",
-                "busy",
-                "--iterations",
-                "1000000",
-                "--progress",
-            ])
-            .arg(&pa)
-            .spawn()
-            .unwrap(),
-    );
+    let a = unlaunched_gpu_process(sim, &pa);
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
         agent
@@ -528,21 +514,7 @@ fn adopted_process_without_a_rule_priority_gets_the_default_priority() {
             "5",
         ],
     );
-    let a = ChildGuard(
-        Command::new(gpu_workload_bin())
-            .args([
-                "--dev-dir",
-                sim.dev_dir(),
-                "--scenario",
-                "busy",
-                "--iterations",
-                "1000000",
-                "--progress",
-            ])
-            .arg(dir.join("a"))
-            .spawn()
-            .unwrap(),
-    );
+    let a = unlaunched_gpu_process(sim, &dir.join("a"));
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
         agent.status_reply().tasks.iter().any(|t| t.pid == pid_a)
