@@ -359,6 +359,14 @@ pub fn truth_figures(state: &Value) -> GpuFigures {
     figures(&state["processes"], "driver_video_bytes")
 }
 
+/// A command line of a doc's block as this test runs it: the binaries this test
+/// was built with instead of `target/debug/`, and `dev` (the test's own mount
+/// point) instead of `/tmp/keling-nvsim`.
+pub fn doc_line_here(line: &str, bin_dir: &std::path::Path, dev: &std::path::Path) -> String {
+    line.replace("target/debug/", &format!("{}/", bin_dir.display()))
+        .replace("/tmp/keling-nvsim", dev.to_str().unwrap())
+}
+
 /// The same figures from a Keling `summary` or `gpu_snapshot` line.
 pub fn keling_figures(line: &Value) -> GpuFigures {
     figures(&line["processes"], "driver_bytes")
