@@ -4,19 +4,15 @@
 //! a time (the fixture's lock), and every one cleans up in Drop guards even when it
 //! fails.
 use std::{
-    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
 
-use keling_agent::{
-    control::StatusReply,
-    log_format::{InputLogHeader, Record, SchedLine},
-};
+use keling_agent::log_format::{InputLogHeader, Record, SchedLine};
 use keling_sched::{Policy, Reason};
 use keling_tests::{
     Fixture, Nvsim,
-    agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
+    agent::{Agent, AgentOptions, frozen, proc_state, progress, task_cgroup, task_pid, wait_for},
     keling_bin, tempdir, unlaunched_gpu_process,
 };
 
@@ -29,16 +25,6 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
             ..AgentOptions::args(extra)
         },
     )
-}
-
-/// The cgroup Keling says the task `pid` is in.
-fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
-    let t = status
-        .tasks
-        .iter()
-        .find(|t| t.pid == pid)
-        .expect("task in status");
-    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
 }
 
 #[test]
