@@ -475,6 +475,16 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The cgroup Keling says the task `pid` is in (its status entry's `cgroup`).
+pub fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
+    let t = status
+        .tasks
+        .iter()
+        .find(|t| t.pid == pid)
+        .expect("task in status");
+    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
+}
+
 /// The pid of the task whose workload writes `progress_file` (the newest task),
 /// once it has made progress.
 pub fn task_pid(agent: &Agent, progress_file: &Path) -> u32 {

@@ -5,12 +5,15 @@ use std::{
     io::Write,
     path::PathBuf,
     process::{Command, Output},
+    sync::{Arc, Mutex},
 };
 
 use serde_json::Value;
 
 pub mod agent;
-pub mod bpfmaps;
+/// The kernel's own count of a process's eBPF hash-map entries (shared with
+/// `cargo xtask soak`).
+pub use keling_bpfmaps as bpfmaps;
 pub mod fixture;
 pub mod slurm;
 
@@ -177,6 +180,48 @@ impl Drop for ChildGuard {
     }
 }
 
+impl ChildGuard {
+    /// Reads the child's piped standard error as it comes (it may stay open as
+    /// long as the child runs), echoing each line as `tag: line`; what it has
+    /// said so far, one line each. Panics if standard error was not piped.
+    pub fn echo_stderr(&mut self, tag: &'static str) -> Arc<Mutex<String>> {
+        use std::io::{BufRead, BufReader};
+        let said = Arc::new(Mutex::new(String::new()));
+        let lines = BufReader::new(self.0.stderr.take().expect("stderr piped")).lines();
+        let keep = said.clone();
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                eprintln!("{tag}: {l}");
+                let mut s = keep.lock().unwrap();
+                s.push_str(&l);
+                s.push('\n');
+            }
+        });
+        said
+    }
+}
+
+/// A GPU process Keling did not launch: `keling-gpu-workload --scenario busy`
+/// (1,000,000 iterations) on `sim`, its progress written to `progress` (a config
+/// rule adopts it by its comm).
+pub fn unlaunched_gpu_process(sim: &Nvsim, progress: &std::path::Path) -> ChildGuard {
+    ChildGuard(
+        Command::new(gpu_workload_bin())
+            .args([
+                "--dev-dir",
+                sim.dev_dir(),
+                "--scenario",
+                "busy",
+                "--iterations",
+                "1000000",
+                "--progress",
+            ])
+            .arg(progress)
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// Whether FUSE can be used here (for the simulated driver); records a skip if not.
 pub fn can_use_fuse(test: &str) -> bool {
     if !std::path::Path::new("/dev/fuse").exists() {
@@ -312,6 +357,14 @@ fn figures(processes: &Value, driver_field: &str) -> GpuFigures {
 /// The simulator's ground truth.
 pub fn truth_figures(state: &Value) -> GpuFigures {
     figures(&state["processes"], "driver_video_bytes")
+}
+
+/// A command line of a doc's block as this test runs it: the binaries this test
+/// was built with instead of `target/debug/`, and `dev` (the test's own mount
+/// point) instead of `/tmp/keling-nvsim`.
+pub fn doc_line_here(line: &str, bin_dir: &std::path::Path, dev: &std::path::Path) -> String {
+    line.replace("target/debug/", &format!("{}/", bin_dir.display()))
+        .replace("/tmp/keling-nvsim", dev.to_str().unwrap())
 }
 
 /// The same figures from a Keling `summary` or `gpu_snapshot` line.

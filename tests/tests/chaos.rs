@@ -26,7 +26,7 @@ use keling_tests::{
         Agent, AgentOptions, cgroup_of, cgroup2, children_of, frozen, proc_state, progress,
         realtime_threads, task_cgroups, task_pid, wait_for,
     },
-    gpu_workload_bin, keling_bin, skip,
+    keling_bin, skip, unlaunched_gpu_process,
 };
 use serde_json::Value;
 
@@ -81,23 +81,20 @@ fn workload_config(dir: &Path, body: &str) -> PathBuf {
     path
 }
 
-/// A GPU process Keling did not launch (adopted through a config rule).
-fn unlaunched_gpu_process(sim: &Nvsim, progress: &Path) -> ChildGuard {
-    ChildGuard(
-        Command::new(gpu_workload_bin())
-            .args([
-                "--dev-dir",
-                sim.dev_dir(),
-                "--scenario",
-                "busy",
-                "--iterations",
-                "1000000",
-                "--progress",
-            ])
-            .arg(progress)
-            .spawn()
-            .unwrap(),
-    )
+/// A task at priority 10 on GPU 0 (1,000,000 iterations, no memory), its progress
+/// written to `progress`: its guard, pid and cgroup (the one a higher-priority
+/// task freezes).
+fn priority_10_task(agent: &Agent, sim: &Nvsim, progress: &Path) -> (ChildGuard, u32, PathBuf) {
+    let task = agent.launch(
+        &["--priority", "10", "--gpu", "0"],
+        sim,
+        1_000_000,
+        0,
+        progress,
+    );
+    let pid = task_pid(agent, progress);
+    let cgroup = cgroup_of(pid).unwrap();
+    (task, pid, cgroup)
 }
 
 /// The config rule that adopts `keling-gpu-workload` (comm cut to 15 bytes).
@@ -195,9 +192,7 @@ fn hostile_clients_delay_neither_preemption_nor_status() {
     let agent = Agent::start(sim, &[]);
     let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
-    let pid_a = task_pid(&agent, &pa);
-    let cg_a = cgroup_of(pid_a).unwrap();
+    let (_a, pid_a, cg_a) = priority_10_task(&agent, sim, &pa);
 
     let crowd = SilentCrowd::new(&agent.socket, 100);
     let stop = Arc::new(AtomicBool::new(false));
@@ -333,9 +328,7 @@ fn a_stopped_agent_leaves_nothing_frozen_past_1_5_s() {
     let config = workload_config(dir, ADOPT_WORKLOAD);
     let agent = Agent::start(sim, &["--config", config.to_str().unwrap()]);
     let (pa, pb, pc) = (dir.join("a"), dir.join("b"), dir.join("c"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
-    let pid_a = task_pid(&agent, &pa);
-    let cg_a = cgroup_of(pid_a).unwrap();
+    let (_a, pid_a, cg_a) = priority_10_task(&agent, sim, &pa);
     let c = unlaunched_gpu_process(sim, &pc);
     let pid_c = c.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
@@ -399,9 +392,7 @@ fn a_second_agent_exits_at_once_and_touches_nothing() {
     let agent = Agent::start(sim, &[]);
     let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
-    let pid_a = task_pid(&agent, &pa);
-    let cg_a = cgroup_of(pid_a).unwrap();
+    let (_a, _, cg_a) = priority_10_task(&agent, sim, &pa);
     let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for("the low task to be frozen", Duration::from_secs(10), || {
         frozen(&cg_a)
@@ -471,9 +462,7 @@ fn a_killed_fail_safe_is_replaced_and_the_new_one_thaws() {
     );
     let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
-    let pid_a = task_pid(&agent, &pa);
-    let cg_a = cgroup_of(pid_a).unwrap();
+    let (_a, _, cg_a) = priority_10_task(&agent, sim, &pa);
     let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for("the low task to be frozen", Duration::from_secs(10), || {
         frozen(&cg_a)
@@ -505,9 +494,7 @@ fn running_out_of_file_descriptors_is_survived() {
     let mut agent = Agent::start(sim, &[]);
     let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
-    let pid_a = task_pid(&agent, &pa);
-    let cg_a = cgroup_of(pid_a).unwrap();
+    let (_a, _, cg_a) = priority_10_task(&agent, sim, &pa);
     let agent_pid = agent.pid;
     // The soft limit only: raising a hard limit again needs CAP_SYS_RESOURCE, which
     // a container's root may lack.
@@ -1139,9 +1126,7 @@ fn log_write_errors_are_survived() {
     );
     let dir = &fx.dir;
     let (pa, pb) = (dir.join("a"), dir.join("b"));
-    let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
-    let pid_a = task_pid(&agent, &pa);
-    let cg_a = cgroup_of(pid_a).unwrap();
+    let (_a, _, cg_a) = priority_10_task(&agent, sim, &pa);
     let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 200, 0, &pb);
     wait_for(
         "the background task to be frozen",

@@ -1,12 +1,13 @@
 //! Agent instances (`--instance NAME`): two agents on one host, each with its own
 //! cgroup root, run directory, socket and lock, never touch each other's tasks.
 //! The kernel's `cgroup.events` is the truth.
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
-use keling_agent::control::StatusReply;
 use keling_tests::{
     Fixture, Nvsim,
-    agent::{Agent, AgentOptions, cgroup2, cleanup_cgroups_in, frozen, task_pid, wait_for},
+    agent::{
+        Agent, AgentOptions, cgroup2, cleanup_cgroups_in, frozen, task_cgroup, task_pid, wait_for,
+    },
     keling_bin,
 };
 
@@ -20,15 +21,6 @@ fn start_agent(sim: &Nvsim, instance: &str) -> Agent {
             ..AgentOptions::args(&["--instance", instance, "--metrics-addr", "127.0.0.1:0"])
         },
     )
-}
-
-fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
-    let t = status
-        .tasks
-        .iter()
-        .find(|t| t.pid == pid)
-        .expect("task in status");
-    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
 }
 
 fn thaw_all(instance: &str) {

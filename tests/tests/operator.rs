@@ -620,11 +620,7 @@ fn readme_latency_histograms_commands_work() {
     let script: String = block
         .lines()
         .filter(|l| !l.starts_with("cargo xtask build"))
-        .map(|l| {
-            l.replace("target/debug/", &format!("{}/", bin_dir.display()))
-                .replace("/tmp/keling-nvsim", dev.to_str().unwrap())
-                + "\n"
-        })
+        .map(|l| keling_tests::doc_line_here(l, &bin_dir, &dev) + "\n")
         .collect();
     eprintln!("{script}");
     let child = Command::new("sh")

@@ -530,9 +530,7 @@ fn readme_trace_a_misbehaving_process_commands_work() {
         if line.is_empty() || line.starts_with('#') || line.starts_with("cargo xtask build") {
             continue;
         }
-        let cmd = line
-            .replace("target/debug/", &format!("{}/", bin_dir.display()))
-            .replace("/tmp/keling-nvsim", dev.to_str().unwrap());
+        let cmd = keling_tests::doc_line_here(line, &bin_dir, &dev);
         eprintln!("$ {cmd}");
         let out = Command::new("sh")
             .args(["-c", &cmd])

@@ -260,21 +260,24 @@ fn missing_programs_degrade_or_refuse_by_what_was_asked() {
     let Some(_fx) = Fixture::new("missing_programs_degrade_or_refuse_by_what_was_asked") else {
         return;
     };
-    let keling = keling_tests::keling_bin();
+    // `keling trace -- true` with `program` not attached.
+    let trace_without = |program: &str| {
+        std::process::Command::new(keling_tests::keling_bin())
+            .env("KELING_SKIP_PROGRAMS", program)
+            .args([
+                "trace",
+                "--format",
+                "jsonl",
+                "--output",
+                "/dev/null",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap()
+    };
     // A trace can do without dup3 (an fd variant) ...
-    let out = std::process::Command::new(&keling)
-        .env("KELING_SKIP_PROGRAMS", "sys_exit_dup3")
-        .args([
-            "trace",
-            "--format",
-            "jsonl",
-            "--output",
-            "/dev/null",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    let out = trace_without("sys_exit_dup3");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -282,19 +285,7 @@ fn missing_programs_degrade_or_refuse_by_what_was_asked() {
         "{stderr}"
     );
     // ... but not without context switches, which it is asked to report.
-    let out = std::process::Command::new(&keling)
-        .env("KELING_SKIP_PROGRAMS", "sched_switch")
-        .args([
-            "trace",
-            "--format",
-            "jsonl",
-            "--output",
-            "/dev/null",
-            "--",
-            "true",
-        ])
-        .output()
-        .unwrap();
+    let out = trace_without("sched_switch");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("sched_switch is required"), "{stderr}");

@@ -4,7 +4,7 @@
 //! agent starts, it takes the task back (owner, priority, limits, GPU memory)
 //! and the client attaches to it again.
 use std::{
-    io::{BufRead, BufReader},
+    path::Path,
     process::{Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -13,7 +13,7 @@ use std::{
 use keling_agent::control::{StatusReply, TaskStatus};
 use keling_sched::Input;
 use keling_tests::{
-    ChildGuard, Fixture,
+    ChildGuard, Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
     gpu_workload_bin, keling_bin,
 };
@@ -21,6 +21,36 @@ use keling_tests::{
 /// `keling launch`'s code when the agent went away and the task runs on
 /// (`keling_agent::cmd::launch::EXIT_AGENT_GONE`).
 const EXIT_AGENT_GONE: i32 = 75;
+
+/// `keling launch --socket SOCKET OPTS -- keling-gpu-workload --scenario busy`
+/// (100,000,000 iterations, `alloc_mib` MiB), its progress written to `progress`;
+/// the client, and what it has said on standard error so far (echoed as it comes).
+fn launch_echoed(
+    socket: &Path,
+    opts: &[&str],
+    sim: &Nvsim,
+    alloc_mib: &str,
+    progress: &Path,
+) -> (ChildGuard, Arc<Mutex<String>>) {
+    let mut client = ChildGuard(
+        Command::new(keling_bin())
+            .arg("launch")
+            .arg("--socket")
+            .arg(socket)
+            .args(opts)
+            .arg("--")
+            .arg(gpu_workload_bin())
+            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+            .args(["--iterations", "100000000", "--alloc-mib", alloc_mib])
+            .arg("--progress")
+            .arg(progress)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let said = client.echo_stderr("launch");
+    (client, said)
+}
 
 #[test]
 fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
@@ -39,34 +69,15 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
         },
     );
     let p = fx.dir.join("progress");
-    let mut client = ChildGuard(
-        Command::new(keling_bin())
-            .arg("launch")
-            .arg("--socket")
-            .arg(&agent.socket)
-            .args(["--gpu", "0", "--reconnect-timeout", "1", "--"])
-            .arg(gpu_workload_bin())
-            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
-            .args(["--iterations", "100000000", "--alloc-mib", "64"])
-            .arg("--progress")
-            .arg(&p)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+    // The task has the client's standard error too: read as it comes (it stays
+    // open while the task runs).
+    let (mut client, said) = launch_echoed(
+        &agent.socket,
+        &["--gpu", "0", "--reconnect-timeout", "1"],
+        sim,
+        "64",
+        &p,
     );
-    // The task has the client's standard error too: read it as it comes (it
-    // stays open while the task runs).
-    let said = Arc::new(Mutex::new(String::new()));
-    let lines = BufReader::new(client.0.stderr.take().unwrap()).lines();
-    let keep = said.clone();
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            eprintln!("launch: {l}");
-            let mut s = keep.lock().unwrap();
-            s.push_str(&l);
-            s.push('\n');
-        }
-    });
     let pid = task_pid(&agent, &p);
     // The agent stops, by pid, as systemd stops it.
     agent.signal(libc::SIGTERM);
@@ -142,40 +153,23 @@ fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) 
     };
     let mut first = Agent::start_with(sim, options());
     let p = fx.dir.join("progress");
-    let mut client = ChildGuard(
-        Command::new(keling_bin())
-            .arg("launch")
-            .arg("--socket")
-            .arg(&socket)
-            .args([
-                "--gpu",
-                "0",
-                "--priority",
-                "9",
-                "--max-duration-ms",
-                "600000",
-            ])
-            .args(["--mem-quota", "1073741824", "--notify-preempt", "--"])
-            .arg(gpu_workload_bin())
-            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
-            .args(["--iterations", "100000000", "--alloc-mib", "128"])
-            .arg("--progress")
-            .arg(&p)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
+    let (mut client, said) = launch_echoed(
+        &socket,
+        &[
+            "--gpu",
+            "0",
+            "--priority",
+            "9",
+            "--max-duration-ms",
+            "600000",
+            "--mem-quota",
+            "1073741824",
+            "--notify-preempt",
+        ],
+        sim,
+        "128",
+        &p,
     );
-    let said = Arc::new(Mutex::new(String::new()));
-    let lines = BufReader::new(client.0.stderr.take().unwrap()).lines();
-    let keep = said.clone();
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            eprintln!("launch: {l}");
-            let mut s = keep.lock().unwrap();
-            s.push_str(&l);
-            s.push('\n');
-        }
-    });
     let pid = task_pid(&first, &p);
     wait_for("the task's 128 MiB", Duration::from_secs(10), || {
         task_of(first.status_reply(), pid).is_some_and(|t| t.mem_bytes == 128 * MIB)

@@ -4,20 +4,16 @@
 //! a time (the fixture's lock), and every one cleans up in Drop guards even when it
 //! fails.
 use std::{
-    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
 
-use keling_agent::{
-    control::StatusReply,
-    log_format::{InputLogHeader, Record, SchedLine},
-};
+use keling_agent::log_format::{InputLogHeader, Record, SchedLine};
 use keling_sched::{Policy, Reason};
 use keling_tests::{
-    ChildGuard, Fixture, Nvsim,
-    agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
-    gpu_workload_bin, keling_bin, tempdir,
+    Fixture, Nvsim,
+    agent::{Agent, AgentOptions, frozen, proc_state, progress, task_cgroup, task_pid, wait_for},
+    keling_bin, tempdir, unlaunched_gpu_process,
 };
 
 /// `keling run` with no periodic status lines (these tests read none).
@@ -29,16 +25,6 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
             ..AgentOptions::args(extra)
         },
     )
-}
-
-/// The cgroup Keling says the task `pid` is in.
-fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
-    let t = status
-        .tasks
-        .iter()
-        .find(|t| t.pid == pid)
-        .expect("task in status");
-    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
 }
 
 #[test]
@@ -431,21 +417,7 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
     .unwrap();
     let agent = start_agent(sim, &["--config", config.to_str().unwrap()]);
     let pa = dir.join("a");
-    let a = ChildGuard(
-        Command::new(gpu_workload_bin())
-            .args([
-                "--dev-dir",
-                sim.dev_dir(),
-                "--scenario",
-                "busy",
-                "--iterations",
-                "1000000",
-                "--progress",
-            ])
-            .arg(&pa)
-            .spawn()
-            .unwrap(),
-    );
+    let a = unlaunched_gpu_process(sim, &pa);
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
         agent
@@ -528,21 +500,7 @@ fn adopted_process_without_a_rule_priority_gets_the_default_priority() {
             "5",
         ],
     );
-    let a = ChildGuard(
-        Command::new(gpu_workload_bin())
-            .args([
-                "--dev-dir",
-                sim.dev_dir(),
-                "--scenario",
-                "busy",
-                "--iterations",
-                "1000000",
-                "--progress",
-            ])
-            .arg(dir.join("a"))
-            .spawn()
-            .unwrap(),
-    );
+    let a = unlaunched_gpu_process(sim, &dir.join("a"));
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
         agent.status_reply().tasks.iter().any(|t| t.pid == pid_a)

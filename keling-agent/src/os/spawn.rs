@@ -638,10 +638,12 @@ fn write_decimal(mut v: u32, buf: &mut [u8]) {
     buf[n] = 0;
 }
 
-fn reap(pid: u32) {
+/// Waits for our own child `pid`; its wait status.
+fn reap(pid: u32) -> i32 {
     let mut status = 0;
     // SAFETY: waiting for our own child.
     unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    status
 }
 
 impl Drop for HeldChild {
@@ -672,6 +674,10 @@ pub fn parse_env(entries: &[String]) -> Vec<(OsString, OsString)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn argv(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
 
     #[test]
     fn candidates_follow_the_given_path() {
@@ -704,14 +710,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("keling-spawn-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("out");
-        let argv: Vec<OsString> = [
+        let argv = argv(&[
             "sh",
             "-c",
             "pwd > out; env | sort >> out; grep -E 'SigIgn|SigBlk' /proc/self/status >> out",
-        ]
-        .iter()
-        .map(OsString::from)
-        .collect();
+        ]);
         let opts = SpawnOptions {
             env: vec![
                 ("PATH".into(), "/usr/bin:/bin".into()),
@@ -726,9 +729,7 @@ mod tests {
         let pid = held.pid();
         let pending = held.release_nowait().unwrap();
         pending.wait().unwrap();
-        let mut status = 0;
-        // SAFETY: our own child.
-        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        let status = reap(pid);
         let text = std::fs::read_to_string(&out).unwrap();
         assert_eq!(status, 0, "{text}");
         assert!(text.starts_with(&format!("{}\n", dir.display())), "{text}");
@@ -755,9 +756,7 @@ mod tests {
         // SAFETY: our own unreaped child.
         unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
         let _ = held.release_nowait().unwrap().wait();
-        let mut status = 0;
-        // SAFETY: our own child.
-        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        let status = reap(pid);
         assert_eq!(status & 0x7f, libc::SIGUSR2, "status {status:#x}");
     }
 
@@ -770,10 +769,7 @@ mod tests {
             gpu.map_or(-1, i64::from)
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        let argv: Vec<OsString> = ["sh", "-c", "echo \"${CUDA_VISIBLE_DEVICES-unset}\" > out"]
-            .iter()
-            .map(OsString::from)
-            .collect();
+        let argv = argv(&["sh", "-c", "echo \"${CUDA_VISIBLE_DEVICES-unset}\" > out"]);
         let opts = SpawnOptions {
             env: vec![
                 ("PATH".into(), "/usr/bin:/bin".into()),
@@ -787,9 +783,7 @@ mod tests {
         let held = HeldChild::spawn_with(&argv, &opts).unwrap();
         let pid = held.pid();
         held.release_on(gpu).unwrap().wait().unwrap();
-        let mut status = 0;
-        // SAFETY: our own child.
-        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        let status = reap(pid);
         assert_eq!(status, 0);
         let seen = std::fs::read_to_string(dir.join("out")).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
@@ -818,10 +812,7 @@ mod tests {
     fn a_cancelled_child_dies_unreaped_and_ran_nothing() {
         let dir = std::env::temp_dir().join(format!("keling-spawn-cancel-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let argv: Vec<OsString> = ["sh", "-c", "touch ran"]
-            .iter()
-            .map(OsString::from)
-            .collect();
+        let argv = argv(&["sh", "-c", "touch ran"]);
         let opts = SpawnOptions {
             cwd: Some(dir.clone()),
             ..SpawnOptions::default()
