@@ -327,10 +327,59 @@ proptest! {
         for (op, advance_ms) in &ops {
             ts_ns += advance_ms * MS;
             let input = input_for(&sched, op, ts_ns);
-            sched.step(&input);
+            let out = sched.step(&input);
+            check_binding_avoids_conflicts(&sched, &out);
             settle_all(&mut sched, ts_ns);
             check_settled_queue(&sched);
             check_settled_sharing(&sched);
+        }
+    }
+}
+
+/// Late binding under memory sharing: an unpinned task bound (`Place`) while some GPU
+/// had no live task at all (so it fitted there, and froze nobody there) goes
+/// where no task of another priority is, but ones being ended: one of the two
+/// would freeze the other while it works. The tasks there are the live ones
+/// after the step but those bound after it in the same output; a task that holds memory already (it may be
+/// kept off a GPU by those) is not checked.
+fn check_binding_avoids_conflicts(sched: &Scheduler, out: &Output) {
+    let placed: Vec<(TaskId, u32)> = out
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Place { id, gpu } => Some((*id, *gpu)),
+            _ => None,
+        })
+        .collect();
+    let live: Vec<TaskView> = sched
+        .tasks()
+        .into_iter()
+        .filter(|v| v.state.is_live())
+        .collect();
+    for (n, &(id, gpu)) in placed.iter().enumerate() {
+        let Some(u) = live.iter().find(|v| v.spec.id == id) else {
+            continue;
+        };
+        if u.spec.gpu.is_some() || u.mem_bytes.values().any(|&b| b > 0) {
+            continue;
+        }
+        let later: BTreeSet<TaskId> = placed[n + 1..].iter().map(|p| p.0).collect();
+        let others: Vec<&TaskView> = live
+            .iter()
+            .filter(|v| v.spec.id != id && !later.contains(&v.spec.id))
+            .collect();
+        let on = |g: u32| others.iter().filter(move |v| uses(v).contains(&g));
+        let some_gpu_empty = sched.config().gpus.iter().any(|c| on(c.index).count() == 0);
+        if some_gpu_empty {
+            let conflicting: Vec<TaskId> = on(gpu)
+                .filter(|v| v.ending_reason.is_none() && v.spec.priority != u.spec.priority)
+                .map(|v| v.spec.id)
+                .collect();
+            assert!(
+                conflicting.is_empty(),
+                "task {id} (priority {}) bound to GPU {gpu} beside {conflicting:?} of other priorities while a GPU was empty",
+                u.spec.priority
+            );
         }
     }
 }
