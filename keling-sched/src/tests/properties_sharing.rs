@@ -9,27 +9,10 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
-use super::properties::{Driver, Op, arb_op, random_config, uses};
+use super::properties::{Driver, uses};
+use super::strategies::{Op, arb_shared_op, op_input, random_config, shared_config};
 use super::*;
 use crate::policy::Policy;
-
-/// GPUs 0 and 1 of 16 GiB shared by memory, with `cap` (0: none).
-fn shared_config(cap: u32) -> SchedConfig {
-    SchedConfig {
-        sharing: Sharing::Memory,
-        slots_per_gpu: cap,
-        ..random_config(cap)
-    }
-}
-
-/// The usual operations, with memory held outside tasks now and then.
-fn arb_shared_op(feedback: bool) -> BoxedStrategy<Op> {
-    prop_oneof![
-        20 => arb_op(feedback),
-        1 => (0u32..3, 0u64..10).prop_map(|(gpu, gib)| Op::Outside(gpu, gib * GIB)),
-    ]
-    .boxed()
-}
 
 struct Gpu<'a> {
     gpu: u32,
@@ -384,77 +367,23 @@ fn check_binding_avoids_conflicts(sched: &Scheduler, out: &Output) {
     }
 }
 
-/// `op` as an input at `ts_ns`; feedback goes to what `sched` has in flight.
+/// `op` as an input at `ts_ns`; feedback goes to what `sched` has in flight
+/// (a `Stop` times out as the `Freeze` it escalated).
 fn input_for(sched: &Scheduler, op: &Op, ts_ns: u64) -> Input {
     let in_flight: Vec<(TaskId, ActionKind)> = sched
         .live_tasks()
         .iter()
         .filter_map(|v| v.in_flight.map(|k| (v.spec.id, k)))
         .collect();
-    let nth = |n: usize| (!in_flight.is_empty()).then(|| in_flight[n % in_flight.len()]);
-    match *op {
-        Op::Arrive {
-            id,
-            priority,
-            gpu,
-            quota_gib,
-            max_ms,
-            grace_ms,
-            hard_kill,
-            expected_ms,
-        } => Input::Arrive {
-            spec: TaskSpec {
-                gpu,
-                mem_quota_bytes: quota_gib.map(|g| g * GIB),
-                max_duration_ms: max_ms,
-                grace_ms,
-                hard_kill,
-                expected_runtime_ms: expected_ms,
-                ..spec(id, priority)
-            },
-            ts_ns,
-        },
-        Op::Active(id) => Input::Active { id, ts_ns },
-        Op::Idle(id) => Input::Idle { id, ts_ns },
-        Op::Alloc(id, gpu, bytes) => Input::MemAlloc {
-            id,
-            gpu,
-            bytes,
-            ts_ns,
-        },
-        Op::Free(id, gpu, bytes) => Input::MemFree {
-            id,
-            gpu,
-            bytes,
-            ts_ns,
-        },
-        Op::AllocFailed(id, gpu, bytes) => Input::AllocFailed {
-            id,
-            gpu,
-            bytes,
-            ts_ns,
-        },
-        Op::Exit(id, exit_code) => Input::Exit {
-            id,
-            exit_code,
-            ts_ns,
-        },
-        Op::Tick => Input::Tick { ts_ns },
-        Op::Confirm(n) => match nth(n) {
-            Some((id, action)) => Input::Confirmed { id, action, ts_ns },
-            None => Input::Tick { ts_ns },
-        },
-        Op::TimeOut(n) => match nth(n) {
-            Some((id, ActionKind::Stop)) => Input::TimedOut {
-                id,
-                action: ActionKind::Freeze,
-                ts_ns,
-            },
-            Some((id, action)) => Input::TimedOut { id, action, ts_ns },
-            None => Input::Tick { ts_ns },
-        },
-        Op::Stray(id, action, true) => Input::Confirmed { id, action, ts_ns },
-        Op::Stray(id, action, false) => Input::TimedOut { id, action, ts_ns },
-        Op::Outside(gpu, bytes) => Input::OutsideMem { gpu, bytes, ts_ns },
-    }
+    op_input(op, ts_ns, |n| {
+        (!in_flight.is_empty()).then(|| {
+            let (id, action) = in_flight[n % in_flight.len()];
+            let timed_out = if action == ActionKind::Stop {
+                ActionKind::Freeze
+            } else {
+                action
+            };
+            (id, action, timed_out)
+        })
+    })
 }
