@@ -310,11 +310,11 @@
 //! seed is the core's only source of randomness, and the same seed gives the same
 //! choices, so replays reproduce them. Without a free slot, the GPU whose
 //! displaced task ranks last. Under [`Sharing::Memory`] the GPUs where a task
-//! fits beside every holder are compared otherwise: first those where no live
-//! task of another priority is (not being ended; one of the two would freeze
-//! the other while it works); then the least memory held there over time plus
-//! what the tasks there, it included, may hold for
-//! [`MEM_HORIZON_S`]; then the least busy time; then the hash.
+//! fits beside every holder are compared otherwise: if some have no live task
+//! of another priority (not being ended; one of the two would freeze the other
+//! while it works), only those, by the least memory held there over time plus
+//! what the tasks there, it included, may hold for [`MEM_HORIZON_S`], then the
+//! least busy time, then the hash; if none has, as above (W first).
 //!
 //! **After binding** a task keeps its GPU (a CUDA context does not move): quanta,
 //! idleness, preemption among the tasks of a GPU, memory pressure and quotas

@@ -315,14 +315,25 @@ impl Scheduler {
     }
 
     /// Memory sharing, late binding: among `free` (not empty), the GPU `u`
-    /// goes to: first one where it conflicts with nobody
-    /// ([`Scheduler::conflicts`] is 0); then the least memory held there over
-    /// time so far plus what the tasks there, `u` included, may hold for
-    /// [`MEM_HORIZON_S`] more (so that arrivals close together do not all go to
-    /// the GPU that is behind); then the least busy time; then the seeded hash.
+    /// goes to. Where it conflicts with nobody ([`Scheduler::conflicts`] is
+    /// 0), if there is such a GPU: the least memory held there over time so
+    /// far plus what the tasks there, `u` included, may hold for
+    /// [`MEM_HORIZON_S`] more (so that arrivals close together do not all go
+    /// to the GPU that is behind); then the least busy time; then the seeded
+    /// hash. Otherwise as sharing by slots ([`Scheduler::best_free_gpu`]: the
+    /// placement weight first, whose free-memory term keeps it off GPUs whose
+    /// memory is held, by long jobs it would freeze among others).
     pub(super) fn best_shared_gpu(&self, u: &Task, free: &[u32]) -> u32 {
+        let calm: Vec<u32> = free
+            .iter()
+            .copied()
+            .filter(|&gpu| self.conflicts(gpu, u) == 0)
+            .collect();
+        if calm.is_empty() {
+            return self.best_free_gpu(u.spec.id, free);
+        }
         let horizon_ns = u128::from(MEM_HORIZON_S) * u128::from(NS_PER_S);
-        free.iter()
+        calm.iter()
             .map(|&gpu| {
                 let committed: u128 = self
                     .tasks
@@ -343,7 +354,6 @@ impl Scheduler {
                     .unwrap_or(0)
                     .saturating_add(committed.saturating_mul(horizon_ns));
                 let key = (
-                    self.conflicts(gpu, u) > 0,
                     mem,
                     self.busy_ns.get(&gpu).copied().unwrap_or(0),
                     tie_hash(self.config.placement_seed, u.spec.id, gpu),
@@ -352,7 +362,7 @@ impl Scheduler {
                 (key, gpu)
             })
             .min()
-            .map_or(free[0], |(_, gpu)| gpu)
+            .map_or(calm[0], |(_, gpu)| gpu)
     }
 
     /// Why task `id` waits, if it does: unbound in the queue (as
