@@ -3,8 +3,8 @@
 //! compares and each transition's states.
 #![no_main]
 use keling_agent::{
-    replay::{exact, log::read_sched_log, metrics::Metrics},
-    sched_log::SchedLine,
+    replay::{exact, log::read_sched_log, figures::Metrics},
+    log_format::SchedLine,
 };
 use libfuzzer_sys::fuzz_target;
 

@@ -172,12 +172,14 @@ pub struct ActiveEvent {
     pub cause: u32,
 }
 
-/// [`ActiveEvent::cause`].
-pub mod active_cause {
-    /// A thread was switched onto a CPU.
-    pub const SWITCH_IN: u32 = 1;
-    /// An NVIDIA call that changed no memory and did not fail.
-    pub const IOCTL: u32 = 2;
+code_set! {
+    /// [`ActiveEvent::cause`](crate::ActiveEvent::cause).
+    pub mod active_cause, enum ActiveCause {
+        /// A thread was switched onto a CPU.
+        SWITCH_IN = 1, SwitchIn, "switch_in";
+        /// An NVIDIA call that changed no memory and did not fail.
+        IOCTL = 2, Ioctl, "ioctl";
+    }
 }
 
 /// `prev_state` bits of `sched_switch` (the kernel's TASK_REPORT states).

@@ -48,6 +48,58 @@ pub mod device_file {
     pub const CTL: u32 = 255;
     pub const UVM: u32 = 256;
     pub const NONE: u32 = u32::MAX;
+
+    /// Which NVIDIA device file, as a type; it prints as the file is named under
+    /// `/dev`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum DeviceFile {
+        /// `nvidiactl`.
+        Ctl,
+        /// `nvidiaN`.
+        Gpu(u32),
+        /// `nvidia-uvm`.
+        Uvm,
+    }
+
+    impl DeviceFile {
+        /// The file of `code`; `None` for a number that names no file ([`NONE`]
+        /// among them).
+        pub const fn from_raw(code: u32) -> Option<Self> {
+            match code {
+                CTL => Some(Self::Ctl),
+                UVM => Some(Self::Uvm),
+                n if n <= MAX_GPU => Some(Self::Gpu(n)),
+                _ => None,
+            }
+        }
+
+        /// The number on the wire.
+        pub const fn code(self) -> u32 {
+            match self {
+                Self::Ctl => CTL,
+                Self::Uvm => UVM,
+                Self::Gpu(n) => n,
+            }
+        }
+
+        /// The GPU of an `nvidiaN` file.
+        pub const fn gpu(self) -> Option<u32> {
+            match self {
+                Self::Gpu(n) => Some(n),
+                _ => None,
+            }
+        }
+    }
+
+    impl core::fmt::Display for DeviceFile {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            match self {
+                Self::Ctl => f.write_str("nvidiactl"),
+                Self::Uvm => f.write_str("nvidia-uvm"),
+                Self::Gpu(n) => write!(f, "nvidia{n}"),
+            }
+        }
+    }
 }
 
 /// NVIDIA fds tracked per process in its own table (`PROC_FDS`). NVIDIA's libcuda
@@ -141,79 +193,78 @@ pub const fn split_call_key(key: u64) -> (u32, u32) {
     ((key >> 32) as u32, key as u32)
 }
 
-/// Why an ioctl (or part of the accounting) could not be decoded with certainty.
-/// Index into the per-CPU `UNDECODED` array; `UNDECODED_PID` sums them per process.
-pub mod undecoded {
-    /// Params were FINN-serialized (NVOS64 flags & 1, NVOS54 flags & 4).
-    pub const FINN_SERIALIZED: u32 = 0;
-    /// An RM escape with a size that matches no known layout.
-    pub const UNKNOWN_LAYOUT: u32 = 1;
-    /// A user pointer could not be read (bad pointer, unmapped page).
-    pub const FAULT: u32 = 2;
-    /// An escape Keling does not decode.
-    pub const UNKNOWN_ESCAPE: u32 = 3;
-    /// A per-process, per-file, per-client or per-memory table was full.
-    pub const TABLE_FULL: u32 = 4;
-    /// A free or teardown named an object or client Keling never saw.
-    pub const UNKNOWN_OBJECT: u32 = 5;
-    pub const COUNT: u32 = 6;
-    pub const NAMES: [&str; COUNT as usize] = [
-        "finn_serialized",
-        "unknown_layout",
-        "fault",
-        "unknown_escape",
-        "table_full",
-        "unknown_object",
-    ];
+code_set! {
+    /// Why an ioctl (or part of the accounting) could not be decoded with certainty.
+    /// Index into the per-CPU `UNDECODED` array; `UNDECODED_PID` sums them per process.
+    pub mod undecoded, enum UndecodedReason {
+        /// Params were FINN-serialized (NVOS64 flags & 1, NVOS54 flags & 4).
+        FINN_SERIALIZED = 0, FinnSerialized, "finn_serialized";
+        /// An RM escape with a size that matches no known layout.
+        UNKNOWN_LAYOUT = 1, UnknownLayout, "unknown_layout";
+        /// A user pointer could not be read (bad pointer, unmapped page).
+        FAULT = 2, Fault, "fault";
+        /// An escape Keling does not decode.
+        UNKNOWN_ESCAPE = 3, UnknownEscape, "unknown_escape";
+        /// A per-process, per-file, per-client or per-memory table was full.
+        TABLE_FULL = 4, TableFull, "table_full";
+        /// A free or teardown named an object or client Keling never saw.
+        UNKNOWN_OBJECT = 5, UnknownObject, "unknown_object";
+    }
+    indexed_by_code!(UndecodedReason);
 }
 
-/// Which table was full when `undecoded::TABLE_FULL` was counted. Index into the
-/// per-CPU `TABLE_FULL_AT` array (all processes together): the per-process count
-/// says who, this says where.
-pub mod table_full {
-    /// A process's NVIDIA fd table (`FD_SLOTS`).
-    pub const FD_TABLE: u32 = 0;
-    /// The orphaned files watched (`MAX_FILES`: the slots and their backlog).
-    pub const ORPHANS: u32 = 1;
-    /// A CPU's queue of deferred work.
-    pub const WORK_QUEUE: u32 = 2;
-    /// An open file's clients.
-    pub const FILE_CLIENTS: u32 = 3;
-    /// A client's (process, device, GPU) contributors.
-    pub const CONTRIBUTORS: u32 = 4;
-    /// The map of shared memories.
-    pub const MEMS: u32 = 5;
-    /// A shared memory's handles.
-    pub const MEM_HANDLES: u32 = 6;
-    /// An export file's objects.
-    pub const EXPORTS: u32 = 7;
-    /// A batch import/export beyond the objects decoded.
-    pub const BATCH: u32 = 8;
-    /// A call's own decoding (object, client or scratch tables, a failed tail call).
-    pub const CALL: u32 = 9;
-    pub const COUNT: u32 = 10;
-    pub const NAMES: [&str; COUNT as usize] = [
-        "fd_table",
-        "orphans",
-        "work_queue",
-        "file_clients",
-        "contributors",
-        "mems",
-        "mem_handles",
-        "exports",
-        "batch",
-        "call",
-    ];
+code_set! {
+    /// Which table was full when `undecoded::TABLE_FULL` was counted. Index into the
+    /// per-CPU `TABLE_FULL_AT` array (all processes together): the per-process count
+    /// says who, this says where.
+    pub mod table_full, enum TableFull {
+        /// A process's NVIDIA fd table (`FD_SLOTS`).
+        FD_TABLE = 0, FdTable, "fd_table";
+        /// The orphaned files watched (`MAX_FILES`: the slots and their backlog).
+        ORPHANS = 1, Orphans, "orphans";
+        /// A CPU's queue of deferred work.
+        WORK_QUEUE = 2, WorkQueue, "work_queue";
+        /// An open file's clients.
+        FILE_CLIENTS = 3, FileClients, "file_clients";
+        /// A client's (process, device, GPU) contributors.
+        CONTRIBUTORS = 4, Contributors, "contributors";
+        /// The map of shared memories.
+        MEMS = 5, Mems, "mems";
+        /// A shared memory's handles.
+        MEM_HANDLES = 6, MemHandles, "mem_handles";
+        /// An export file's objects.
+        EXPORTS = 7, Exports, "exports";
+        /// A batch import/export beyond the objects decoded.
+        BATCH = 8, Batch, "batch";
+        /// A call's own decoding (object, client or scratch tables, a failed tail call).
+        CALL = 9, Call, "call";
+    }
+    indexed_by_code!(TableFull);
 }
 
-/// What kind of bytes a memory holds.
-pub mod mem_kind {
-    /// Video memory of a GPU: quotas and memory pressure count only this.
-    pub const VIDEO: u32 = 1;
-    /// Pinned host memory.
-    pub const HOST: u32 = 2;
-    /// Extended GPU memory (EGM, Grace Hopper).
-    pub const EGM: u32 = 3;
+code_set! {
+    /// What kind of bytes a memory holds.
+    pub mod mem_kind, enum MemKind {
+        /// Video memory of a GPU: quotas and memory pressure count only this.
+        VIDEO = 1, Video, "video";
+        /// Pinned host memory.
+        HOST = 2, Host, "host";
+        /// Extended GPU memory (EGM, Grace Hopper).
+        EGM = 3, Egm, "egm";
+    }
+
+    use crate::nvidia::ObjectKind;
+
+    impl MemKind {
+        /// The object kind that holds memory of this kind.
+        pub const fn object_kind(self) -> ObjectKind {
+            match self {
+                Self::Video => ObjectKind::VideoMemory,
+                Self::Host => ObjectKind::HostMemory,
+                Self::Egm => ObjectKind::ExtendedMemory,
+            }
+        }
+    }
 }
 
 /// One open NVIDIA fd of a process.
@@ -449,16 +500,18 @@ pub struct SimFileKey {
     pub ino: u64,
 }
 
-/// How a process came to have an NVIDIA fd ([`GpuOpenEvent::how`]).
-pub mod open_how {
-    /// An open syscall (any of them, any path).
-    pub const OPEN: u32 = 1;
-    /// dup, dup2, dup3, fcntl(F_DUPFD*) of another fd.
-    pub const DUP: u32 = 2;
-    /// Received over a unix socket (SCM_RIGHTS) or taken with pidfd_getfd.
-    pub const RECEIVED: u32 = 3;
-    /// First seen at an ioctl (inherited from before Keling, or another way).
-    pub const FIRST_USE: u32 = 4;
+code_set! {
+    /// How a process came to have an NVIDIA fd ([`GpuOpenEvent::how`]).
+    pub mod open_how, enum OpenHowCode {
+        /// An open syscall (any of them, any path).
+        OPEN = 1, Open, "open";
+        /// dup, dup2, dup3, fcntl(F_DUPFD*) of another fd.
+        DUP = 2, Dup, "dup";
+        /// Received over a unix socket (SCM_RIGHTS) or taken with pidfd_getfd.
+        RECEIVED = 3, Received, "received";
+        /// First seen at an ioctl (inherited from before Keling, or another way).
+        FIRST_USE = 4, FirstUse, "first_use";
+    }
 }
 
 /// A process has an NVIDIA fd ([`crate::EventKind::GpuOpen`]).
@@ -542,12 +595,14 @@ pub struct GpuObjectEvent {
     pub gpu: u32,
 }
 
-/// Why memory was freed all at once ([`GpuTeardownEvent::reason`]).
-pub mod teardown {
-    pub const CLIENT_FREED: u32 = 1;
-    pub const FILE_RELEASED: u32 = 2;
-    pub const DEVICE_FREED: u32 = 3;
-    pub const SUBDEVICE_FREED: u32 = 4;
+code_set! {
+    /// Why memory was freed all at once ([`GpuTeardownEvent::reason`]).
+    pub mod teardown, enum TeardownReason {
+        CLIENT_FREED = 1, ClientFreed, "client_freed";
+        FILE_RELEASED = 2, FileReleased, "file_released";
+        DEVICE_FREED = 3, DeviceFreed, "device_freed";
+        SUBDEVICE_FREED = 4, SubdeviceFreed, "subdevice_freed";
+    }
 }
 
 /// One contributor of a client freed all at once ([`crate::EventKind::GpuTeardown`]).
@@ -571,12 +626,14 @@ pub struct GpuTeardownEvent {
     pub egm_bytes: u64,
 }
 
-/// How a new handle to existing memory came to be ([`GpuRefEvent::how`]).
-pub mod ref_how {
-    /// RM_DUP_OBJECT.
-    pub const DUP: u32 = 1;
-    /// An import control (IMPORT_OBJECT_FROM_FD or its batch form).
-    pub const IMPORT: u32 = 2;
+code_set! {
+    /// How a new handle to existing memory came to be ([`GpuRefEvent::how`]).
+    pub mod ref_how, enum RefHowCode {
+        /// RM_DUP_OBJECT.
+        DUP = 1, Dup, "dup";
+        /// An import control (IMPORT_OBJECT_FROM_FD or its batch form).
+        IMPORT = 2, Import, "import";
+    }
 }
 
 /// A new handle referring to an existing memory ([`crate::EventKind::GpuRef`]).
@@ -627,14 +684,16 @@ pub struct GpuChargeEvent {
     pub bytes: u64,
 }
 
-/// What came of an ioctl that is reported as a plain call ([`GpuIoctlEvent::outcome`]).
-pub mod outcome {
-    /// Decoded; it changed no memory (a control, a map, a failed allocation, ...).
-    pub const DECODED: u32 = 0;
-    /// An escape every CUDA process sends that carries no memory.
-    pub const NO_MEMORY_ESCAPE: u32 = 1;
-    /// Not decoded; `undecoded` says why.
-    pub const UNDECODED: u32 = 2;
+code_set! {
+    /// What came of an ioctl that is reported as a plain call ([`GpuIoctlEvent::outcome`]).
+    pub mod outcome, enum OutcomeCode {
+        /// Decoded; it changed no memory (a control, a map, a failed allocation, ...).
+        DECODED = 0, Decoded, "decoded";
+        /// An escape every CUDA process sends that carries no memory.
+        NO_MEMORY_ESCAPE = 1, NoMemoryEscape, "no_memory_escape";
+        /// Not decoded; `undecoded` says why.
+        UNDECODED = 2, Undecoded, "undecoded";
+    }
 }
 
 /// Any other ioctl on an NVIDIA file ([`crate::EventKind::GpuIoctl`]).

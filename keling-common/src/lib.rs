@@ -15,6 +15,8 @@
 //! - "pid" means what the kernel calls tgid (a process); "tid" a thread.
 #![no_std]
 
+#[macro_use]
+mod codes;
 pub mod event;
 pub mod gpu;
 pub mod lines;

@@ -456,6 +456,62 @@ impl ObjectKind {
         }
     }
 
+    /// Every kind, in code order.
+    pub const ALL: [Self; 14] = [
+        Self::Other,
+        Self::Client,
+        Self::Device,
+        Self::Subdevice,
+        Self::VaSpace,
+        Self::ChannelGroup,
+        Self::ContextShare,
+        Self::Channel,
+        Self::Compute,
+        Self::Copy,
+        Self::VideoMemory,
+        Self::HostMemory,
+        Self::VirtualMemory,
+        Self::ExtendedMemory,
+    ];
+
+    /// The number on the wire.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The name every output prints.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Other => "other",
+            Self::Client => "client",
+            Self::Device => "device",
+            Self::Subdevice => "subdevice",
+            Self::VaSpace => "vaspace",
+            Self::ChannelGroup => "channel_group",
+            Self::ContextShare => "context_share",
+            Self::Channel => "channel",
+            Self::Compute => "compute",
+            Self::Copy => "copy",
+            Self::VideoMemory => "video_memory",
+            Self::HostMemory => "host_memory",
+            Self::VirtualMemory => "virtual_memory",
+            Self::ExtendedMemory => "extended_memory",
+        }
+    }
+
+    /// The kind named `name` (as [`Self::name`] prints it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The kind of `code`; `None` for a number that is no kind (the agent's
+    /// decoder refuses it; the probes read kinds with [`Self::from_u32`]).
+    pub const fn from_raw(code: u32) -> Option<Self> {
+        let k = Self::from_u32(code);
+        if k as u32 == code { Some(k) } else { None }
+    }
+
+    /// The kind of `v`, [`Self::Other`] for a number that is no kind.
     pub const fn from_u32(v: u32) -> Self {
         match v {
             1 => Self::Client,

@@ -77,7 +77,7 @@ macro_rules! config {
 /// A tail-called program in both program types around one body `$body(&ctx)`
 /// (the kernel tail-calls only within one type): a tracepoint-type one for the
 /// tracepoints' program arrays and, named `$kprobe`, a kprobe-type one for the
-/// driver-entry backend's (probes/nvidia.rs).
+/// driver-entry backend's (probes/nvidia/handlers.rs).
 macro_rules! tail_called {
     ($(#[$doc:meta])* $tracepoint:ident, $kprobe:ident, $body:ident) => {
         $(#[$doc])*

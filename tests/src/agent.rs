@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::{control::StatusReply, log_format::SchedLine};
 use serde_json::Value;
 
 use crate::{ChildGuard, Nvsim, gpu_workload_bin, keling_bin, tempdir};
@@ -284,7 +285,8 @@ impl Agent {
         )
     }
 
-    /// `keling status --json` (it must succeed).
+    /// `keling status --json` (it must succeed), as JSON; most tests read the
+    /// typed [`Agent::status_reply`].
     pub fn status(&self) -> Value {
         let out = Command::new(keling_bin())
             .args(["status", "--json", "--socket"])
@@ -299,7 +301,26 @@ impl Agent {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
-    /// The scheduling log's lines.
+    /// `keling status --json`, typed: the agent's own [`StatusReply`] (a field
+    /// renamed or retyped there fails to compile here, not at run time). The
+    /// raw [`Agent::status`] is for tests of the JSON's shape itself.
+    pub fn status_reply(&self) -> StatusReply {
+        let raw = self.status();
+        serde_json::from_value(raw.clone())
+            .unwrap_or_else(|e| panic!("keling status --json is not a StatusReply ({e}): {raw}"))
+    }
+
+    /// The scheduling log's lines, typed as the agent writes them (lines that
+    /// do not parse are left out).
+    pub fn sched_lines(&self) -> Vec<SchedLine> {
+        std::fs::read_to_string(&self.sched_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The scheduling log's lines as raw JSON (for tests of their shape).
     pub fn log(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.sched_log)
             .unwrap_or_default()
@@ -459,10 +480,8 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 pub fn task_pid(agent: &Agent, progress_file: &Path) -> u32 {
     let mut pid = 0;
     wait_for("the task to start", Duration::from_secs(20), || {
-        let s = agent.status();
-        let tasks = s["tasks"].as_array().cloned().unwrap_or_default();
-        if let Some(t) = tasks.last() {
-            pid = t["pid"].as_u64().unwrap() as u32;
+        if let Some(t) = agent.status_reply().tasks.last() {
+            pid = t.pid;
         }
         progress(progress_file) > 0
     });

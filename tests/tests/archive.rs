@@ -10,12 +10,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::control::StatusReply;
 use keling_tests::{
     Fixture,
     agent::{Agent, wait_for},
     keling_bin,
 };
-use serde_json::Value;
 
 /// Tasks launched by default, and clients launching at once.
 const DEFAULT_TASKS: u64 = 3000;
@@ -94,13 +94,15 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
         started.elapsed()
     );
     // Every task finished and is archived (at the next tick), the last one too.
-    let mut s = Value::Null;
+    let mut s = None;
     wait_for("every task archived", Duration::from_secs(30), || {
-        s = agent.status();
-        s["tasks"].as_array().is_some_and(|t| {
-            t.iter().all(|t| t["state"] == "ARCHIVED") && t.iter().any(|t| t["id"] == tasks)
-        })
+        let now = agent.status_reply();
+        let done = now.tasks.iter().all(|t| t.state == "ARCHIVED")
+            && now.tasks.iter().any(|t| t.id == tasks);
+        s = Some(now);
+        done
     });
+    let s = s.expect("a status");
 
     // Small and fast, as text and as JSON.
     let (json, json_took) = status(&agent, &["--json"]);
@@ -114,19 +116,16 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
         rss_kib(agent.pid)
     );
     assert!(json.len() < 128 << 10, "{} bytes", json.len());
-    let archive = &s["archive"];
-    assert_eq!(archive["kept"], ARCHIVE_MAX, "{archive}");
-    assert_eq!(archive["forgotten"], tasks - ARCHIVE_MAX, "{archive}");
-    assert_eq!(archive["completed"], tasks, "{archive}");
-    assert_eq!(archive["failed"], 0, "{archive}");
+    let archive = &s.archive;
+    assert_eq!(archive.kept as u64, ARCHIVE_MAX, "{archive:?}");
+    assert_eq!(archive.forgotten, tasks - ARCHIVE_MAX, "{archive:?}");
+    assert_eq!(archive.completed, tasks, "{archive:?}");
+    assert_eq!(archive.failed, 0, "{archive:?}");
     // The status lists only the archived tasks that finished last: the last
     // launched among them (at most CLIENTS - 1 others ran with it).
-    let listed = s["tasks"].as_array().unwrap();
-    assert_eq!(listed.len(), LISTED, "{archive}");
-    assert!(
-        listed.iter().any(|t| t["id"] == tasks),
-        "task {tasks} listed"
-    );
+    let listed = &s.tasks;
+    assert_eq!(listed.len(), LISTED, "{archive:?}");
+    assert!(listed.iter().any(|t| t.id == tasks), "task {tasks} listed");
 
     assert!(
         text.contains(&format!(
@@ -139,13 +138,13 @@ fn a_burst_of_short_tasks_leaves_status_small_and_counted() {
     );
     // More on request: the most one reply lists, then a page further on.
     let (all, all_took) = status(&agent, &["--all", "--json"]);
-    let all: Value = serde_json::from_slice(&all).unwrap();
+    let all: StatusReply = serde_json::from_slice(&all).unwrap();
     eprintln!("keling status --all --json in {all_took:?}");
-    assert_eq!(all["tasks"].as_array().unwrap().len(), LISTED_MAX);
+    assert_eq!(all.tasks.len(), LISTED_MAX);
     let (page, _) = status(&agent, &["--archived", "10", "--skip", "1995", "--json"]);
-    let page: Value = serde_json::from_slice(&page).unwrap();
-    assert_eq!(page["tasks"].as_array().unwrap().len(), 5);
-    assert_eq!(page["archive"]["skipped"], 1995);
+    let page: StatusReply = serde_json::from_slice(&page).unwrap();
+    assert_eq!(page.tasks.len(), 5);
+    assert_eq!(page.archive.skipped, 1995);
     // A page past a reply's limit is the client's error.
     let out = Command::new(keling_bin())
         .args(["status", "--archived", "5000", "--socket"])

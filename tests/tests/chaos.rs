@@ -34,12 +34,12 @@ use serde_json::Value;
 fn other_task_pid(agent: &Agent, known: &[u32]) -> u32 {
     let mut pid = 0;
     wait_for("the new task in status", Duration::from_secs(20), || {
-        pid = agent.status()["tasks"]
-            .as_array()
-            .unwrap()
+        pid = agent
+            .status_reply()
+            .tasks
             .iter()
-            .filter(|t| t["state"] != "ARCHIVED" && t["state"] != "COMPLETED")
-            .map(|t| t["pid"].as_u64().unwrap() as u32)
+            .filter(|t| t.state != "ARCHIVED" && t.state != "COMPLETED")
+            .map(|t| t.pid)
             .find(|p| !known.contains(p))
             .unwrap_or(0);
         pid != 0
@@ -265,9 +265,9 @@ fn hostile_clients_delay_neither_preemption_nor_status() {
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {
         let t = Instant::now();
-        let status = agent.status();
+        let status = agent.status_reply();
         slowest = slowest.max(t.elapsed());
-        assert!(status["tasks"].as_array().unwrap().len() >= 2);
+        assert!(status.tasks.len() >= 2);
     }
     assert!(frozen(&cg_a), "the interactive task still runs");
     assert_eq!(
@@ -283,15 +283,20 @@ fn hostile_clients_delay_neither_preemption_nor_status() {
     );
     let thawed_after = exited.elapsed();
     assert!(b.0.wait().unwrap().success());
-    let status = agent.status();
-    let timeout_ms = status["latency"]["timeout_ms"].as_f64().unwrap();
+    let status = agent.status_reply();
+    let timeout_ms = status.latency.timeout_ms;
     // Measured from outside (the exit seen through a pidfd, the thaw in
     // cgroup.events, both polled), for the record.
     eprintln!(
         "thawed {thawed_after:?} after the interactive task exited (timeout {timeout_ms:.2} ms, \
          {} late thaw(s)); status took at most {slowest:?}; {} silent connections closed by \
          the agent",
-        status["latency"]["late_by_action"]["thaw"],
+        status
+            .latency
+            .late_by_action
+            .get("thaw")
+            .copied()
+            .unwrap_or(0),
         crowd.closed_by_agent.load(Ordering::Relaxed)
     );
     wait_for(
@@ -334,11 +339,7 @@ fn a_stopped_agent_leaves_nothing_frozen_past_1_5_s() {
     let c = unlaunched_gpu_process(sim, &pc);
     let pid_c = c.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
-        agent.status()["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["pid"] == pid_c)
+        agent.status_reply().tasks.iter().any(|t| t.pid == pid_c)
     });
     let _b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 1_000_000, 0, &pb);
     wait_for(
@@ -441,8 +442,8 @@ fn a_second_agent_exits_at_once_and_touches_nothing() {
     );
     assert_eq!(task_cgroups(), cgroups_before);
     // The first agent's socket is still its own.
-    let s = agent.status();
-    assert_eq!(s["tasks"].as_array().unwrap().len(), 2, "{s}");
+    let s = agent.status_reply();
+    assert_eq!(s.tasks.len(), 2, "{s:?}");
 }
 
 /// The fail-safe is killed: the agent starts another, which does its job.
@@ -579,11 +580,7 @@ fn lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process() {
     let mut c = unlaunched_gpu_process(sim, &pc);
     let pid_c = c.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
-        agent.status()["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["pid"] == pid_c)
+        agent.status_reply().tasks.iter().any(|t| t.pid == pid_c)
     });
     agent.signal(libc::SIGSTOP);
     // Fill the ring: every fork, exec and exit on the host is an event.
@@ -630,18 +627,11 @@ fn lost_exit_events_and_a_reused_pid_never_reach_a_foreign_process() {
         std::thread::sleep(Duration::from_millis(1));
     }
     // The adopted task is over (its pidfd said so), whatever the trace lost.
-    let status = agent.status();
-    let task = status["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["pid"] == pid_c)
-        .cloned()
-        .unwrap_or(Value::Null);
+    let status = agent.status_reply();
+    let task = status.tasks.iter().find(|t| t.pid == pid_c);
     assert!(
-        task.is_null()
-            || ["COMPLETED", "FAILED", "ARCHIVED"].contains(&task["state"].as_str().unwrap()),
-        "{task}"
+        task.is_none_or(|t| ["COMPLETED", "FAILED", "ARCHIVED"].contains(&t.state.as_str())),
+        "{task:?}"
     );
     // The overflow did happen (the agent's status line counts lost events).
     wait_for(
@@ -826,13 +816,13 @@ fn a_user_launches_as_themselves_within_their_limits() {
     );
     let mut pid = 0;
     wait_for("the user's task to run", Duration::from_secs(10), || {
-        pid = agent.status()["tasks"]
-            .as_array()
-            .unwrap()
+        pid = agent
+            .status_reply()
+            .tasks
             .iter()
             .rev()
-            .find(|t| t["uid"] == user.uid)
-            .map_or(0, |t| t["pid"].as_u64().unwrap() as u32);
+            .find(|t| t.uid == Some(user.uid))
+            .map_or(0, |t| t.pid);
         pid != 0 && keling_tests::agent::comm(pid).as_deref() == Some("sleep")
     });
     assert_eq!(status_ids(pid, "Uid:"), vec![user.uid; 4]);
@@ -871,12 +861,12 @@ fn a_user_launches_as_themselves_within_their_limits() {
     );
     let mut root_task = 0;
     wait_for("root's task", Duration::from_secs(10), || {
-        root_task = agent.status()["tasks"]
-            .as_array()
-            .unwrap()
+        root_task = agent
+            .status_reply()
+            .tasks
             .iter()
-            .find(|t| t["uid"] == 0 && t["state"] != "ARCHIVED")
-            .map_or(0, |t| t["id"].as_u64().unwrap());
+            .find(|t| t.uid == Some(0) && t.state != "ARCHIVED")
+            .map_or(0, |t| t.id);
         root_task != 0
     });
     let signal = format!("{{\"signal\":{{\"task\":{root_task},\"signal\":15}}}}");
@@ -1011,8 +1001,8 @@ fn a_cgroup_mount_point_that_is_not_utf8_works_end_to_end() {
         cg_a.starts_with(cgroup2().unwrap().join("keling")),
         "{cg_a:?}"
     );
-    let status = agent.status();
-    let shown = status["tasks"][0]["cgroup"].as_str().unwrap();
+    let status = agent.status_reply();
+    let shown = status.tasks[0].cgroup.as_deref().unwrap();
     assert!(shown.contains("cg-\u{fffd}"), "{shown}");
     let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     wait_for(

@@ -6,12 +6,16 @@
 //! (`nvsim-state.json`), not Keling's own view.
 use std::{path::Path, process::Command, time::Duration};
 
+use keling_agent::{
+    control::{StatusReply, TaskStatus},
+    log_format::SchedLine,
+};
+use keling_sched::Reason;
 use keling_tests::{
     Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
     keling_bin,
 };
-use serde_json::Value;
 
 fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
     Agent::start_with(
@@ -23,12 +27,11 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
     )
 }
 
-fn task(status: &Value, pid: u32) -> &Value {
-    status["tasks"]
-        .as_array()
-        .unwrap()
+fn task(status: &StatusReply, pid: u32) -> &TaskStatus {
+    status
+        .tasks
         .iter()
-        .find(|t| t["pid"] == pid)
+        .find(|t| t.pid == pid)
         .expect("task in status")
 }
 
@@ -105,10 +108,10 @@ fn a_claimed_runtime_does_not_buy_immunity_from_eviction() {
     );
     assert!(high_status.unwrap().success(), "{high_status:?}");
     assert_eq!(sim_held(sim, pid_low, 0), 0, "the victim's memory is free");
-    let log = agent.log();
+    let log = agent.sched_lines();
     assert!(
-        log.iter()
-            .any(|l| l["pid"] == pid_low && l["reason"] == "evicted_for_memory"),
+        log.iter().any(|l| matches!(l, SchedLine::Transition(t)
+            if t.pid == pid_low && t.reason == Reason::EvictedForMemory)),
         "{log:?}"
     );
 }
@@ -151,10 +154,10 @@ fn a_job_pinned_to_one_gpu_is_preempted_on_the_gpu_it_works_on() {
         sim.state(),
         agent.status()
     );
-    let status = agent.status();
+    let status = agent.status_reply();
     let low = task(&status, pid_low);
-    assert_eq!(low["gpu"], 1, "it was pinned to GPU 1: {low}");
-    let cg_low = Path::new(low["cgroup"].as_str().unwrap()).to_path_buf();
+    assert_eq!(low.gpu, Some(1), "it was pinned to GPU 1: {low:?}");
+    let cg_low = Path::new(low.cgroup.as_deref().unwrap()).to_path_buf();
     assert!(!frozen(&cg_low));
     let mut high = agent.launch_busy(
         &["--priority", "3", "--gpu", "0"],
@@ -178,11 +181,12 @@ fn a_job_pinned_to_one_gpu_is_preempted_on_the_gpu_it_works_on() {
         Duration::from_secs(10),
         || !frozen(&cg_low),
     );
-    let log = agent.log();
+    let log = agent.sched_lines();
     assert!(
-        log.iter().any(|l| l["pid"] == pid_low
-            && l["state_transition"] == "RUNNING→PREEMPTED"
-            && l["reason"] == "preempted_by_higher_priority"),
+        log.iter().any(|l| matches!(l, SchedLine::Transition(t)
+            if t.pid == pid_low
+                && t.state_transition == "RUNNING→PREEMPTED"
+                && t.reason == Reason::PreemptedByHigherPriority)),
         "{log:?}"
     );
 }
@@ -212,8 +216,5 @@ fn a_gpu_the_host_does_not_have_is_refused() {
             "{err}"
         );
     }
-    assert!(
-        agent.status()["tasks"].as_array().unwrap().is_empty(),
-        "nothing was started"
-    );
+    assert!(agent.status_reply().tasks.is_empty(), "nothing was started");
 }

@@ -3,12 +3,12 @@
 //! The kernel's `cgroup.events` is the truth.
 use std::{path::PathBuf, process::Command, time::Duration};
 
+use keling_agent::control::StatusReply;
 use keling_tests::{
     Fixture, Nvsim,
     agent::{Agent, AgentOptions, cgroup2, cleanup_cgroups_in, frozen, task_pid, wait_for},
     keling_bin,
 };
-use serde_json::Value;
 
 /// An agent of `instance` (with /metrics on a free port: two agents cannot both
 /// have the default one).
@@ -22,14 +22,13 @@ fn start_agent(sim: &Nvsim, instance: &str) -> Agent {
     )
 }
 
-fn task_cgroup(status: &Value, pid: u32) -> PathBuf {
-    let t = status["tasks"]
-        .as_array()
-        .unwrap()
+fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
+    let t = status
+        .tasks
         .iter()
-        .find(|t| t["pid"] == pid)
+        .find(|t| t.pid == pid)
         .expect("task in status");
-    PathBuf::from(t["cgroup"].as_str().expect("cgroup path"))
+    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
 }
 
 fn thaw_all(instance: &str) {
@@ -82,7 +81,7 @@ fn another_instance_neither_cleans_up_nor_thaws_an_instances_frozen_task() {
         &pl,
     );
     let pid_low = task_pid(&a, &pl);
-    let cg_low = task_cgroup(&a.status(), pid_low);
+    let cg_low = task_cgroup(&a.status_reply(), pid_low);
     assert_eq!(
         cg_low.parent(),
         Some(cgroup2().unwrap().join("keling-itest-a").as_path()),
@@ -114,8 +113,8 @@ fn another_instance_neither_cleans_up_nor_thaws_an_instances_frozen_task() {
         "`keling thaw --all --instance itest-b` thawed instance a's frozen task"
     );
     // Both serve at once, each its own tasks.
-    assert_eq!(b.status()["tasks"].as_array().map(Vec::len), Some(0));
-    assert_eq!(a.status()["tasks"].as_array().map(Vec::len), Some(2));
+    assert_eq!(b.status_reply().tasks.len(), 0);
+    assert_eq!(a.status_reply().tasks.len(), 2);
     // `thaw --all` for instance a reaches it.
     thaw_all("itest-a");
     wait_for(

@@ -13,6 +13,8 @@ use std::{
     time::Duration,
 };
 
+use keling_agent::control::{StatusReply, TaskStatus};
+use keling_sched::WaitReason;
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{Agent, AgentOptions, proc_state, progress, wait_for},
@@ -41,28 +43,23 @@ fn launch(agent: &Agent, sim: &Nvsim, progress: &Path) -> ChildGuard {
 }
 
 /// The status entry of the task whose pid is `pid`.
-fn task_by_pid(status: &Value, pid: u32) -> Option<Value> {
-    status["tasks"]
-        .as_array()?
-        .iter()
-        .find(|t| t["pid"] == pid)
-        .cloned()
+fn task_by_pid(status: &StatusReply, pid: u32) -> Option<&TaskStatus> {
+    status.tasks.iter().find(|t| t.pid == pid)
 }
 
 /// The newest task in `keling status` that is not in `known`.
-fn newest_task(agent: &Agent, known: &[u32]) -> Value {
+fn newest_task(agent: &Agent, known: &[u32]) -> TaskStatus {
     let mut found = None;
     wait_for(
         "a new task in keling status",
         Duration::from_secs(20),
         || {
-            found = agent.status()["tasks"]
-                .as_array()
-                .unwrap()
-                .iter()
+            found = agent
+                .status_reply()
+                .tasks
+                .into_iter()
                 .rev()
-                .find(|t| !known.contains(&(t["pid"].as_u64().unwrap() as u32)))
-                .cloned();
+                .find(|t| !known.contains(&t.pid));
             found.is_some()
         },
     );
@@ -116,12 +113,12 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
         wait_for("a holder to run", Duration::from_secs(20), || {
             progress(f) > 0
         });
-        pids.push(newest_task(&agent, &pids)["pid"].as_u64().unwrap() as u32);
+        pids.push(newest_task(&agent, &pids).pid);
     }
-    let status = agent.status();
-    let gpu_of = |pid: u32| task_by_pid(&status, pid).unwrap()["gpu"].as_u64().unwrap() as u32;
+    let status = agent.status_reply();
+    let gpu_of = |pid: u32| task_by_pid(&status, pid).unwrap().gpu.unwrap();
     let held_gpus = [gpu_of(pids[0]), gpu_of(pids[1])];
-    assert_ne!(held_gpus[0], held_gpus[1], "{status:#}");
+    assert_ne!(held_gpus[0], held_gpus[1], "{status:#?}");
     for (i, &pid) in pids.iter().enumerate() {
         assert_eq!(
             visible_devices(pid),
@@ -135,13 +132,13 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
     for (n, f) in files[2..].iter().enumerate() {
         queued.push(launch(&agent, sim, f));
         let t = newest_task(&agent, &pids);
-        let pid = t["pid"].as_u64().unwrap() as u32;
-        pids.push(pid);
-        assert_eq!(t["state"], "PENDING", "{t:#}");
-        assert!(t["gpu"].is_null(), "{t:#}");
-        assert_eq!(t["queued"]["position"], n + 1, "{t:#}");
-        assert_eq!(t["queued"]["ahead"], n, "{t:#}");
-        assert_eq!(t["queued"]["reason"], "slots_held", "{t:#}");
+        pids.push(t.pid);
+        assert_eq!(t.state, "PENDING", "{t:#?}");
+        assert!(t.gpu.is_none(), "{t:#?}");
+        let q = t.queued.as_ref().expect("queued");
+        assert_eq!(q.position, n + 1, "{t:#?}");
+        assert_eq!(q.ahead, n, "{t:#?}");
+        assert_eq!(q.reason, WaitReason::SlotsHeld, "{t:#?}");
     }
     // Held before exec: not the workload yet, running nothing, not frozen.
     std::thread::sleep(Duration::from_millis(300));
@@ -166,11 +163,11 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
         Duration::from_secs(20),
         || progress(&files[2]) > 0,
     );
-    let status = agent.status();
+    let status = agent.status_reply();
     let oldest = task_by_pid(&status, pids[2]).unwrap();
-    assert_eq!(oldest["state"], "RUNNING", "{oldest:#}");
-    assert_eq!(oldest["gpu"], held_gpus[0], "{oldest:#}");
-    assert!(oldest.get("queued").is_none(), "{oldest:#}");
+    assert_eq!(oldest.state, "RUNNING", "{oldest:#?}");
+    assert_eq!(oldest.gpu, Some(held_gpus[0]), "{oldest:#?}");
+    assert!(oldest.queued.is_none(), "{oldest:#?}");
     assert_eq!(
         visible_devices(pids[2]),
         Some(held_gpus[0].to_string()),
@@ -178,7 +175,7 @@ fn the_first_gpu_to_free_takes_the_oldest_queued_job() {
     );
     for (n, &pid) in pids[3..].iter().enumerate() {
         let t = task_by_pid(&status, pid).unwrap();
-        assert_eq!(t["queued"]["position"], n + 1, "{t:#}");
+        assert_eq!(t.queued.as_ref().map(|q| q.position), Some(n + 1), "{t:#?}");
         assert_eq!(progress(&files[3 + n]), 0);
     }
 

@@ -22,6 +22,8 @@ use hdrhistogram::{
         interval_log::{IntervalLogIterator, LogEntry},
     },
 };
+use keling_agent::log_format::SchedLine;
+use keling_sched::Reason;
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{Agent, cleanup_cgroups, progress, task_pid, wait_for},
@@ -195,13 +197,13 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
     let pid_b = {
         let mut pid = 0;
         wait_for("the second task", Duration::from_secs(20), || {
-            pid = agent.status()["tasks"]
-                .as_array()
-                .unwrap()
+            pid = agent
+                .status_reply()
+                .tasks
                 .iter()
-                .filter_map(|t| t["pid"].as_u64())
-                .find(|&p| p != u64::from(pid_a))
-                .unwrap_or(0) as u32;
+                .map(|t| t.pid)
+                .find(|&p| p != pid_a)
+                .unwrap_or(0);
             pid != 0 && progress(&pb) > 0
         });
         pid
@@ -219,14 +221,13 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
     // Every figure against a truth Keling did not compute.
     let truth = sim.state();
     let s = samples(&text);
-    let status = agent.status();
+    let status = agent.status_reply();
     let task_of = |pid: u32| -> String {
-        status["tasks"]
-            .as_array()
-            .unwrap()
+        status
+            .tasks
             .iter()
-            .find(|t| t["pid"] == pid)
-            .map(|t| t["id"].to_string())
+            .find(|t| t.pid == pid)
+            .map(|t| t.id.to_string())
             .unwrap_or_default()
     };
     for (pid, mib) in [(pid_a, 64), (pid_b, 32)] {
@@ -281,10 +282,8 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
     );
     // Task states and decisions: the agent's own state, read just after.
     let mut by_state: BTreeMap<String, f64> = BTreeMap::new();
-    for t in status["tasks"].as_array().unwrap() {
-        *by_state
-            .entry(t["state"].as_str().unwrap().into())
-            .or_default() += 1.0;
+    for t in &status.tasks {
+        *by_state.entry(t.state.clone()).or_default() += 1.0;
     }
     for state in ["RUNNING", "PREEMPTED", "PENDING"] {
         // The states can move between the scrape and the status: scrape again
@@ -297,13 +296,8 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
                 "/metrics and status to agree on task states",
                 Duration::from_secs(5),
                 || {
-                    let now = agent.status();
-                    let n = now["tasks"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .filter(|t| t["state"] == state)
-                        .count() as f64;
+                    let now = agent.status_reply();
+                    let n = now.tasks.iter().filter(|t| t.state == state).count() as f64;
                     last = value(
                         &samples(&scrape(&url).1),
                         "keling_tasks",
@@ -323,22 +317,22 @@ fn metrics_pass_promtool_and_equal_the_truth_and_the_agents_state() {
         "decision counters to agree",
         Duration::from_secs(10),
         || {
-            let st = agent.status();
+            let st = agent.status_reply().latency;
             let text = scrape(&url).1;
             let s = samples(&text);
-            value(&s, "keling_decisions_total", &[]) == st["latency"]["decisions"].as_f64()
-                && value(&s, "keling_decisions_late_total", &[]) == st["latency"]["late"].as_f64()
+            value(&s, "keling_decisions_total", &[]) == Some(st.decisions as f64)
+                && value(&s, "keling_decisions_late_total", &[]) == Some(st.late as f64)
                 && value(
                     &s,
                     "keling_decision_latency_all_actions_seconds_count",
                     &[("stage", "end_to_end")],
-                ) == st["latency"]["decisions"].as_f64()
+                ) == Some(st.decisions as f64)
         },
     );
-    let st = agent.status();
+    let st = agent.status_reply();
     assert!(
-        st["latency"]["decisions"].as_u64().unwrap() >= 2,
-        "placements and a preemption were decided: {st}"
+        st.latency.decisions >= 2,
+        "placements and a preemption were decided: {st:?}"
     );
     // Bounded labels: the exited process (which freed everything) leaves after
     // the grace period; the living one stays.
@@ -455,7 +449,7 @@ fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
     wait_for("an interval in the log", Duration::from_secs(5), || {
         std::fs::read_to_string(&hlog).is_ok_and(|t| t.contains("#[Keling interval: "))
     });
-    let live = agent.status();
+    let live = agent.status_reply();
     agent.stop();
     let bytes = std::fs::read(&hlog).unwrap();
     let text = String::from_utf8(bytes.clone()).unwrap();
@@ -484,9 +478,9 @@ fn histogram_log_outlives_the_agent_and_reads_back_exactly() {
         .sum();
     let e2e = total(None);
     assert!(
-        e2e >= live["latency"]["decisions"].as_u64().unwrap() && e2e >= 2,
-        "{e2e} decisions in the log, status said {}",
-        live["latency"]
+        e2e >= live.latency.decisions && e2e >= 2,
+        "{e2e} decisions in the log, status said {:?}",
+        live.latency
     );
     assert_eq!(
         e2e, decisions,
@@ -1014,20 +1008,21 @@ fn a_full_table_flags_the_figure_and_the_quota_holds_on_a_sound_bound() {
     // The figure goes over the quota (9 MiB under the extra clients, then 32 MiB)
     // and is flagged as unsure; the task is ended as over quota all the same (it
     // may be gone before its first progress: its task is found by status alone).
-    let mut task = Value::Null;
+    let mut task = None;
     wait_for(
         "the task ended as over quota",
         Duration::from_secs(10),
         || {
-            let status = agent.status();
-            if let Some(t) = status["tasks"].as_array().and_then(|t| t.last()) {
-                task = t.clone();
+            if let Some(t) = agent.status_reply().tasks.pop() {
+                task = Some(t);
             }
-            task["ending_reason"] == "over_quota"
+            task.as_ref()
+                .is_some_and(|t| t.ending_reason == Some(Reason::OverQuota))
         },
     );
-    let pid = task["pid"].as_u64().unwrap();
-    assert_eq!(task["mem_unsure"], true, "{task}");
+    let task = task.expect("a task");
+    let pid = task.pid;
+    assert!(task.mem_unsure, "{task:?}");
     let s = samples(&scrape(&url).1);
     let p = pid.to_string();
     assert_eq!(
@@ -1049,10 +1044,10 @@ fn a_full_table_flags_the_figure_and_the_quota_holds_on_a_sound_bound() {
         done < 1500,
         "it was stopped after {done} of 1500 iterations"
     );
-    let over_quota: Vec<Value> = agent
-        .log()
+    let over_quota: Vec<SchedLine> = agent
+        .sched_lines()
         .into_iter()
-        .filter(|l| l.to_string().contains("over_quota"))
+        .filter(|l| matches!(l, SchedLine::Transition(t) if t.reason == Reason::OverQuota))
         .collect();
     assert!(!over_quota.is_empty(), "the sched log says why");
 }

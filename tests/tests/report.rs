@@ -4,14 +4,14 @@
 //! parses the page: the findings' kinds, rows and windows, heatmap cells, the
 //! timelines and the latency histogram, and that the page fetches nothing.
 //!
-//! Built with the agent's own log writer (`sched::log::Logs`), so the log is
+//! Built with the agent's own log writer (`sched::log_writer::Logs`), so the log is
 //! exactly what `keling run --sched-log` writes.
 use std::path::{Path, PathBuf};
 
 use keling_agent::{
+    log_format::Record,
     report::{ReportOptions, build},
-    sched::log::Logs,
-    sched_log::Record,
+    sched::log_writer::Logs,
 };
 use keling_sched::{Reason, TaskState, Transition};
 

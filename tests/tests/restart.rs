@@ -10,12 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::control::{StatusReply, TaskStatus};
+use keling_sched::Input;
 use keling_tests::{
     ChildGuard, Fixture,
     agent::{Agent, AgentOptions, frozen, progress, task_pid, wait_for},
     gpu_workload_bin, keling_bin,
 };
-use serde_json::Value;
 
 /// `keling launch`'s code when the agent went away and the task runs on
 /// (`keling_agent::cmd::launch::EXIT_AGENT_GONE`).
@@ -104,13 +105,12 @@ fn a_launch_client_says_its_task_goes_on_when_the_agent_stops() {
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }
 
-/// The status entry of the task whose root is `pid`.
-fn task_of(status: &Value, pid: u32) -> Option<Value> {
-    status["tasks"]
-        .as_array()?
-        .iter()
-        .find(|t| t["pid"] == pid && t["state"] != "COMPLETED" && t["state"] != "FAILED")
-        .cloned()
+/// The status entry of the live task whose root is `pid`.
+fn task_of(status: StatusReply, pid: u32) -> Option<TaskStatus> {
+    status
+        .tasks
+        .into_iter()
+        .find(|t| t.pid == pid && t.state != "COMPLETED" && t.state != "FAILED")
 }
 
 /// The video memory the simulated driver charges to `pid`, all GPUs.
@@ -178,39 +178,39 @@ fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) 
     });
     let pid = task_pid(&first, &p);
     wait_for("the task's 128 MiB", Duration::from_secs(10), || {
-        task_of(&first.status(), pid).is_some_and(|t| t["mem_bytes"] == 128 * MIB)
+        task_of(first.status_reply(), pid).is_some_and(|t| t.mem_bytes == 128 * MIB)
     });
-    let id = task_of(&first.status(), pid).unwrap()["id"].clone();
+    let id = task_of(first.status_reply(), pid).unwrap().id;
     first.signal(signal);
     wait_for("the first agent to stop", Duration::from_secs(15), || {
         !first.alive()
     });
     let second = Agent::start_with(sim, options());
-    let t = task_of(&second.status(), pid).expect("the task taken back, in the new agent's status");
+    let t = task_of(second.status_reply(), pid)
+        .expect("the task taken back, in the new agent's status");
     let truth = sim_bytes(sim, pid);
     assert_eq!(truth, 128 * MIB, "the simulator's truth");
-    assert_eq!(t["id"], id, "{t}");
-    assert_eq!(t["uid"], 0, "its owner: {t}");
-    assert_eq!(t["priority"], 9, "{t}");
-    assert_eq!(t["gpu"], 0, "{t}");
+    assert_eq!(t.id, id, "{t:?}");
+    assert_eq!(t.uid, Some(0), "its owner: {t:?}");
+    assert_eq!(t.priority, 9, "{t:?}");
+    assert_eq!(t.gpu, Some(0), "{t:?}");
     assert_eq!(
-        t["mem_bytes"], truth,
-        "its GPU memory, as the driver has it: {t}"
+        t.mem_bytes, truth,
+        "its GPU memory, as the driver has it: {t:?}"
     );
-    assert_eq!(
-        t["mem_unsure"], true,
-        "the gap while no agent ran is said: {t}"
-    );
+    assert!(t.mem_unsure, "the gap while no agent ran is said: {t:?}");
     // Its limits: the spec the new agent gave the core.
-    let arrive = std::fs::read_to_string(second.input_log())
+    let spec = std::fs::read_to_string(second.input_log())
         .unwrap()
         .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|l| l["Arrive"]["spec"]["pid"] == pid)
+        .filter_map(|l| serde_json::from_str::<Input>(l).ok())
+        .find_map(|l| match l {
+            Input::Arrive { spec, .. } if spec.pid == pid => Some(spec),
+            _ => None,
+        })
         .expect("the task's arrival in the new agent's input log");
-    let spec = &arrive["Arrive"]["spec"];
-    assert_eq!(spec["max_duration_ms"], 600000, "{spec}");
-    assert_eq!(spec["mem_quota_bytes"], 1u64 << 30, "{spec}");
+    assert_eq!(spec.max_duration_ms, Some(600000), "{spec:?}");
+    assert_eq!(spec.mem_quota_bytes, Some(1u64 << 30), "{spec:?}");
     // Its client is back.
     wait_for(
         "the client to attach again",
@@ -226,7 +226,7 @@ fn a_restarted_agent_takes_back_a_running_task(name: &'static str, signal: i32) 
         "the client waits on"
     );
     // The scheduler acts on it: a higher priority on its GPU freezes it.
-    let cg = std::path::PathBuf::from(t["cgroup"].as_str().unwrap());
+    let cg = std::path::PathBuf::from(t.cgroup.as_deref().unwrap());
     let ph = fx.dir.join("high");
     let _high = second.launch(&["--priority", "0", "--gpu", "0"], sim, 100_000_000, 0, &ph);
     let high_pid = task_pid(&second, &ph);
@@ -277,4 +277,104 @@ fn a_restarted_agent_takes_back_a_running_task_after_sigkill() {
         "a_restarted_agent_takes_back_a_running_task_after_sigkill",
         libc::SIGKILL,
     );
+}
+
+/// Whether a bpf filesystem is mounted on /sys/fs/bpf in `pid`'s mount namespace.
+fn bpffs_mounted_in(pid: u32) -> bool {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    info.lines().any(|l| {
+        let mut halves = l.splitn(2, " - ");
+        let (before, after) = (halves.next().unwrap_or(""), halves.next().unwrap_or(""));
+        before.split(' ').nth(4) == Some("/sys/fs/bpf") && after.starts_with("bpf ")
+    })
+}
+
+/// Where no bpf filesystem is on /sys/fs/bpf (in a mount namespace of the
+/// test's own, where the host's is unmounted) the agent mounts one for its
+/// pins, and a clean stop with no task running on unmounts it: the host is left
+/// as it was found. One that finds something else pinned there leaves it
+/// mounted.
+#[test]
+fn an_agent_unmounts_the_bpffs_it_mounted_when_nothing_is_pinned_there() {
+    const NAME: &str = "an_agent_unmounts_the_bpffs_it_mounted_when_nothing_is_pinned_there";
+    let Some(fx) = Fixture::needs(NAME)
+        .cgroups()
+        .check(|test| {
+            let found = Command::new("unshare").arg("--version").output().is_ok()
+                && Command::new("nsenter").arg("--version").output().is_ok();
+            if !found {
+                keling_tests::skip(test, "no unshare(1) or nsenter(1)");
+            }
+            found
+        })
+        .sim(&["--gpus", "1"])
+        .ready()
+    else {
+        return;
+    };
+    let sim = fx.sim();
+    // The namespace, held by a process of the test's own; no bpffs in it.
+    let holder = ChildGuard(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "600"])
+            .spawn()
+            .unwrap(),
+    );
+    let ns = holder.0.id();
+    let enter = |cmd: &str| {
+        let st = Command::new("nsenter")
+            .args(["-t", &ns.to_string(), "-m", "sh", "-c", cmd])
+            .status()
+            .unwrap();
+        assert!(st.success(), "{cmd}: {st}");
+    };
+    wait_for("the namespace", Duration::from_secs(5), || {
+        std::fs::read_link(format!("/proc/{ns}/exe")).is_ok_and(|p| p.ends_with("sleep"))
+    });
+    enter(
+        "while grep -q ' /sys/fs/bpf ' /proc/self/mountinfo; do umount /sys/fs/bpf || exit 1; done",
+    );
+    assert!(!bpffs_mounted_in(ns));
+    let start = || {
+        Agent::start_with(
+            sim,
+            AgentOptions {
+                wrapper: vec![
+                    "nsenter".into(),
+                    "-t".into(),
+                    ns.to_string().into(),
+                    "-m".into(),
+                    "--".into(),
+                ],
+                ..AgentOptions::default()
+            },
+        )
+    };
+
+    let mut agent = start();
+    assert!(bpffs_mounted_in(ns), "the agent mounted bpffs for its pins");
+    assert!(agent.stop().success());
+    assert!(
+        !bpffs_mounted_in(ns),
+        "a clean stop unmounts what the agent mounted: {:?}",
+        agent.stderr()
+    );
+    drop(agent);
+
+    // Someone else's pin (a directory in bpffs, as `bpftool` makes) keeps it.
+    let mut agent = start();
+    assert!(bpffs_mounted_in(ns));
+    enter("mkdir /sys/fs/bpf/someone-elses");
+    assert!(agent.stop().success());
+    assert!(bpffs_mounted_in(ns), "another's pins keep the mount");
+    assert!(
+        agent
+            .stderr()
+            .iter()
+            .any(|l| l.contains("stays: someone-elses pinned there")),
+        "{:?}",
+        agent.stderr()
+    );
+    drop(agent);
+    drop(holder);
 }

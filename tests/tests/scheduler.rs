@@ -9,12 +9,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+use keling_agent::{
+    control::StatusReply,
+    log_format::{InputLogHeader, Record, SchedLine},
+};
+use keling_sched::{Policy, Reason};
 use keling_tests::{
     ChildGuard, Fixture, Nvsim,
     agent::{Agent, AgentOptions, frozen, proc_state, progress, task_pid, wait_for},
     gpu_workload_bin, keling_bin, tempdir,
 };
-use serde_json::Value;
 
 /// `keling run` with no periodic status lines (these tests read none).
 fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
@@ -28,14 +32,13 @@ fn start_agent(sim: &Nvsim, extra: &[&str]) -> Agent {
 }
 
 /// The cgroup Keling says the task `pid` is in.
-fn task_cgroup(status: &Value, pid: u32) -> PathBuf {
-    let t = status["tasks"]
-        .as_array()
-        .unwrap()
+fn task_cgroup(status: &StatusReply, pid: u32) -> PathBuf {
+    let t = status
+        .tasks
         .iter()
-        .find(|t| t["pid"] == pid)
+        .find(|t| t.pid == pid)
         .expect("task in status");
-    PathBuf::from(t["cgroup"].as_str().expect("cgroup path"))
+    PathBuf::from(t.cgroup.as_deref().expect("cgroup path"))
 }
 
 #[test]
@@ -52,7 +55,7 @@ fn interactive_task_preempts_background_and_it_resumes() {
     let (pa, pb) = (dir.join("a"), dir.join("b"));
     let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 100_000, 0, &pa);
     let pid_a = task_pid(&agent, &pa);
-    let cg_a = task_cgroup(&agent.status(), pid_a);
+    let cg_a = task_cgroup(&agent.status_reply(), pid_a);
     let mut b = agent.launch(&["--priority", "4", "--gpu", "0"], sim, 300, 0, &pb);
     // The background task is frozen: in cgroup.events, in /proc, and it stops.
     wait_for(
@@ -86,12 +89,13 @@ fn interactive_task_preempts_background_and_it_resumes() {
         || progress(&pa) > after,
     );
     // The freeze was within the timeout model, and every move is logged.
-    let status = agent.status();
-    let freeze = &status["latency"]["by_action"]["freeze"];
-    assert!(freeze["count"].as_u64().unwrap_or(0) >= 1, "{status}");
+    let status = agent.status_reply();
+    let freeze = status.latency.by_action.get("freeze");
+    assert!(freeze.is_some_and(|f| f.count >= 1), "{status:?}");
     assert_eq!(
-        status["latency"]["late_by_action"]["freeze"], 0,
-        "the freeze was late: {status}"
+        status.latency.late_by_action.get("freeze"),
+        Some(&0),
+        "the freeze was late: {status:?}"
     );
     // The histograms export for tuning.
     let export = |format: &str| {
@@ -115,15 +119,18 @@ fn interactive_task_preempts_background_and_it_resumes() {
     assert!(prom.contains("action=\"freeze\""), "{prom}");
     assert!(export("tune").to_lowercase().contains("adaptive"));
     assert!(export("percentiles").contains("Percentile"));
-    assert!(status["placement"]["weights"].is_array(), "{status}");
-    let log = agent.log();
-    let moves: Vec<&str> = log
-        .iter()
-        .filter(|l| l["pid"] == pid_a && l["state_transition"].is_string())
-        .map(|l| l["state_transition"].as_str().unwrap())
+    let moves: Vec<String> = agent
+        .sched_lines()
+        .into_iter()
+        .filter_map(|l| match l {
+            SchedLine::Transition(t) if t.pid == pid_a => Some(t.state_transition),
+            _ => None,
+        })
         .collect();
-    assert!(moves.contains(&"RUNNING→PREEMPTED"), "{moves:?}");
-    assert!(moves.contains(&"PREEMPTED→RUNNING"), "{moves:?}");
+    assert!(moves.iter().any(|m| m == "RUNNING→PREEMPTED"), "{moves:?}");
+    assert!(moves.iter().any(|m| m == "PREEMPTED→RUNNING"), "{moves:?}");
+    // Every transition line has every field (the JSON itself).
+    let log = agent.log();
     for l in log.iter().filter(|l| l["state_transition"].is_string()) {
         for field in [
             "event_id",
@@ -146,14 +153,10 @@ fn interactive_task_preempts_background_and_it_resumes() {
     drop(_a);
     assert!(agent.stop().success(), "keling run exits 0 on SIGINT");
     let inputs = std::fs::read_to_string(agent.input_log()).unwrap();
-    let header: Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
-    assert_eq!(header["keling_input_log"], 1, "{header}");
-    assert_eq!(header["policy"], "hybrid", "{header}");
-    assert_eq!(
-        header["config"]["gpus"].as_array().map(Vec::len),
-        Some(1),
-        "{header}"
-    );
+    let header: InputLogHeader = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
+    assert_eq!(header.keling_input_log, 1, "{header:?}");
+    assert_eq!(header.policy, Policy::Hybrid, "{header:?}");
+    assert_eq!(header.config.gpus.len(), 1, "{header:?}");
     keling_tests::agent::assert_replays_exactly(&agent, 4);
 }
 
@@ -172,19 +175,22 @@ fn equal_priorities_take_turns() {
     wait_for("both tasks to progress", Duration::from_secs(20), || {
         progress(&pa) > 50 && progress(&pb) > 50
     });
-    let pid_b = agent.status()["tasks"]
-        .as_array()
-        .unwrap()
+    let pid_b = agent
+        .status_reply()
+        .tasks
         .iter()
-        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .map(|t| t.pid)
         .find(|&p| p != pid_a)
         .unwrap();
     // Each is preempted and resumed repeatedly: they alternate.
     wait_for("several turns each", Duration::from_secs(20), || {
-        let log = agent.log();
+        let log = agent.sched_lines();
         let turns = |pid: u32| {
             log.iter()
-                .filter(|l| l["pid"] == pid && l["state_transition"] == "PREEMPTED→RUNNING")
+                .filter(|l| {
+                    matches!(l, SchedLine::Transition(t)
+                        if t.pid == pid && t.state_transition == "PREEMPTED→RUNNING")
+                })
                 .count()
         };
         turns(pid_a) >= 3 && turns(pid_b) >= 3
@@ -223,12 +229,17 @@ fn duration_limit_warns_then_kills_with_the_4003_record() {
         Some(128 + 9),
         "killed at the limit: {status:?}"
     );
-    let log = agent.log();
-    let warning = log
-        .iter()
-        .find(|l| l["type"] == "warning")
+    let remaining_ms = agent
+        .sched_lines()
+        .into_iter()
+        .find_map(|l| match l {
+            SchedLine::Record(Record::Warning { remaining_ms, .. }) => Some(remaining_ms),
+            _ => None,
+        })
         .expect("a warning before the limit");
-    assert!(warning["remaining_ms"].as_u64().unwrap() <= 1000);
+    assert!(remaining_ms <= 1000);
+    // The enforcement record as the client sees it: its JSON itself.
+    let log = agent.log();
     let e = log
         .iter()
         .find(|l| l["type"] == "enforcement")
@@ -282,11 +293,11 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
             s["gpus"][0]["used_bytes"].as_u64().unwrap_or(0) >= 800 << 20
         },
     );
-    let pid2 = agent.status()["tasks"]
-        .as_array()
-        .unwrap()
+    let pid2 = agent
+        .status_reply()
+        .tasks
         .iter()
-        .map(|t| t["pid"].as_u64().unwrap() as u32)
+        .map(|t| t.pid)
         .find(|&p| p != pid1)
         .unwrap();
     // A high-priority task needs 600 MiB: one victim suffices, and the lowest
@@ -323,10 +334,10 @@ fn memory_pressure_evicts_the_minimal_lower_priority_set() {
         "the victim's memory is free (simulator ground truth)"
     );
     assert_eq!(held(pid1), 400 << 20);
-    let log = agent.log();
+    let log = agent.sched_lines();
     assert!(
-        log.iter()
-            .any(|l| l["pid"] == pid2 && l["reason"] == "evicted_for_memory"),
+        log.iter().any(|l| matches!(l, SchedLine::Transition(t)
+            if t.pid == pid2 && t.reason == Reason::EvictedForMemory)),
         "{log:?}"
     );
     let _ = l1.0.kill();
@@ -347,7 +358,7 @@ fn frozen_tasks_run_again_within_a_second_after_the_agent_is_killed() {
         let (pa, pb) = (dir.join("a"), dir.join("b"));
         let _a = agent.launch(&["--priority", "10", "--gpu", "0"], sim, 1_000_000, 0, &pa);
         let pid_a = task_pid(&agent, &pa);
-        let cg_a = task_cgroup(&agent.status(), pid_a);
+        let cg_a = task_cgroup(&agent.status_reply(), pid_a);
         let _b = agent.launch(&["--priority", "1", "--gpu", "0"], sim, 1_000_000, 0, &pb);
         wait_for("the low task to be frozen", Duration::from_secs(10), || {
             frozen(&cg_a)
@@ -437,11 +448,11 @@ fn config_rule_adopts_an_unlaunched_gpu_process_and_preempts_it() {
     );
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
-        agent.status()["tasks"]
-            .as_array()
-            .unwrap()
+        agent
+            .status_reply()
+            .tasks
             .iter()
-            .any(|t| t["pid"] == pid_a && t["priority"] == 12)
+            .any(|t| t.pid == pid_a && t.priority == 12)
     });
     let pb = dir.join("b");
     let mut b = agent.launch(&["--priority", "2", "--gpu", "0"], sim, 300, 0, &pb);
@@ -534,20 +545,11 @@ fn adopted_process_without_a_rule_priority_gets_the_default_priority() {
     );
     let pid_a = a.0.id();
     wait_for("the process to be adopted", Duration::from_secs(10), || {
-        agent.status()["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|t| t["pid"] == pid_a)
+        agent.status_reply().tasks.iter().any(|t| t.pid == pid_a)
     });
-    let status = agent.status();
-    let task = status["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["pid"] == pid_a)
-        .unwrap();
-    assert_eq!(task["priority"], 5, "{task}");
+    let status = agent.status_reply();
+    let task = status.tasks.iter().find(|t| t.pid == pid_a).unwrap();
+    assert_eq!(task.priority, 5, "{task:?}");
     drop(a);
     drop(agent);
 }

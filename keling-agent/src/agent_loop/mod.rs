@@ -30,8 +30,8 @@ use crate::{
     event::decode::Event,
     gpu::stats::GpuAccounting,
     latency::{LatencyRecorder, intervals::IntervalLogAppender},
-    metrics::{Metrics, Sources, http::Scrape},
     os::monotonic_ns,
+    prometheus::{Metrics, Sources, http::Scrape},
     sched::{daemon::Daemon, host::Wake, supervisor::Notice, worker::Confirmation},
 };
 

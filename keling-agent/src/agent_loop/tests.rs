@@ -31,8 +31,8 @@ use crate::{
     },
     gpu::stats::GpuAccounting,
     latency::{LatencyRecorder, ModelKind},
-    metrics::http::Scrape,
     os::{proc::ProcessFacts, users::Credentials},
+    prometheus::http::Scrape,
     sched::{
         config::Config,
         daemon::{Daemon, DaemonSettings},
@@ -40,7 +40,7 @@ use crate::{
             Wake,
             fake::{Call, FakeHost, Process},
         },
-        log::Logs,
+        log_writer::Logs,
         supervisor::Notice,
         worker::Confirmation,
     },

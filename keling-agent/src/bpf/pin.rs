@@ -12,6 +12,12 @@
 //! running removes them ([`Pins::remove`]); one that stops while tasks run (a
 //! restart, an upgrade) keeps them for the next.
 //!
+//! Where no bpf filesystem is mounted on `/sys/fs/bpf`, the agent mounts one and
+//! marks it as Keling's (an empty directory [`MOUNTED_MARK`] in it); an agent
+//! that removes its pins at a clean stop unmounts a filesystem so marked when
+//! nothing of anyone's is pinned there any more (only the kernel's own
+//! `maps.debug` and `progs.debug` are left), so the host is left as it was found.
+//!
 //! The directory is hostile input like any other: it must be a directory (not a
 //! link) of this process's uid that nobody else can write, on a bpf filesystem;
 //! otherwise nothing is pinned (the agent runs, and a restart loses the books).
@@ -29,6 +35,12 @@ use keling_common::{
 
 /// Where bpffs is mounted.
 pub const BPFFS: &str = "/sys/fs/bpf";
+/// A directory in bpffs's root that says Keling mounted it (no instance's
+/// directory is named so: those are `keling` and `keling-NAME`; bpffs refuses
+/// names with a dot).
+pub const MOUNTED_MARK: &str = "keling_mounted";
+/// What the kernel itself puts in a fresh bpffs (the preloaded iterators).
+const KERNELS_OWN: &[&str] = &["maps.debug", "progs.debug"];
 /// The bpf filesystem's magic (`statfs`).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -50,6 +62,8 @@ pub const PINNED: &[&str] = &[
 pub struct Pins {
     /// The instance's directory (`/sys/fs/bpf/keling[-NAME]`).
     base: PathBuf,
+    /// The bpf filesystem it is on (`/sys/fs/bpf`).
+    root: PathBuf,
     /// This object's (`base/obj-HASH`).
     pub dir: PathBuf,
     /// The maps there were an earlier agent's: the books go on.
@@ -148,7 +162,21 @@ impl Pins {
         let root = base.parent().unwrap_or(Path::new(BPFFS));
         if !on_bpffs(root) {
             mount_bpffs(root)?;
+            if let Err(e) = fs::create_dir(root.join(MOUNTED_MARK)) {
+                log::warn!(
+                    "cannot mark {} as mounted by Keling ({e}): it stays mounted after the agent",
+                    root.display()
+                );
+            }
         }
+        let pins = Self::prepare_on(root, base, object, keep);
+        if pins.is_err() {
+            unmount_if_unused(root);
+        }
+        pins
+    }
+
+    fn prepare_on(root: &Path, base: &Path, object: &[u8], keep: bool) -> anyhow::Result<Self> {
         make_dir(base)?;
         let name = format!("obj-{:016x}", fnv1a(object));
         let dir = base.join(&name);
@@ -167,6 +195,7 @@ impl Pins {
         make_dir(&dir)?;
         Ok(Self {
             base: base.to_owned(),
+            root: root.to_owned(),
             dir,
             reused: complete,
         })
@@ -178,10 +207,65 @@ impl Pins {
     }
 
     /// Removes the pins (the agent stops and no task of it runs on): the maps go
-    /// with the last program or fd that holds them.
+    /// with the last program or fd that holds them. Unmounts the bpf filesystem
+    /// if Keling mounted it and nothing else is pinned there.
     pub fn remove(&self) {
         remove_tree(&self.base);
+        unmount_if_unused(&self.root);
     }
+}
+
+/// Unmounts the bpf filesystem on `root` if Keling mounted it ([`MOUNTED_MARK`])
+/// and nobody pins anything there any more; says why not otherwise.
+fn unmount_if_unused(root: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let mark = root.join(MOUNTED_MARK);
+    if !on_bpffs(root) || !fs::symlink_metadata(&mark).is_ok_and(|m| m.is_dir()) {
+        return;
+    }
+    let others: Vec<String> = match fs::read_dir(root) {
+        Ok(d) => d
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != MOUNTED_MARK && !KERNELS_OWN.contains(&n.as_str()))
+            .collect(),
+        Err(e) => {
+            log::warn!(
+                "{}: {e}: the bpf filesystem Keling mounted stays",
+                root.display()
+            );
+            return;
+        }
+    };
+    if !others.is_empty() {
+        log::info!(
+            "the bpf filesystem Keling mounted on {} stays: {} pinned there",
+            root.display(),
+            others.join(", ")
+        );
+        return;
+    }
+    let _ = fs::remove_dir(&mark);
+    let Ok(c) = std::ffi::CString::new(root.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::UMOUNT_NOFOLLOW) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // Marked again, so that a later agent unmounts it.
+        let _ = fs::create_dir(&mark);
+        log::warn!(
+            "cannot unmount the bpf filesystem Keling mounted on {} ({e}): unmount it with \
+             `umount {}`",
+            root.display(),
+            root.display()
+        );
+        return;
+    }
+    log::info!(
+        "unmounted the bpf filesystem Keling mounted on {}",
+        root.display()
+    );
 }
 
 /// Removes a directory of pins (or one pin), not following links.

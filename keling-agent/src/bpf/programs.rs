@@ -151,7 +151,7 @@ pub const IOCTL_PROGRAMS: &[(u32, &str)] = &[
 pub const IOCTL_PROG_MAP: &str = ioctl::MAP;
 pub const IOCTL_PROG_MAP_KPROBE: &str = ioctl::MAP_KPROBE;
 
-/// Where NVIDIA ioctls are seen (see the probes' nvidia.rs).
+/// Where NVIDIA ioctls are seen (see the probes' nvidia/backends.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoctlBackend {
     /// `sys_enter_ioctl` and `sys_exit_ioctl` (in [`PROGRAMS`]).

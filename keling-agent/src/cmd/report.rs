@@ -50,10 +50,13 @@ pub fn report(args: ReportArgs) -> anyhow::Result<i32> {
     let r = report::build(&args.logs, &opts)?;
     let page = r.write(&args.out)?;
     println!("{}", page.display());
+    for w in &r.long_waits {
+        println!("  {}", w.text);
+    }
     for f in r.gpu_findings.iter().chain(&r.task_findings) {
         println!("  {}", f.text);
     }
-    if r.gpu_findings.is_empty() && r.task_findings.is_empty() {
+    if r.long_waits.is_empty() && r.gpu_findings.is_empty() && r.task_findings.is_empty() {
         println!("  no findings");
     }
     Ok(0)

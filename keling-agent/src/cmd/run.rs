@@ -26,19 +26,19 @@ use crate::{
     event::EventStream,
     gpu::env::GpuArgs,
     latency::{LatencyRecorder, ModelKind},
-    metrics::http,
+    log_format::{INPUT_LOG_VERSION, InputLogHeader},
     os::lock::{InstanceLock, LockError},
+    prometheus::http,
     sched::{
         access::AccessPolicy,
         cgroup,
         config::Config,
         daemon::{Daemon, DaemonSettings, restart},
         host::{RealHost, Wake},
-        log::Logs,
+        log_writer::Logs,
         supervisor,
         worker::Confirmation,
     },
-    sched_log::{INPUT_LOG_VERSION, InputLogHeader},
 };
 
 /// What the agent cannot do without: seeing processes and their GPU memory.

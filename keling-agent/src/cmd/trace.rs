@@ -23,9 +23,9 @@ use crate::{
     defaults,
     event::EventStream,
     gpu::env::GpuArgs,
-    model::Model,
     os::{self, monotonic_ns, spawn::HeldChild},
     output::{self, Format},
+    process_model::Model,
     trace_loop::{Child, End, Tracer, UnixSignals},
 };
 

@@ -7,9 +7,11 @@
 //! on [`Event`] and never look at `header.kind` or a raw code again.
 use keling_common::{
     self as raw, ALL_GPUS, ActiveEvent, COMM_LEN, EventHeader, EventKind, ExecEvent, ExitEvent,
-    ForkEvent, NO_GPU, SwitchEvent, call_kind, device_file, mem_kind,
+    ForkEvent, NO_GPU, SwitchEvent, call_kind,
     nvidia::{self, ObjectKind, escape},
-    open_how, outcome, ref_how, teardown, undecoded,
+    open_how::OpenHowCode,
+    outcome::OutcomeCode,
+    ref_how::RefHowCode,
 };
 use thiserror::Error;
 
@@ -104,121 +106,14 @@ impl Event {
     }
 }
 
-/// Which NVIDIA device file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceFile {
-    /// `nvidiactl`.
-    Ctl,
-    /// `nvidiaN`.
-    Gpu(u32),
-    /// `nvidia-uvm`.
-    Uvm,
-}
+/// Which NVIDIA device file: keling-common's [`device_file`](keling_common::device_file) set.
+pub use keling_common::device_file::DeviceFile;
 
-impl DeviceFile {
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            device_file::CTL => Some(Self::Ctl),
-            device_file::UVM => Some(Self::Uvm),
-            n if n <= device_file::MAX_GPU => Some(Self::Gpu(n)),
-            _ => None,
-        }
-    }
+/// What kind of bytes a memory holds: keling-common's [`mem_kind`](keling_common::mem_kind) set.
+pub use keling_common::mem_kind::MemKind;
 
-    pub const fn code(self) -> u32 {
-        match self {
-            Self::Ctl => device_file::CTL,
-            Self::Uvm => device_file::UVM,
-            Self::Gpu(n) => n,
-        }
-    }
-
-    /// The GPU of an `nvidiaN` file.
-    pub const fn gpu(self) -> Option<u32> {
-        match self {
-            Self::Gpu(n) => Some(n),
-            _ => None,
-        }
-    }
-}
-
-/// What kind of bytes a memory holds ([`keling_common::mem_kind`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MemKind {
-    /// Video memory: the only kind quotas and memory pressure count.
-    Video,
-    /// Pinned host memory.
-    Host,
-    /// Extended GPU memory.
-    Egm,
-}
-
-impl MemKind {
-    pub const ALL: [MemKind; 3] = [Self::Video, Self::Host, Self::Egm];
-
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            mem_kind::VIDEO => Some(Self::Video),
-            mem_kind::HOST => Some(Self::Host),
-            mem_kind::EGM => Some(Self::Egm),
-            _ => None,
-        }
-    }
-
-    pub const fn code(self) -> u32 {
-        match self {
-            Self::Video => mem_kind::VIDEO,
-            Self::Host => mem_kind::HOST,
-            Self::Egm => mem_kind::EGM,
-        }
-    }
-
-    /// The object kind that holds memory of this kind.
-    pub const fn object_kind(self) -> ObjectKind {
-        match self {
-            Self::Video => ObjectKind::VideoMemory,
-            Self::Host => ObjectKind::HostMemory,
-            Self::Egm => ObjectKind::ExtendedMemory,
-        }
-    }
-}
-
-/// Why memory was freed all at once ([`keling_common::teardown`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TeardownReason {
-    ClientFreed,
-    FileReleased,
-    DeviceFreed,
-    SubdeviceFreed,
-}
-
-impl TeardownReason {
-    pub const ALL: [TeardownReason; 4] = [
-        Self::ClientFreed,
-        Self::FileReleased,
-        Self::DeviceFreed,
-        Self::SubdeviceFreed,
-    ];
-
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            teardown::CLIENT_FREED => Some(Self::ClientFreed),
-            teardown::FILE_RELEASED => Some(Self::FileReleased),
-            teardown::DEVICE_FREED => Some(Self::DeviceFreed),
-            teardown::SUBDEVICE_FREED => Some(Self::SubdeviceFreed),
-            _ => None,
-        }
-    }
-
-    pub const fn code(self) -> u32 {
-        match self {
-            Self::ClientFreed => teardown::CLIENT_FREED,
-            Self::FileReleased => teardown::FILE_RELEASED,
-            Self::DeviceFreed => teardown::DEVICE_FREED,
-            Self::SubdeviceFreed => teardown::SUBDEVICE_FREED,
-        }
-    }
-}
+/// Why memory was freed all at once: keling-common's [`teardown`](keling_common::teardown) set.
+pub use keling_common::teardown::TeardownReason;
 
 /// How a process came to have an NVIDIA fd ([`keling_common::open_how`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -236,22 +131,26 @@ pub enum OpenHow {
 
 impl OpenHow {
     fn from_raw(how: u32, src_fd: i32) -> Option<Self> {
-        match how {
-            open_how::OPEN => Some(Self::Open),
-            open_how::DUP => Some(Self::Dup { src_fd }),
-            open_how::RECEIVED => Some(Self::Received),
-            open_how::FIRST_USE => Some(Self::FirstUse),
-            _ => None,
+        Some(match OpenHowCode::from_raw(how)? {
+            OpenHowCode::Open => Self::Open,
+            OpenHowCode::Dup => Self::Dup { src_fd },
+            OpenHowCode::Received => Self::Received,
+            OpenHowCode::FirstUse => Self::FirstUse,
+        })
+    }
+
+    /// Its code in keling-common's [`open_how`](keling_common::open_how) set (number and name).
+    pub const fn kind(self) -> OpenHowCode {
+        match self {
+            Self::Open => OpenHowCode::Open,
+            Self::Dup { .. } => OpenHowCode::Dup,
+            Self::Received => OpenHowCode::Received,
+            Self::FirstUse => OpenHowCode::FirstUse,
         }
     }
 
     pub const fn code(self) -> u32 {
-        match self {
-            Self::Open => open_how::OPEN,
-            Self::Dup { .. } => open_how::DUP,
-            Self::Received => open_how::RECEIVED,
-            Self::FirstUse => open_how::FIRST_USE,
-        }
+        self.kind().code()
     }
 }
 
@@ -266,69 +165,30 @@ pub enum RefHow {
 
 impl RefHow {
     fn from_raw(how: u32, src_client: u32, src_handle: u32) -> Option<Self> {
-        match how {
-            ref_how::DUP => Some(Self::Dup {
+        Some(match RefHowCode::from_raw(how)? {
+            RefHowCode::Dup => Self::Dup {
                 src_client,
                 src_handle,
-            }),
-            ref_how::IMPORT => Some(Self::Import),
-            _ => None,
+            },
+            RefHowCode::Import => Self::Import,
+        })
+    }
+
+    /// Its code in keling-common's [`ref_how`](keling_common::ref_how) set (number and name).
+    pub const fn kind(self) -> RefHowCode {
+        match self {
+            Self::Dup { .. } => RefHowCode::Dup,
+            Self::Import => RefHowCode::Import,
         }
     }
 
     pub const fn code(self) -> u32 {
-        match self {
-            Self::Dup { .. } => ref_how::DUP,
-            Self::Import => ref_how::IMPORT,
-        }
+        self.kind().code()
     }
 }
 
-/// Why a call could not be decoded ([`keling_common::undecoded`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UndecodedReason {
-    FinnSerialized,
-    UnknownLayout,
-    Fault,
-    UnknownEscape,
-    TableFull,
-    UnknownObject,
-}
-
-impl UndecodedReason {
-    pub const ALL: [UndecodedReason; undecoded::COUNT as usize] = [
-        Self::FinnSerialized,
-        Self::UnknownLayout,
-        Self::Fault,
-        Self::UnknownEscape,
-        Self::TableFull,
-        Self::UnknownObject,
-    ];
-
-    pub const fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            undecoded::FINN_SERIALIZED => Some(Self::FinnSerialized),
-            undecoded::UNKNOWN_LAYOUT => Some(Self::UnknownLayout),
-            undecoded::FAULT => Some(Self::Fault),
-            undecoded::UNKNOWN_ESCAPE => Some(Self::UnknownEscape),
-            undecoded::TABLE_FULL => Some(Self::TableFull),
-            undecoded::UNKNOWN_OBJECT => Some(Self::UnknownObject),
-            _ => None,
-        }
-    }
-
-    /// Index into the kernel's per-reason counters.
-    pub const fn code(self) -> u32 {
-        match self {
-            Self::FinnSerialized => undecoded::FINN_SERIALIZED,
-            Self::UnknownLayout => undecoded::UNKNOWN_LAYOUT,
-            Self::Fault => undecoded::FAULT,
-            Self::UnknownEscape => undecoded::UNKNOWN_ESCAPE,
-            Self::TableFull => undecoded::TABLE_FULL,
-            Self::UnknownObject => undecoded::UNKNOWN_OBJECT,
-        }
-    }
-}
+/// Why a call could not be decoded: keling-common's [`undecoded`](keling_common::undecoded) set.
+pub use keling_common::undecoded::UndecodedReason;
 
 /// What came of a plain ioctl ([`keling_common::outcome`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -342,22 +202,26 @@ pub enum IoctlOutcome {
 
 impl IoctlOutcome {
     fn from_raw(outcome: u32, reason: u32) -> Result<Self, (&'static str, u32)> {
-        match outcome {
-            outcome::DECODED => Ok(Self::Decoded),
-            outcome::NO_MEMORY_ESCAPE => Ok(Self::NoMemoryEscape),
-            outcome::UNDECODED => UndecodedReason::from_u32(reason)
+        match OutcomeCode::from_raw(outcome).ok_or(("outcome", outcome))? {
+            OutcomeCode::Decoded => Ok(Self::Decoded),
+            OutcomeCode::NoMemoryEscape => Ok(Self::NoMemoryEscape),
+            OutcomeCode::Undecoded => UndecodedReason::from_raw(reason)
                 .map(Self::Undecoded)
                 .ok_or(("undecoded", reason)),
-            _ => Err(("outcome", outcome)),
+        }
+    }
+
+    /// Its code in keling-common's [`outcome`](keling_common::outcome) set (number and name).
+    pub const fn kind(self) -> OutcomeCode {
+        match self {
+            Self::Decoded => OutcomeCode::Decoded,
+            Self::NoMemoryEscape => OutcomeCode::NoMemoryEscape,
+            Self::Undecoded(_) => OutcomeCode::Undecoded,
         }
     }
 
     pub const fn code(self) -> u32 {
-        match self {
-            Self::Decoded => outcome::DECODED,
-            Self::NoMemoryEscape => outcome::NO_MEMORY_ESCAPE,
-            Self::Undecoded(_) => outcome::UNDECODED,
-        }
+        self.kind().code()
     }
 }
 
@@ -393,12 +257,6 @@ fn gpu_of(v: u32) -> Option<Option<u32>> {
         ALL_GPUS => None,
         g => Some(Some(g)),
     }
-}
-
-/// Object kinds by their code, refusing codes the contract does not define.
-fn object_kind_of(v: u32) -> Option<ObjectKind> {
-    let k = ObjectKind::from_u32(v);
-    (k as u32 == v).then_some(k)
 }
 
 fn nonzero(v: u32) -> Option<u32> {
@@ -635,16 +493,16 @@ impl Fields {
         })
     }
     fn device(&self, v: u32) -> Result<DeviceFile, DecodeError> {
-        self.get("device", v, DeviceFile::from_u32(v))
+        self.get("device", v, DeviceFile::from_raw(v))
     }
     fn gpu(&self, v: u32) -> Result<Option<u32>, DecodeError> {
         self.get("gpu", v, gpu_of(v))
     }
     fn mem_kind(&self, v: u32) -> Result<MemKind, DecodeError> {
-        self.get("mem_kind", v, MemKind::from_u32(v))
+        self.get("mem_kind", v, MemKind::from_raw(v))
     }
     fn object_kind(&self, v: u32) -> Result<ObjectKind, DecodeError> {
-        self.get("kind", v, object_kind_of(v))
+        self.get("kind", v, ObjectKind::from_raw(v))
     }
     fn flag(&self, field: &'static str, v: u32) -> Result<bool, DecodeError> {
         self.get(field, v, (v <= 1).then_some(v == 1))
@@ -731,7 +589,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
             Event::GpuTeardown(GpuTeardownEvent {
                 header,
                 client: e.client,
-                reason: f.get("reason", e.reason, TeardownReason::from_u32(e.reason))?,
+                reason: f.get("reason", e.reason, TeardownReason::from_raw(e.reason))?,
                 owner_pid: e.owner_pid,
                 gpu: f.gpu(e.gpu)?,
                 device: e.device,
@@ -864,7 +722,9 @@ impl ExitStatus {
 
 #[cfg(test)]
 mod tests {
-    use keling_common::nvidia::status;
+    use keling_common::{
+        device_file, mem_kind, nvidia::status, open_how, outcome, ref_how, teardown, undecoded,
+    };
     use proptest::prelude::*;
 
     use super::*;

@@ -1,6 +1,6 @@
 //! Kernel events into the agent: the ring buffer, decoded into typed events
 //! ([`decode`]); the picture of processes and threads built from them is
-//! [`crate::model`]'s. Both `keling trace` and `keling run` read the kernel through
+//! [`crate::process_model`]'s. Both `keling trace` and `keling run` read the kernel through
 //! [`EventStream`], the one place that drains the ring buffer.
 use std::future::Future;
 

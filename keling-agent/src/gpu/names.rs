@@ -1,18 +1,18 @@
-//! Human names for NVIDIA ABI numbers and Keling's own codes: one table per set,
-//! `(code, name)`, that every output (text, JSON lines, logs) uses. A test checks
-//! that each constant of the contract has exactly one name and that names are unique.
+//! Human names for NVIDIA ABI numbers and Keling's own codes, as every output
+//! (text, JSON lines, logs) prints them. The ABI numbers are named here, one table
+//! per set, `(code, name)`; a test checks that each constant of the contract has
+//! exactly one name and that names are unique. Keling's own codes (memory and
+//! object kinds, teardown reasons, open and ref hows, outcomes, undecoded reasons)
+//! are named beside their definition in keling-common (`code_set!`), and the
+//! functions here hand those names on.
 //! The RM control commands, which are many, have their own module
 //! ([`super::controls`]); every RM escape and UVM command of driver 535 is named here.
 //! A number without a name is shown as a number (`RM_0x99`, `0x20800999`), never
 //! as undecoded: naming is not decoding.
-use keling_common::{
-    mem_kind,
-    nvidia::{
-        ObjectKind,
-        branch::{Escape5F, Layout, Version},
-        class, escape,
-    },
-    open_how, outcome, ref_how, teardown, undecoded,
+use keling_common::nvidia::{
+    ObjectKind,
+    branch::{Escape5F, Layout, Version},
+    class, escape,
 };
 
 use crate::event::decode::{
@@ -320,95 +320,14 @@ pub const CLASSES: &[(u32, &str)] = &[
     (class::COPY[1], "HOPPER_DMA_COPY_A"),
 ];
 
-/// What an RM object is ([`ObjectKind`] as `u32`).
-pub const OBJECT_KINDS: &[(u32, &str)] = &[
-    (ObjectKind::Other as u32, "other"),
-    (ObjectKind::Client as u32, "client"),
-    (ObjectKind::Device as u32, "device"),
-    (ObjectKind::Subdevice as u32, "subdevice"),
-    (ObjectKind::VaSpace as u32, "vaspace"),
-    (ObjectKind::ChannelGroup as u32, "channel_group"),
-    (ObjectKind::ContextShare as u32, "context_share"),
-    (ObjectKind::Channel as u32, "channel"),
-    (ObjectKind::Compute as u32, "compute"),
-    (ObjectKind::Copy as u32, "copy"),
-    (ObjectKind::VideoMemory as u32, "video_memory"),
-    (ObjectKind::HostMemory as u32, "host_memory"),
-    (ObjectKind::VirtualMemory as u32, "virtual_memory"),
-    (ObjectKind::ExtendedMemory as u32, "extended_memory"),
-];
-
-pub const MEM_KINDS: &[(u32, &str)] = &[
-    (mem_kind::VIDEO, "video"),
-    (mem_kind::HOST, "host"),
-    (mem_kind::EGM, "egm"),
-];
-
-pub const UNDECODED_REASONS: &[(u32, &str)] = &[
-    (
-        undecoded::FINN_SERIALIZED,
-        undecoded::NAMES[undecoded::FINN_SERIALIZED as usize],
-    ),
-    (
-        undecoded::UNKNOWN_LAYOUT,
-        undecoded::NAMES[undecoded::UNKNOWN_LAYOUT as usize],
-    ),
-    (
-        undecoded::FAULT,
-        undecoded::NAMES[undecoded::FAULT as usize],
-    ),
-    (
-        undecoded::UNKNOWN_ESCAPE,
-        undecoded::NAMES[undecoded::UNKNOWN_ESCAPE as usize],
-    ),
-    (
-        undecoded::TABLE_FULL,
-        undecoded::NAMES[undecoded::TABLE_FULL as usize],
-    ),
-    (
-        undecoded::UNKNOWN_OBJECT,
-        undecoded::NAMES[undecoded::UNKNOWN_OBJECT as usize],
-    ),
-];
-
-pub const TEARDOWN_REASONS: &[(u32, &str)] = &[
-    (teardown::CLIENT_FREED, "client_freed"),
-    (teardown::FILE_RELEASED, "file_released"),
-    (teardown::DEVICE_FREED, "device_freed"),
-    (teardown::SUBDEVICE_FREED, "subdevice_freed"),
-];
-
-pub const OPEN_HOWS: &[(u32, &str)] = &[
-    (open_how::OPEN, "open"),
-    (open_how::DUP, "dup"),
-    (open_how::RECEIVED, "received"),
-    (open_how::FIRST_USE, "first_use"),
-];
-
-pub const REF_HOWS: &[(u32, &str)] = &[(ref_how::DUP, "dup"), (ref_how::IMPORT, "import")];
-
-pub const OUTCOMES: &[(u32, &str)] = &[
-    (outcome::DECODED, "decoded"),
-    (outcome::NO_MEMORY_ESCAPE, "no_memory_escape"),
-    (outcome::UNDECODED, "undecoded"),
-];
-
 /// The name of `code` in `table`.
 pub fn lookup(table: &[(u32, &'static str)], code: u32) -> Option<&'static str> {
     table.iter().find(|(c, _)| *c == code).map(|(_, n)| *n)
 }
 
-/// For codes that always have a name (the tests check it).
-fn named(table: &[(u32, &'static str)], code: u32) -> &'static str {
-    lookup(table, code).unwrap_or("?")
-}
-
+/// As the file is named under `/dev` (keling-common's `DeviceFile` prints it).
 pub fn device(d: DeviceFile) -> String {
-    match d {
-        DeviceFile::Ctl => "nvidiactl".into(),
-        DeviceFile::Uvm => "nvidia-uvm".into(),
-        DeviceFile::Gpu(n) => format!("nvidia{n}"),
-    }
+    d.to_string()
 }
 
 /// The driver version names are given for (escape 0x5F is another escape from
@@ -474,39 +393,39 @@ pub fn class(c: u32) -> Option<&'static str> {
 }
 
 pub fn object_kind(k: ObjectKind) -> &'static str {
-    named(OBJECT_KINDS, k as u32)
+    k.name()
 }
 
 pub fn mem_kind(k: MemKind) -> &'static str {
-    named(MEM_KINDS, k.code())
+    k.name()
 }
 
 pub fn undecoded_reason(r: UndecodedReason) -> &'static str {
-    named(UNDECODED_REASONS, r.code())
+    r.name()
 }
 
 /// The name of the kernel's per-reason counter `index`.
 pub fn undecoded_index(index: usize) -> &'static str {
     u32::try_from(index)
         .ok()
-        .and_then(|i| lookup(UNDECODED_REASONS, i))
-        .unwrap_or("unknown")
+        .and_then(UndecodedReason::from_raw)
+        .map_or("unknown", UndecodedReason::name)
 }
 
 pub fn teardown_reason(r: TeardownReason) -> &'static str {
-    named(TEARDOWN_REASONS, r.code())
+    r.name()
 }
 
 pub fn open_how(h: OpenHow) -> &'static str {
-    named(OPEN_HOWS, h.code())
+    h.kind().name()
 }
 
 pub fn ref_how(h: RefHow) -> &'static str {
-    named(REF_HOWS, h.code())
+    h.kind().name()
 }
 
 pub fn outcome(o: IoctlOutcome) -> &'static str {
-    named(OUTCOMES, o.code())
+    o.kind().name()
 }
 
 /// `gpuN`, or `gpu?` when not known (text output).
@@ -518,7 +437,7 @@ pub fn gpu(g: Option<u32>) -> String {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use keling_common::nvidia::uvm;
+    use keling_common::{nvidia::uvm, undecoded};
 
     use super::*;
 
@@ -712,45 +631,127 @@ mod tests {
         }
     }
 
+    /// Every code of Keling's own sets prints the name the outputs, the tests and
+    /// the docs use, with its number: written out here, apart from the one
+    /// definition in keling-common, so a renamed or renumbered code fails.
     #[test]
-    fn every_code_has_exactly_one_name() {
-        let named = |table: &[(u32, &str)], codes: &[u32]| {
-            let consts: Vec<(String, u32)> = codes.iter().map(|&c| (c.to_string(), c)).collect();
-            covers(table, &consts);
-        };
-        let kinds: Vec<u32> = (0..64)
-            .filter(|&k| ObjectKind::from_u32(k) as u32 == k)
-            .collect();
-        assert_eq!(kinds.len(), 14);
-        named(OBJECT_KINDS, &kinds);
-        let mem: Vec<u32> = MemKind::ALL.iter().map(|k| k.code()).collect();
-        named(MEM_KINDS, &mem);
-        let und: Vec<u32> = UndecodedReason::ALL.iter().map(|r| r.code()).collect();
-        named(UNDECODED_REASONS, &und);
-        assert_eq!(und.len(), undecoded::COUNT as usize);
-        let td: Vec<u32> = TeardownReason::ALL.iter().map(|r| r.code()).collect();
-        named(TEARDOWN_REASONS, &td);
-        named(
-            OPEN_HOWS,
-            &[
-                open_how::OPEN,
-                open_how::DUP,
-                open_how::RECEIVED,
-                open_how::FIRST_USE,
-            ],
+    fn every_code_prints_the_name_outputs_and_docs_use() {
+        assert_eq!(
+            ObjectKind::ALL.map(|k| (k as u32, object_kind(k))),
+            [
+                (0, "other"),
+                (1, "client"),
+                (2, "device"),
+                (3, "subdevice"),
+                (4, "vaspace"),
+                (5, "channel_group"),
+                (6, "context_share"),
+                (7, "channel"),
+                (8, "compute"),
+                (9, "copy"),
+                (10, "video_memory"),
+                (11, "host_memory"),
+                (12, "virtual_memory"),
+                (13, "extended_memory"),
+            ]
         );
-        named(REF_HOWS, &[ref_how::DUP, ref_how::IMPORT]);
-        named(
-            OUTCOMES,
-            &[
-                outcome::DECODED,
-                outcome::NO_MEMORY_ESCAPE,
-                outcome::UNDECODED,
-            ],
+        assert_eq!(
+            MemKind::ALL.map(|k| (k.code(), mem_kind(k))),
+            [(1, "video"), (2, "host"), (3, "egm")]
+        );
+        assert_eq!(
+            UndecodedReason::ALL.map(|r| (r.code(), undecoded_reason(r))),
+            [
+                (0, "finn_serialized"),
+                (1, "unknown_layout"),
+                (2, "fault"),
+                (3, "unknown_escape"),
+                (4, "table_full"),
+                (5, "unknown_object"),
+            ]
         );
         for (i, name) in undecoded::NAMES.iter().enumerate() {
             assert_eq!(undecoded_index(i), *name);
         }
+        assert_eq!(
+            keling_common::table_full::NAMES,
+            [
+                "fd_table",
+                "orphans",
+                "work_queue",
+                "file_clients",
+                "contributors",
+                "mems",
+                "mem_handles",
+                "exports",
+                "batch",
+                "call",
+            ]
+        );
+        assert_eq!(
+            TeardownReason::ALL.map(|r| (r.code(), teardown_reason(r))),
+            [
+                (1, "client_freed"),
+                (2, "file_released"),
+                (3, "device_freed"),
+                (4, "subdevice_freed"),
+            ]
+        );
+        let hows = [
+            OpenHow::Open,
+            OpenHow::Dup { src_fd: 3 },
+            OpenHow::Received,
+            OpenHow::FirstUse,
+        ];
+        assert_eq!(
+            hows.map(|h| (h.code(), open_how(h))),
+            [(1, "open"), (2, "dup"), (3, "received"), (4, "first_use")]
+        );
+        let refs = [
+            RefHow::Dup {
+                src_client: 1,
+                src_handle: 2,
+            },
+            RefHow::Import,
+        ];
+        assert_eq!(
+            refs.map(|h| (h.code(), ref_how(h))),
+            [(1, "dup"), (2, "import")]
+        );
+        let outcomes = [
+            IoctlOutcome::Decoded,
+            IoctlOutcome::NoMemoryEscape,
+            IoctlOutcome::Undecoded(UndecodedReason::Fault),
+        ];
+        assert_eq!(
+            outcomes.map(|o| (o.code(), outcome(o))),
+            [(0, "decoded"), (1, "no_memory_escape"), (2, "undecoded")]
+        );
+    }
+
+    /// Every number that names a device file leads back to it; the others name none.
+    #[test]
+    fn device_files_round_trip() {
+        for code in (0..=300).chain([u32::MAX - 1, u32::MAX]) {
+            match DeviceFile::from_raw(code) {
+                Some(d) => {
+                    assert_eq!(d.code(), code);
+                    let name = device(d);
+                    match d {
+                        DeviceFile::Gpu(n) => assert_eq!(name, format!("nvidia{n}")),
+                        DeviceFile::Ctl => assert_eq!(name, "nvidiactl"),
+                        DeviceFile::Uvm => assert_eq!(name, "nvidia-uvm"),
+                    }
+                }
+                None => assert!(
+                    code > keling_common::device_file::MAX_GPU
+                        && code != keling_common::device_file::CTL
+                        && code != keling_common::device_file::UVM,
+                    "{code}"
+                ),
+            }
+        }
+        assert_eq!(DeviceFile::from_raw(keling_common::device_file::NONE), None);
     }
 
     #[test]

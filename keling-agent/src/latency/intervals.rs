@@ -58,8 +58,8 @@ use hdrhistogram::{
     },
 };
 
-use super::model::{ModelKind, TimeoutModel};
 use super::recorder::{Interval, LatencyRecorder, NS_PER_MS, Stage, new_histogram};
+use super::timeout_model::{ModelKind, TimeoutModel};
 
 const LEGEND: &str =
     "\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\"";

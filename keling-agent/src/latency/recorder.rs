@@ -38,7 +38,7 @@ use std::fmt;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use super::model::{ModelKind, TimeoutModel};
+use super::timeout_model::{ModelKind, TimeoutModel};
 
 /// Lowest discernible value of the histograms (1 us, in ns).
 pub const HIST_LOW_NS: u64 = 1_000;
@@ -472,7 +472,7 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::latency::model::DEFAULT_TIMEOUT_NS;
+    use crate::latency::timeout_model::DEFAULT_TIMEOUT_NS;
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000_000_000;

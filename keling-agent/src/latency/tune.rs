@@ -17,8 +17,8 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::model::{ModelKind, TimeoutModel};
 use super::recorder::NS_PER_MS;
+use super::timeout_model::{ModelKind, TimeoutModel};
 
 /// Sigmas over the mean tried for the static model.
 pub const STATIC_SIGMAS_GRID: [f64; 6] = [2.0, 2.5, 3.0, 4.0, 5.0, 6.0];

@@ -1,10 +1,10 @@
 //! Keling's scheduler decisions as a trace shows them: read back from the running
 //! agent's scheduling log (`keling run --sched-log FILE`, followed by `keling trace
-//! --sched-log FILE`). Only parsing here, of [`crate::sched_log`]'s lines; the
+//! --sched-log FILE`). Only parsing here, of [`crate::log_format`]'s lines; the
 //! caller reads the file.
 use serde_json::json;
 
-use crate::sched_log::{Record, SchedLine};
+use crate::log_format::{Record, SchedLine};
 
 /// One line of the scheduling log that concerns a process.
 #[derive(Clone, Debug, PartialEq)]

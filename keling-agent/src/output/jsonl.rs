@@ -15,6 +15,7 @@
 //! number).
 use std::io::{self, Write};
 
+use keling_common::active_cause::ActiveCause;
 use serde_json::{Value, json};
 
 use super::{Sink, Summary, text::state_letter};
@@ -83,11 +84,7 @@ pub fn event_json(event: &Event) -> Value {
         Event::Active(e) => json!({
             "type": "active",
             "root_pid": e.root_pid,
-            "cause": match e.cause {
-                keling_common::active_cause::SWITCH_IN => "switch_in",
-                keling_common::active_cause::IOCTL => "ioctl",
-                _ => "unknown",
-            },
+            "cause": ActiveCause::from_raw(e.cause).map_or("unknown", ActiveCause::name),
         }),
         Event::GpuOpen(e) => {
             let mut v = json!({
@@ -525,6 +522,33 @@ mod tests {
         assert_eq!(v["pid"], 9);
     }
 
+    /// An activity event names its cause as keling-common's `active_cause` set
+    /// does, and a cause outside the set as "unknown".
+    #[test]
+    fn active_events_name_their_cause() {
+        for (cause, name) in [
+            (1, "switch_in"),
+            (2, "ioctl"),
+            (0, "unknown"),
+            (9, "unknown"),
+        ] {
+            let e = Event::Active(ActiveEvent {
+                header: EventHeader {
+                    kind: EventKind::Active as u32,
+                    cpu: 0,
+                    ts_ns: 1,
+                    pid: 7,
+                    tid: 8,
+                },
+                root_pid: 7,
+                cause,
+            });
+            let v = event_json(&e);
+            assert_eq!(v["type"], "active");
+            assert_eq!(v["cause"], name, "cause {cause}");
+        }
+    }
+
     use crate::{
         event::decode::{
             Call, DeviceFile, IoctlOutcome, MemKind, OpenHow, RefHow, UndecodedReason,
@@ -759,7 +783,7 @@ mod tests {
 
     #[test]
     fn summary_has_the_new_figures() {
-        let procs = vec![crate::model::ProcessStats {
+        let procs = vec![crate::process_model::ProcessStats {
             pid: 7,
             gpu: GpuProcessStats {
                 gpu_egm_bytes: 11,

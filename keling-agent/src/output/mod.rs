@@ -13,7 +13,7 @@ use crate::{
         nvml::NvmlDiff,
         stats::{CallCounts, GpuDeviceStats, GpuProcessStats},
     },
-    model::ProcessStats,
+    process_model::ProcessStats,
 };
 
 pub mod decision;

@@ -536,8 +536,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::ProcessStats,
         output::{capture::Capture, test_events as ev},
+        process_model::ProcessStats,
     };
 
     fn switch(ts: u64, prev: (u32, u32), next: (u32, u32), prev_state: u64) -> Event {

@@ -12,7 +12,7 @@ use crate::{
         nvml::NvmlDiff,
         stats::{GpuDeviceStats, GpuProcessStats},
     },
-    model::ProcessStats,
+    process_model::ProcessStats,
 };
 
 pub struct TextSink {

@@ -7,7 +7,7 @@ use keling_sched::{Input, Policy, SchedConfig, Scheduler};
 use serde::Serialize;
 
 use super::{Metrics, Summary, log::Decision};
-use crate::sched_log::SchedLine;
+use crate::log_format::SchedLine;
 
 /// What the replay's decisions have in common with the recorded ones.
 #[derive(Clone, Debug, PartialEq, Serialize)]

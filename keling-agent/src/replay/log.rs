@@ -1,8 +1,8 @@
 //! Reading the agent's two logs back, typed: the input log (one serde [`Input`] a
 //! line, with an optional first-line [`InputLogHeader`] that carries the
 //! [`keling_sched::SchedConfig`] and [`keling_sched::Policy`] that recorded it),
-//! and the scheduling log (its lines are [`crate::sched_log`]'s types, as
-//! `sched/log.rs` writes them).
+//! and the scheduling log (its lines are [`crate::log_format`]'s types, as
+//! `sched/log_writer.rs` writes them).
 //!
 //! [`Decision`] is what replay compares: the part of the scheduling log the core
 //! decides (transitions, placements, warnings, enforcement records), without the
@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context, bail};
 use keling_sched::{Action, Input, Output, TaskId, TaskState, Transition};
 
-use crate::sched_log::{INPUT_LOG_VERSION, InputLogHeader, Record, SchedLine};
+use crate::log_format::{INPUT_LOG_VERSION, InputLogHeader, Record, SchedLine};
 
 /// Reads an input log a line at a time, reusing one buffer.
 pub struct InputLogReader {
@@ -288,7 +288,7 @@ mod tests {
     use keling_sched::{GpuInfo, Policy, SchedConfig, Scheduler, TaskSpec};
 
     use super::*;
-    use crate::sched::log::Logs;
+    use crate::sched::log_writer::Logs;
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("keling-replay-log-{}", std::process::id()));
@@ -311,7 +311,7 @@ mod tests {
         }
     }
 
-    /// What the agent's writer (`sched::log::Logs`) writes, this reader reads back
+    /// What the agent's writer (`sched::log_writer::Logs`) writes, this reader reads back
     /// as the same decisions the core made.
     #[test]
     fn the_agents_scheduling_log_reads_back_as_the_cores_decisions() {
@@ -460,7 +460,7 @@ mod tests {
         );
     }
 
-    /// Every input-log file the agent's writer (`sched::log::Logs`) starts, the
+    /// Every input-log file the agent's writer (`sched::log_writer::Logs`) starts, the
     /// rotated one and the new one, begins with the header, and this reader finds it
     /// there.
     #[test]

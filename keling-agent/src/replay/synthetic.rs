@@ -49,8 +49,8 @@ use serde::Serialize;
 
 use super::{Metrics, Summary, log::InputLogWriter};
 use crate::{
-    sched::log::Logs,
-    sched_log::{INPUT_LOG_VERSION, InputLogHeader, Record},
+    log_format::{INPUT_LOG_VERSION, InputLogHeader, Record},
+    sched::log_writer::Logs,
 };
 
 const MS: u64 = 1_000_000;

@@ -2,7 +2,7 @@
 //!
 //! **Cells.** Rows are GPUs (or tasks), columns are [`WINDOW_NS`] = 15 s windows
 //! from the start of the log. A cell's value is the mean queueing delay, in ms,
-//! of the waits (see `replay::metrics`) of that row that ended in that window; a
+//! of the waits (see `replay::figures`) of that row that ended in that window; a
 //! cell with no wait is 0 (nobody waited).
 //!
 //! **Findings**, in this order, each naming the row and the window(s):

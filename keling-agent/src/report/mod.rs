@@ -1,12 +1,13 @@
 //! `keling report`: one self-contained HTML page (inline CSS and SVG, nothing
 //! fetched) from scheduling logs and input logs: the queueing-delay heatmaps (GPU
-//! x 15 s windows and task x 15 s windows), the root-cause findings ([`grid`]),
-//! per-task state timelines, and the decision-latency distribution ([`svg`]).
+//! x 15 s windows and task x 15 s windows), the longest waits with the GPUs idle
+//! through them ([`waits`]), the root-cause findings ([`grid`]), per-task state
+//! timelines, and the decision-latency distribution ([`svg`]).
 //!
 //! Each LOG is read by its first line: an input log (a header, or a serde
 //! `Input`) is replayed exactly through the core (`replay::exact`) with its
 //! header's config, or the agent's defaults; a scheduling log is read as it is.
-//! Queueing delay is measured as `replay::metrics` defines it. A scheduling log
+//! Queueing delay is measured as `replay::figures` defines it. A scheduling log
 //! alone has no `Active`/`Idle` inputs, so the time between a preemption for
 //! idleness and the task's next run is not counted as delay (the log cannot say
 //! when the task wanted the GPU again); an input log can.
@@ -16,6 +17,7 @@
 //! end-to-end histogram of `keling status --export json`.
 pub mod grid;
 pub mod svg;
+pub mod waits;
 
 use std::{
     collections::BTreeMap,
@@ -32,15 +34,19 @@ use serde::{Deserialize, Serialize};
 use self::{
     grid::{Finding, Grid, GridBuilder},
     svg::{Timeline, esc},
+    waits::LongWait,
 };
 use crate::{
+    log_format::{Record, SchedLine, TransitionLine},
     replay::{
         Metrics, Summary,
+        figures::Wait,
         log::{InputLogReader, read_sched_log},
-        metrics::Wait,
     },
-    sched_log::{Record, SchedLine, TransitionLine},
 };
+
+/// How many of the longest waits the report tells.
+pub const LONG_WAITS_SHOWN: usize = 10;
 
 /// How a report is made.
 #[derive(Clone, Debug)]
@@ -206,6 +212,9 @@ pub struct Report {
     pub end_ns: u64,
     pub gpu_grid: Grid,
     pub task_grid: Grid,
+    /// The longest waits (at most [`LONG_WAITS_SHOWN`]), longest first, each
+    /// with the GPUs idle through it.
+    pub long_waits: Vec<LongWait>,
     pub gpu_findings: Vec<Finding>,
     pub task_findings: Vec<Finding>,
     pub summaries: Vec<Summary>,
@@ -295,6 +304,25 @@ pub fn build(logs: &[PathBuf], opts: &ReportOptions) -> anyhow::Result<Report> {
         }
     }
     let gpu_grid = gpus.build();
+
+    // The longest waits, and the GPUs of the same log idle through them.
+    let mut long = Vec::new();
+    for (i, s) in sources.iter().enumerate() {
+        let busy = waits::busy_intervals(&s.transitions, end_ns);
+        let known: Vec<u32> = gpu_rows.keys().filter(|k| k.0 == i).map(|k| k.1).collect();
+        let names: BTreeMap<TaskId, &str> = s
+            .summary
+            .per_task
+            .iter()
+            .map(|d| (d.task, d.name.as_str()))
+            .collect();
+        let label = |task: TaskId| match names.get(&task) {
+            Some(name) => format!("{}task {task} ({name})", prefix(s)),
+            None => format!("{}task {task}", prefix(s)),
+        };
+        long.extend(waits::long_waits(&s.waits, &busy, &known, &label, start_ns));
+    }
+    let long_waits = waits::longest(long, LONG_WAITS_SHOWN);
 
     // Task rows: the tasks that waited longest, in arrival order.
     let mut tasks: Vec<(usize, TaskId, f64, u64, String)> = Vec::new();
@@ -400,6 +428,7 @@ pub fn build(logs: &[PathBuf], opts: &ReportOptions) -> anyhow::Result<Report> {
         sources: sources.iter().map(|s| s.name.clone()).collect(),
         start_ns,
         end_ns,
+        long_waits,
         gpu_findings,
         task_findings,
         summaries: sources.iter().map(|s| s.summary.clone()).collect(),
@@ -489,6 +518,27 @@ th:first-child, td:first-child { text-align: left; }
     }
     s.push_str("</table>");
 
+    s.push_str("<h2>Longest waits</h2>");
+    if r.long_waits.is_empty() {
+        s.push_str(r#"<p class="none" id="no-long-waits">No task waited 200 ms or more.</p>"#);
+    } else {
+        s.push_str(r#"<p class="note">The longest waits for a GPU (200 ms or more), and the other GPUs of the same log on which no task was running for all of the wait, or for at least half of it. Seconds are counted from the log's start.</p><ul class="long-waits">"#);
+        for w in &r.long_waits {
+            let _ = write!(
+                s,
+                r#"<li class="long-wait" data-wait-ms="{}" data-idle-gpus="{}">{}</li>"#,
+                w.wait_ns / 1_000_000,
+                w.idle_gpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                esc(&w.text)
+            );
+        }
+        s.push_str("</ul>");
+    }
+
     s.push_str("<h2>Root-cause findings</h2>");
     s.push_str(r#"<p class="note">A hot cell has a mean queueing delay of 200 ms or more. A window hot on at least half the rows (and at least two) points at a global cause; three or more consecutive hot windows in one row, at one saturated GPU or task; a hot cell in neither whose 3x3 neighbourhood variance exceeds 85 ms², at a local imbalance. Windows are 15 s, counted from the log's start.</p>"#);
     s.push_str(&findings_html("By GPU", &r.gpu_findings, "gpu-heatmap"));
@@ -537,5 +587,77 @@ mod tests {
     #[test]
     fn a_report_needs_logs() {
         assert!(build(&[], &ReportOptions::default()).is_err());
+    }
+
+    /// A constructed scheduling log: GPUs 1-3 run a short task each and idle
+    /// from 1 s on; task 164 (training) waits on GPU 4 behind task 1 from 1 s to
+    /// 106 s; task 7 waits 150 ms on GPU 4, too short to tell.
+    #[test]
+    fn the_longest_wait_names_the_task_its_gpu_and_the_idle_ones() {
+        const S: u64 = 1_000_000_000;
+        let line = |task: TaskId, name: &str, gpu: u32, ts: u64, from: &str, to: &str| {
+            let t = TransitionLine {
+                event_id: 0,
+                state_transition: format!("{from}\u{2192}{to}"),
+                timestamp_ns: ts,
+                task,
+                name: name.to_owned(),
+                pid: 1000 + task as u32,
+                gpu: Some(gpu),
+                priority: 0,
+                reason: keling_sched::Reason::Placed,
+                exit_code: None,
+            };
+            serde_json::to_string(&t).unwrap()
+        };
+        let mut log = Vec::new();
+        for g in 1..=3 {
+            log.push(line(10 + u64::from(g), "short", g, 0, "PENDING", "RUNNING"));
+        }
+        log.push(line(1, "serving", 4, 0, "PENDING", "RUNNING"));
+        for g in 1..=3 {
+            log.push(line(
+                10 + u64::from(g),
+                "short",
+                g,
+                S,
+                "RUNNING",
+                "COMPLETED",
+            ));
+        }
+        log.push(line(164, "training", 4, S, "PENDING", "PREEMPTED"));
+        log.push(line(1, "serving", 4, 106 * S, "RUNNING", "COMPLETED"));
+        log.push(line(164, "training", 4, 106 * S, "PREEMPTED", "RUNNING"));
+        log.push(line(7, "probe", 4, 106 * S, "PENDING", "PREEMPTED"));
+        log.push(line(
+            7,
+            "probe",
+            4,
+            106 * S + 150_000_000,
+            "PREEMPTED",
+            "RUNNING",
+        ));
+        log.push(line(164, "training", 4, 200 * S, "RUNNING", "COMPLETED"));
+        log.push(line(7, "probe", 4, 200 * S, "RUNNING", "COMPLETED"));
+        let dir = std::env::temp_dir().join(format!("keling-report-waits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sched.jsonl");
+        std::fs::write(&path, log.join("\n") + "\n").unwrap();
+        let r = build(std::slice::from_ref(&path), &ReportOptions::default()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        let texts: Vec<&str> = r.long_waits.iter().map(|w| w.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            ["task 164 (training) waited 105 s on GPU 4 (from 1 s) while GPUs 1-3 were idle"],
+            "the 150 ms wait is not told"
+        );
+        assert_eq!(r.long_waits[0].idle_gpus, [1, 2, 3]);
+        assert_eq!(r.long_waits[0].wait_ns, 105 * S);
+        assert!(
+            r.html()
+                .contains("waited 105 s on GPU 4 (from 1 s) while GPUs 1-3 were idle</li>"),
+            "the page tells it"
+        );
     }
 }

@@ -40,7 +40,7 @@ use super::{
     history::Histories,
     host::{Host, Wake},
     launch::{self, Launches},
-    log::Logs,
+    log_writer::Logs,
     members::Members,
     notify::{Clients, Eviction},
     worker::{Confirmation, Job},
@@ -49,7 +49,7 @@ use crate::{
     control::{ExportFormat, StatusReply},
     event::decode::{DeviceFile, Event, ExitStatus, MemKind},
     latency::{DecisionTimes, LatencyRecorder, Verdict},
-    sched_log::Record,
+    log_format::Record,
 };
 
 /// Recent decisions kept for `--export tune`.

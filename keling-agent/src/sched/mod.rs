@@ -15,7 +15,7 @@ pub mod daemon;
 pub mod history;
 pub mod host;
 pub mod launch;
-pub mod log;
+pub mod log_writer;
 pub mod members;
 pub mod notify;
 pub mod records;

@@ -30,9 +30,9 @@ use crate::{
         nvml::NvmlCheck,
         stats::{CallCounts, GpuAccounting, gpu_stats},
     },
-    model::Model,
     os::{self, monotonic_ns},
     output::{Sink, Summary, decision::SchedLogReader},
+    process_model::Model,
 };
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use crate::{
         fake::{FakeEvents, Ring},
     },
     gpu::stats::{CallCounts, GpuAccounting},
-    model::Model,
     output::{self, Format, capture::Capture},
+    process_model::Model,
 };
 
 /// The kernel's maps: how many processes it tracks, as the test sets it.

@@ -10,7 +10,7 @@
 //! The kernel tail-calls only between programs of one type, so each program type
 //! that queues work has its own array of the same work programs ([`TailCalls`]):
 //! `WORK_PROG` for the tracepoints, `WORK_PROG_KPROBE` for the driver-entry
-//! backend's kprobes (nvidia.rs).
+//! backend's kprobes (nvidia/).
 //!
 //! This module owns the queue and the program array, and nothing that decides what
 //! the work does: it imports no other probe module, so every module that queues

@@ -55,7 +55,7 @@ static ZERO_FDS: Array<ProcFds> = Array::with_max_entries(1, 0);
 const BPF_NOEXIST: u64 = 1;
 
 /// [0]: how many times a known fd has left a process's table (each [`closed`],
-/// each table dropped at exit), counted after the change. `nvidia::enter` keeps,
+/// each table dropped at exit), counted after the change. `nvidia::backends::enter` keeps,
 /// per CPU, the last (process, fd, file) it found in a table, with this count
 /// then; while the count is the same, the table still says so, and the answer
 /// stands without the hash lookup and the slot search. (Adding an fd or resolving

@@ -6,7 +6,7 @@
 //! ```text
 //! work ───────> accounting, orphans, files, deferred   the work programs (tail calls)
 //! nvidia ─────> accounting, files, active, deferred    NVIDIA ioctls
-//! sched ──────> orphans, active, deferred              context switches
+//! context_switch > orphans, active, deferred           context switches
 //! process ────> files, deferred                        fork, exec, exit
 //! orphans ────> files, deferred                        files released out of sight
 //! accounting ─> files, deferred                        clients, memories, totals
@@ -21,11 +21,11 @@
 //! programs (work) call back into them to do it.
 pub mod accounting;
 pub mod active;
+pub mod context_switch;
 pub mod deferred;
 pub mod files;
 pub mod floor;
 pub mod nvidia;
 pub mod orphans;
 pub mod process;
-pub mod sched;
 pub mod work;

@@ -177,7 +177,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Result<(), i64> {
         super::files::on_exit(pid, tid);
     }
     if tracked {
-        // The thread stays in TRACKED_TIDS until its last switch-out (see sched.rs),
+        // The thread stays in TRACKED_TIDS until its last switch-out (see context_switch.rs),
         // so its final slice on the CPU is still accounted.
         if group_dead {
             let _ = TRACKED_PIDS.remove(pid);

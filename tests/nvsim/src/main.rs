@@ -6,7 +6,7 @@
 //! ioctls at the ABI level of the real driver (facts in
 //! `docs/nvidia-abi.md`), and keeps the ground truth the tracer's
 //! numbers are compared with in `DIR/nvsim-state.json`.
-//! `keling-gpu-workload` (`src/bin/keling-gpu-workload.rs`) is a CUDA-like
+//! `keling-gpu-workload` (`src/bin/keling-gpu-workload/`, a module per scenario) is a CUDA-like
 //! process that drives it.
 //!
 //! ```text

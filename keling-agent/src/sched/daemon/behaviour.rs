@@ -28,7 +28,7 @@ use crate::{
             EnvGpu, Host as _, Wake,
             fake::{Call, FakeHost},
         },
-        log::Logs,
+        log_writer::Logs,
     },
 };
 

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use keling_sched::{Action, Input, Output, Reason, TaskId, TaskState};
 use serde::Serialize;
 
-use crate::sched_log::TransitionLine;
+use crate::log_format::TransitionLine;
 
 /// A wait that ended: the task, its GPU, when it started and how long it lasted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

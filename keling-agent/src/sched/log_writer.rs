@@ -1,7 +1,7 @@
 //! The scheduler's two logs: the scheduling log (one JSON line per task state
 //! transition, placement, warning, enforcement record and late decision) and the
 //! input log (every scheduler input, so `keling replay` can re-run the decisions).
-//! What a line holds is [`crate::sched_log`]'s (the readers use the same types);
+//! What a line holds is [`crate::log_format`]'s (the readers use the same types);
 //! this module only writes the files.
 //!
 //! A write error is reported once and never stops the agent. Each log is bounded:
@@ -20,7 +20,7 @@ use crate::os::files::{self, open_for_writing};
 use keling_sched::{Input, Transition};
 use serde::Serialize;
 
-use crate::sched_log::{InputLogHeader, Record, TransitionLine};
+use crate::log_format::{InputLogHeader, Record, TransitionLine};
 
 /// A JSON-lines file that reports its first write error, keeps going, and
 /// rotates at a size.
