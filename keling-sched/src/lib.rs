@@ -309,7 +309,12 @@
 //! [`SchedConfig::placement_seed`], the task and the GPU. Never the index: the
 //! seed is the core's only source of randomness, and the same seed gives the same
 //! choices, so replays reproduce them. Without a free slot, the GPU whose
-//! displaced task ranks last.
+//! displaced task ranks last. Under [`Sharing::Memory`] the GPUs where a task
+//! fits beside every holder are compared otherwise: if some have no live task
+//! of another priority (not being ended; one of the two would freeze the other
+//! while it works), only those, by the least memory held there over time plus
+//! what the tasks there, it included, may hold for [`MEM_HORIZON_S`], then the
+//! least busy time, then the hash; if none has, as above (W first).
 //!
 //! **After binding** a task keeps its GPU (a CUDA context does not move): quanta,
 //! idleness, preemption among the tasks of a GPU, memory pressure and quotas
@@ -415,8 +420,8 @@ pub use config::{
 };
 pub use input::{Input, TaskSpec};
 pub use placement::{
-    ALLOC_SUCCESS_WINDOW_S, PLACEMENT_ALLOC_SUCCESS_WEIGHT, PLACEMENT_FREE_MEMORY_WEIGHT,
-    PLACEMENT_QUEUE_WEIGHT, PLACEMENT_WEIGHT_TIE, load_balance_error,
+    ALLOC_SUCCESS_WINDOW_S, MEM_HORIZON_S, PLACEMENT_ALLOC_SUCCESS_WEIGHT,
+    PLACEMENT_FREE_MEMORY_WEIGHT, PLACEMENT_QUEUE_WEIGHT, PLACEMENT_WEIGHT_TIE, load_balance_error,
 };
 pub use policy::{EQUAL_PRIORITY, PREEMPTION_MIN_CANDIDATES, PREEMPTION_MIN_REMAINING_MS, Policy};
 pub use reason::Reason;

@@ -22,6 +22,11 @@ pub const PLACEMENT_ALLOC_SUCCESS_WEIGHT: f64 = 0.25;
 /// Late binding: free GPUs whose weights differ by no more than this are tied.
 pub const PLACEMENT_WEIGHT_TIE: f64 = 1e-9;
 
+/// Late binding under memory sharing: how far ahead the memory the tasks on
+/// a GPU may hold counts against it when choosing where a task goes (added to
+/// the memory it has held over time).
+pub const MEM_HORIZON_S: u64 = 60;
+
 /// `(max - min) / mean` of per-device values: 0 when balanced, and for an empty
 /// slice or a zero (or non-finite) mean.
 pub fn load_balance_error(values: &[f64]) -> f64 {

@@ -58,6 +58,9 @@ pub struct Scheduler {
     queue: BTreeSet<(Rank, TaskId)>,
     /// Late binding: per GPU, how long it has had a task `Running`.
     busy_ns: BTreeMap<u32, u64>,
+    /// Late binding under memory sharing: per GPU, memory held by tasks
+    /// integrated over time (byte-nanoseconds).
+    mem_byte_ns: BTreeMap<u32, u128>,
     /// Per GPU, memory held by processes outside any task ([`Input::OutsideMem`]).
     outside_bytes: BTreeMap<u32, u64>,
 }
@@ -89,6 +92,7 @@ impl Scheduler {
             policy,
             queue: BTreeSet::new(),
             busy_ns: BTreeMap::new(),
+            mem_byte_ns: BTreeMap::new(),
             outside_bytes: BTreeMap::new(),
         }
     }
@@ -298,8 +302,17 @@ impl Scheduler {
         }
         let elapsed_ns = ts_ns - self.now_ns;
         let late = self.config.binding == Binding::Late;
+        let mem_integral = late && self.shares_memory();
         let mut busy: Vec<u32> = Vec::new();
         for task in self.tasks.values_mut() {
+            if mem_integral && task.is_live() {
+                for (&gpu, &bytes) in &task.mem_bytes {
+                    if bytes > 0 {
+                        let m = self.mem_byte_ns.entry(gpu).or_insert(0);
+                        *m = m.saturating_add(u128::from(bytes) * u128::from(elapsed_ns));
+                    }
+                }
+            }
             if task.state == TaskState::Running && !task.yielded {
                 task.on_gpu_ns = task.on_gpu_ns.saturating_add(elapsed_ns);
                 task.quantum_used_ns = task.quantum_used_ns.saturating_add(elapsed_ns);

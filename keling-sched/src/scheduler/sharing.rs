@@ -11,11 +11,12 @@
 use super::{Output, Scheduler, begin_ending};
 use crate::action::{Action, EnforcementRecord};
 use crate::config::Sharing;
+use crate::placement::{MEM_HORIZON_S, tie_hash};
 use crate::policy::Policy;
 use crate::reason::Reason;
 use crate::state::{TaskState, WaitReason};
 use crate::task::{Rank, Task};
-use crate::{NS_PER_MS, TaskId};
+use crate::{NS_PER_MS, NS_PER_S, TaskId};
 
 /// What one GPU offers a task queued unbound, under memory sharing.
 enum Offer {
@@ -289,11 +290,79 @@ impl Scheduler {
             }
         }
         if !free.is_empty() {
-            return Ok(self.best_free_gpu(u.spec.id, &free));
+            return Ok(self.best_shared_gpu(u, &free));
         }
         displace
             .map(|(_, gpu)| gpu)
             .ok_or(why.unwrap_or(WaitReason::SlotsHeld))
+    }
+
+    /// Memory sharing, late binding: how many tasks on `gpu` have a priority
+    /// other than `u`'s, so that one of the two would freeze the other while
+    /// it works (the live tasks bound there or holding memory there, not being
+    /// ended).
+    pub(super) fn conflicts(&self, gpu: u32, u: &Task) -> usize {
+        self.tasks
+            .values()
+            .filter(|t| {
+                t.spec.id != u.spec.id
+                    && t.is_live()
+                    && t.ending.is_none()
+                    && t.priority() != u.priority()
+                    && t.gpus_used().contains(&gpu)
+            })
+            .count()
+    }
+
+    /// Memory sharing, late binding: among `free` (not empty), the GPU `u`
+    /// goes to. Where it conflicts with nobody ([`Scheduler::conflicts`] is
+    /// 0), if there is such a GPU: the least memory held there over time so
+    /// far plus what the tasks there, `u` included, may hold for
+    /// [`MEM_HORIZON_S`] more (so that arrivals close together do not all go
+    /// to the GPU that is behind); then the least busy time; then the seeded
+    /// hash. Otherwise as sharing by slots ([`Scheduler::best_free_gpu`]: the
+    /// placement weight first, whose free-memory term keeps it off GPUs whose
+    /// memory is held, by long jobs it would freeze among others).
+    pub(super) fn best_shared_gpu(&self, u: &Task, free: &[u32]) -> u32 {
+        let calm: Vec<u32> = free
+            .iter()
+            .copied()
+            .filter(|&gpu| self.conflicts(gpu, u) == 0)
+            .collect();
+        if calm.is_empty() {
+            return self.best_free_gpu(u.spec.id, free);
+        }
+        let horizon_ns = u128::from(MEM_HORIZON_S) * u128::from(NS_PER_S);
+        calm.iter()
+            .map(|&gpu| {
+                let committed: u128 = self
+                    .tasks
+                    .values()
+                    .filter(|t| {
+                        t.spec.id != u.spec.id
+                            && t.is_live()
+                            && t.ending.is_none()
+                            && t.gpus_used().contains(&gpu)
+                    })
+                    .map(|t| u128::from(t.mem_demand_on(gpu)))
+                    .sum::<u128>()
+                    + u128::from(u.mem_demand_on(gpu));
+                let mem = self
+                    .mem_byte_ns
+                    .get(&gpu)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_add(committed.saturating_mul(horizon_ns));
+                let key = (
+                    mem,
+                    self.busy_ns.get(&gpu).copied().unwrap_or(0),
+                    tie_hash(self.config.placement_seed, u.spec.id, gpu),
+                    gpu,
+                );
+                (key, gpu)
+            })
+            .min()
+            .map_or(calm[0], |(_, gpu)| gpu)
     }
 
     /// Why task `id` waits, if it does: unbound in the queue (as

@@ -15,6 +15,7 @@ mod properties_sharing;
 mod robustness;
 mod sharing;
 mod slots;
+mod strategies;
 mod wire;
 
 use crate::state::TaskState::{Archived, Completed, Failed, Pending, Preempted, Running};

@@ -9,27 +9,10 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
-use super::properties::{Driver, Op, arb_op, random_config, uses};
+use super::properties::{Driver, uses};
+use super::strategies::{Op, arb_shared_op, op_input, random_config, shared_config};
 use super::*;
 use crate::policy::Policy;
-
-/// GPUs 0 and 1 of 16 GiB shared by memory, with `cap` (0: none).
-fn shared_config(cap: u32) -> SchedConfig {
-    SchedConfig {
-        sharing: Sharing::Memory,
-        slots_per_gpu: cap,
-        ..random_config(cap)
-    }
-}
-
-/// The usual operations, with memory held outside tasks now and then.
-fn arb_shared_op(feedback: bool) -> BoxedStrategy<Op> {
-    prop_oneof![
-        20 => arb_op(feedback),
-        1 => (0u32..3, 0u64..10).prop_map(|(gpu, gib)| Op::Outside(gpu, gib * GIB)),
-    ]
-    .boxed()
-}
 
 struct Gpu<'a> {
     gpu: u32,
@@ -327,7 +310,8 @@ proptest! {
         for (op, advance_ms) in &ops {
             ts_ns += advance_ms * MS;
             let input = input_for(&sched, op, ts_ns);
-            sched.step(&input);
+            let out = sched.step(&input);
+            check_binding_avoids_conflicts(&sched, &out);
             settle_all(&mut sched, ts_ns);
             check_settled_queue(&sched);
             check_settled_sharing(&sched);
@@ -335,77 +319,71 @@ proptest! {
     }
 }
 
-/// `op` as an input at `ts_ns`; feedback goes to what `sched` has in flight.
+/// Late binding under memory sharing: an unpinned task bound (`Place`) while some GPU
+/// had no live task at all (so it fitted there, and froze nobody there) goes
+/// where no task of another priority is, but ones being ended: one of the two
+/// would freeze the other while it works. The tasks there are the live ones
+/// after the step but those bound after it in the same output; a task that holds memory already (it may be
+/// kept off a GPU by those) is not checked.
+fn check_binding_avoids_conflicts(sched: &Scheduler, out: &Output) {
+    let placed: Vec<(TaskId, u32)> = out
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Place { id, gpu } => Some((*id, *gpu)),
+            _ => None,
+        })
+        .collect();
+    let live: Vec<TaskView> = sched
+        .tasks()
+        .into_iter()
+        .filter(|v| v.state.is_live())
+        .collect();
+    for (n, &(id, gpu)) in placed.iter().enumerate() {
+        let Some(u) = live.iter().find(|v| v.spec.id == id) else {
+            continue;
+        };
+        if u.spec.gpu.is_some() || u.mem_bytes.values().any(|&b| b > 0) {
+            continue;
+        }
+        let later: BTreeSet<TaskId> = placed[n + 1..].iter().map(|p| p.0).collect();
+        let others: Vec<&TaskView> = live
+            .iter()
+            .filter(|v| v.spec.id != id && !later.contains(&v.spec.id))
+            .collect();
+        let on = |g: u32| others.iter().filter(move |v| uses(v).contains(&g));
+        let some_gpu_empty = sched.config().gpus.iter().any(|c| on(c.index).count() == 0);
+        if some_gpu_empty {
+            let conflicting: Vec<TaskId> = on(gpu)
+                .filter(|v| v.ending_reason.is_none() && v.spec.priority != u.spec.priority)
+                .map(|v| v.spec.id)
+                .collect();
+            assert!(
+                conflicting.is_empty(),
+                "task {id} (priority {}) bound to GPU {gpu} beside {conflicting:?} of other priorities while a GPU was empty",
+                u.spec.priority
+            );
+        }
+    }
+}
+
+/// `op` as an input at `ts_ns`; feedback goes to what `sched` has in flight
+/// (a `Stop` times out as the `Freeze` it escalated).
 fn input_for(sched: &Scheduler, op: &Op, ts_ns: u64) -> Input {
     let in_flight: Vec<(TaskId, ActionKind)> = sched
         .live_tasks()
         .iter()
         .filter_map(|v| v.in_flight.map(|k| (v.spec.id, k)))
         .collect();
-    let nth = |n: usize| (!in_flight.is_empty()).then(|| in_flight[n % in_flight.len()]);
-    match *op {
-        Op::Arrive {
-            id,
-            priority,
-            gpu,
-            quota_gib,
-            max_ms,
-            grace_ms,
-            hard_kill,
-            expected_ms,
-        } => Input::Arrive {
-            spec: TaskSpec {
-                gpu,
-                mem_quota_bytes: quota_gib.map(|g| g * GIB),
-                max_duration_ms: max_ms,
-                grace_ms,
-                hard_kill,
-                expected_runtime_ms: expected_ms,
-                ..spec(id, priority)
-            },
-            ts_ns,
-        },
-        Op::Active(id) => Input::Active { id, ts_ns },
-        Op::Idle(id) => Input::Idle { id, ts_ns },
-        Op::Alloc(id, gpu, bytes) => Input::MemAlloc {
-            id,
-            gpu,
-            bytes,
-            ts_ns,
-        },
-        Op::Free(id, gpu, bytes) => Input::MemFree {
-            id,
-            gpu,
-            bytes,
-            ts_ns,
-        },
-        Op::AllocFailed(id, gpu, bytes) => Input::AllocFailed {
-            id,
-            gpu,
-            bytes,
-            ts_ns,
-        },
-        Op::Exit(id, exit_code) => Input::Exit {
-            id,
-            exit_code,
-            ts_ns,
-        },
-        Op::Tick => Input::Tick { ts_ns },
-        Op::Confirm(n) => match nth(n) {
-            Some((id, action)) => Input::Confirmed { id, action, ts_ns },
-            None => Input::Tick { ts_ns },
-        },
-        Op::TimeOut(n) => match nth(n) {
-            Some((id, ActionKind::Stop)) => Input::TimedOut {
-                id,
-                action: ActionKind::Freeze,
-                ts_ns,
-            },
-            Some((id, action)) => Input::TimedOut { id, action, ts_ns },
-            None => Input::Tick { ts_ns },
-        },
-        Op::Stray(id, action, true) => Input::Confirmed { id, action, ts_ns },
-        Op::Stray(id, action, false) => Input::TimedOut { id, action, ts_ns },
-        Op::Outside(gpu, bytes) => Input::OutsideMem { gpu, bytes, ts_ns },
-    }
+    op_input(op, ts_ns, |n| {
+        (!in_flight.is_empty()).then(|| {
+            let (id, action) = in_flight[n % in_flight.len()];
+            let timed_out = if action == ActionKind::Stop {
+                ActionKind::Freeze
+            } else {
+                action
+            };
+            (id, action, timed_out)
+        })
+    })
 }

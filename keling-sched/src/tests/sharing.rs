@@ -397,3 +397,59 @@ fn the_overload_rule_replays_exactly_from_its_recorded_inputs() {
         .collect();
     assert_eq!(run(config, &inputs), recorded);
 }
+
+/// Two GPUs of 16 GiB shared by memory under late binding, no cap.
+fn two_shared() -> SchedConfig {
+    SchedConfig {
+        gpus: (0..2)
+            .map(|index| GpuInfo {
+                index,
+                capacity_bytes: 16 * GIB,
+            })
+            .collect(),
+        ..shared(16, Binding::Late)
+    }
+}
+
+/// Late binding under memory sharing puts a task where no task of another
+/// priority is (one of the two would freeze the other while it works), even
+/// where more memory is free elsewhere: on GPU 0 an idle priority 3 (it freezes
+/// nothing now, and the placement weight prefers GPU 0's free memory), on GPU 1
+/// a priority 5 that works and holds more.
+#[test]
+fn late_binding_prefers_a_gpu_where_it_freezes_nobody_and_nobody_freezes_it() {
+    let mut h = Harness::new(two_shared());
+    h.arrive(budget(1, 3, 1, Some(0)));
+    h.alloc(1, 0, GIB);
+    h.arrive(budget(2, 5, 4, Some(1)));
+    h.alloc(2, 1, 4 * GIB);
+    h.at_ms(1_000);
+    h.idle(1);
+    h.active(2);
+    let out = h.arrive(budget(3, 5, 2, None));
+    assert_eq!(out.actions, vec![Action::Place { id: 3, gpu: 1 }]);
+    // A priority 3 goes beside the idle priority 3, not over the 5s.
+    let out = h.arrive(budget(4, 3, 2, None));
+    assert_eq!(out.actions, vec![Action::Place { id: 4, gpu: 0 }]);
+}
+
+/// Among GPUs where it conflicts with nobody, the one that has held the least
+/// memory over time: GPU 0 held 8 GiB for 10 s, GPU 1 1 GiB for 50 s (more
+/// busy time, less memory held), both are empty again.
+#[test]
+fn late_binding_under_sharing_balances_memory_held_over_time() {
+    let mut h = Harness::new(two_shared());
+    h.arrive(budget(1, 5, 8, Some(0)));
+    h.alloc(1, 0, 8 * GIB);
+    h.arrive(budget(2, 5, 1, Some(1)));
+    h.alloc(2, 1, GIB);
+    h.at_ms(10_000);
+    h.exit(1, 0);
+    h.at_ms(50_000);
+    h.exit(2, 0);
+    let busy: Vec<(u32, u64)> = h.sched.busy_ns();
+    assert_eq!(busy, vec![(0, 10_000 * MS), (1, 50_000 * MS)]);
+    h.at_ms(60_000);
+    let out = h.arrive(budget(3, 5, 2, None));
+    assert_eq!(out.actions, vec![Action::Place { id: 3, gpu: 1 }]);
+}
