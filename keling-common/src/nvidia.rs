@@ -370,7 +370,6 @@ pub mod status {
     pub const INVALID_ARGUMENT: u32 = 0x1F;
 }
 
-/// RM classes (`g_allclasses.h`).
 /// `NV_MEMORY_HW_RESOURCES_ALLOCATION_PARAMS` (`nvos.h`, 120 bytes in every
 /// branch from 535 to 580): attr@12 (location bits as NVOS32's,
 /// [`nvos32::ATTR_LOCATION_SHIFT`]; 0 is video memory), size@72.
@@ -379,6 +378,7 @@ pub mod hw_resources {
     pub const SIZE: usize = 72;
 }
 
+/// RM classes (`g_allclasses.h`).
 pub mod class {
     pub const NV01_ROOT: u32 = 0x0;
     pub const NV01_ROOT_NON_PRIV: u32 = 0x1;
