@@ -370,6 +370,14 @@ pub mod status {
     pub const INVALID_ARGUMENT: u32 = 0x1F;
 }
 
+/// `NV_MEMORY_HW_RESOURCES_ALLOCATION_PARAMS` (`nvos.h`, 120 bytes in every
+/// branch from 535 to 580): attr@12 (location bits as NVOS32's,
+/// [`nvos32::ATTR_LOCATION_SHIFT`]; 0 is video memory), size@72.
+pub mod hw_resources {
+    pub const ATTR: usize = 12;
+    pub const SIZE: usize = 72;
+}
+
 /// RM classes (`g_allclasses.h`).
 pub mod class {
     pub const NV01_ROOT: u32 = 0x0;
@@ -382,6 +390,9 @@ pub mod class {
     pub const NV01_MEMORY_VIRTUAL: u32 = 0x70;
     pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
     pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;
+    /// NV01_MEMORY_HW_RESOURCES: takes no framebuffer of its own; its size is
+    /// in the driver's per-process figure up to 545 only ([`super::hw_resources`]).
+    pub const NV01_MEMORY_HW_RESOURCES: u32 = 0xB1;
     pub const NV50_MEMORY_VIRTUAL: u32 = 0x50A0;
     pub const NV_MEMORY_FABRIC: u32 = 0xF8;
     /// NV01_MEMORY_LOCAL_PRIVILEGED: RM_ALLOC_MEMORY writes limit 0xFFFFFFFF, allocates nothing.

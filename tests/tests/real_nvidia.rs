@@ -307,9 +307,11 @@ fn nvidia_smi_555_and_keling_agree_with_the_simulator_on_gpus_and_compute_apps()
 /// version, with a workload traced by Keling: the GPUs, their memory and the
 /// compute app as the simulator has them, and real NVML's per-process figure
 /// equal to Keling's by the branch's rule. The workload's client has a second
-/// device object of its GPU with 100 MiB under it: the exact figures hold
-/// 400 MiB in every branch, NVML 300 MiB on 535 (the first device object only)
-/// and 400 MiB from 550.
+/// device object of its GPU with 100 MiB under it, and a video and a host
+/// NV01_MEMORY_HW_RESOURCES object of 50 MiB each under its first: the exact
+/// figures hold 400 MiB in every branch, NVML 350 MiB on 535 (the first device
+/// object only, and the video HW_RESOURCES size) and 400 MiB from 550 (no
+/// HW_RESOURCES).
 fn smi_and_keling_agree(test: &'static str, b: &Branch) {
     let Some(fx) = fixture_of(test, b) else {
         return;
@@ -342,6 +344,8 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
             "300",
             "--second-device-mib",
             "100",
+            "--hw-resources-mib",
+            "50",
         ],
     )
     .stdin(Stdio::piped())
@@ -378,7 +382,11 @@ fn smi_and_keling_agree(test: &'static str, b: &Branch) {
     assert_eq!(truth["gpu"], 1);
     assert_eq!(truth["bytes"].as_u64(), Some(400 * MIB));
     assert_eq!(truth["driver_video_bytes"].as_u64(), Some(400 * MIB));
-    let nvml_mib = if b.pid_info_every_device { 400 } else { 300 };
+    let nvml_mib = if b.pid_info_every_device {
+        400
+    } else {
+        300 + 50
+    };
     assert_eq!(
         truth["pid_info_video_bytes"].as_u64(),
         Some(nvml_mib * MIB),

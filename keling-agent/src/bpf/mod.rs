@@ -826,34 +826,46 @@ impl Probes {
         Ok(sum)
     }
 
-    /// Per (pid, GPU), the part of Keling's driver figure that the driver
-    /// branch's rule for its per-process figure (what NVML shows) leaves out:
-    /// memory under a client's device objects other than its first of that GPU
-    /// up to 535 ([`crate::gpu::nvml::outside_first_device`]); nothing from 545
-    /// (without reading a map). Reads the whole `OBJECTS`, `MEMS` and `CLIENTS`
-    /// maps on 535: call it rarely.
-    pub fn outside_nvml_rule(&self) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
+    /// Per (pid, GPU), how the driver branch's rule for its per-process figure
+    /// (what NVML shows) differs from Keling's driver figure: memory under a
+    /// client's device objects other than its first of that GPU left out up
+    /// to 535 ([`crate::gpu::nvml::outside_first_device`]), the size of video
+    /// NV01_MEMORY_HW_RESOURCES objects added up to 545
+    /// ([`crate::gpu::nvml::hw_resources`]); nothing from 550 (without reading
+    /// a map). Reads the whole `OBJECTS`, `MEMS` and `CLIENTS` maps up to 545:
+    /// call it rarely.
+    pub fn nvml_rule(&self) -> anyhow::Result<crate::gpu::nvml::RuleParts> {
         use keling_common::{
             ClientInfo, MAP_CLIENTS, MAP_MEMS, MAP_OBJECTS, MemInfo, ObjectInfo, ObjectKey,
         };
-        if self.driver_version >= nvidia::branch::since::PID_INFO_EVERY_DEVICE {
-            return Ok(BTreeMap::new());
+        use nvidia::branch::since;
+        if self.driver_version >= since::PID_INFO_NO_HW_RESOURCES {
+            return Ok(Default::default());
         }
         let objects: HashMap<_, ObjectKey, ObjectInfo> =
             HashMap::try_from(self.ebpf.map(MAP_OBJECTS).context("OBJECTS")?)?;
-        let mems: HashMap<_, u64, MemInfo> =
-            HashMap::try_from(self.ebpf.map(MAP_MEMS).context("MEMS")?)?;
         let clients: HashMap<_, u32, ClientInfo> =
             HashMap::try_from(self.ebpf.map(MAP_CLIENTS).context("CLIENTS")?)?;
         let objects: BTreeMap<ObjectKey, ObjectInfo> = objects.iter().collect::<Result<_, _>>()?;
+        let clients: BTreeMap<u32, ClientInfo> = clients.iter().collect::<Result<_, _>>()?;
+        let every_device = self.driver_version >= since::PID_INFO_EVERY_DEVICE;
+        let hw_resources = crate::gpu::nvml::hw_resources(&objects, &clients, every_device);
+        if every_device {
+            return Ok(crate::gpu::nvml::RuleParts {
+                hw_resources,
+                ..Default::default()
+            });
+        }
+        let mems: HashMap<_, u64, MemInfo> =
+            HashMap::try_from(self.ebpf.map(MAP_MEMS).context("MEMS")?)?;
         let mems: Vec<MemInfo> = mems
             .iter()
             .map(|e| e.map(|(_, m)| m))
             .collect::<Result<_, _>>()?;
-        let clients: BTreeMap<u32, ClientInfo> = clients.iter().collect::<Result<_, _>>()?;
-        Ok(crate::gpu::nvml::outside_first_device(
-            &objects, &mems, &clients,
-        ))
+        Ok(crate::gpu::nvml::RuleParts {
+            outside: crate::gpu::nvml::outside_first_device(&objects, &mems, &clients),
+            hw_resources,
+        })
     }
 
     /// Processes whose full-table row (`TABLE_FULL_PID`) the kernel created since

@@ -7,7 +7,9 @@
 //! memory under a client's first device object of each GPU, from 545 under all
 //! of them. NVML is compared number for number with Keling's *NVML-rule figure*:
 //! Keling's *driver figure* (every device object) less, on a branch that counts
-//! one device object, what lies under the others ([`outside_first_device`]).
+//! one device object, what lies under the others ([`outside_first_device`]),
+//! plus, up to 545, the size of the process's video NV01_MEMORY_HW_RESOURCES
+//! objects, which the driver counts there and nowhere else ([`hw_resources`]).
 //! Both are shown, and Keling's per-caller figure (what quotas use) beside them,
 //! which may differ by design.
 //!
@@ -20,12 +22,25 @@
 use std::collections::BTreeMap;
 
 use keling_common::{
-    ClientInfo, MEM_HANDLES, MemInfo, ObjectInfo, ObjectKey, mem_kind, nvidia::ObjectKind,
+    ClientInfo, MEM_HANDLES, MemInfo, ObjectInfo, ObjectKey, mem_kind,
+    nvidia::{ObjectKind, class},
 };
 use nvml_wrapper::{Nvml, enums::device::UsedGpuMemory};
 use serde::Serialize;
 
 use super::stats::GpuProcessStats;
+
+/// Per (pid, GPU), how the driver branch's rule for its per-process figure
+/// (what NVML shows) differs from Keling's driver figure.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RuleParts {
+    /// What the rule leaves out: memory under a client's device objects other
+    /// than its first of the GPU (up to 535, [`outside_first_device`]).
+    pub outside: BTreeMap<(u32, u32), u64>,
+    /// What the rule adds: the size of video NV01_MEMORY_HW_RESOURCES objects
+    /// (up to 545, [`hw_resources`]).
+    pub hw_resources: BTreeMap<(u32, u32), u64>,
+}
 
 pub struct NvmlCheck {
     nvml: Option<Nvml>,
@@ -67,12 +82,12 @@ impl NvmlCheck {
     }
 
     /// Differences for every process either side knows of on each GPU;
-    /// `outside_rule`: per (pid, GPU), the part of Keling's driver figure the
-    /// branch's rule leaves out ([`outside_first_device`]; empty from 545).
+    /// `rule`: per (pid, GPU), what the branch's rule leaves out of Keling's
+    /// driver figure and adds to it ([`RuleParts`]; empty from 550).
     pub fn compare(
         &self,
         ours: &BTreeMap<u32, GpuProcessStats>,
-        outside_rule: &BTreeMap<(u32, u32), u64>,
+        rule: &RuleParts,
     ) -> Vec<NvmlDiff> {
         let Some(nvml) = &self.nvml else {
             return Vec::new();
@@ -90,7 +105,7 @@ impl NvmlCheck {
                 theirs.insert((p.pid, index), bytes);
             }
         }
-        diff(&theirs, ours, outside_rule)
+        diff(&theirs, ours, rule)
     }
 }
 
@@ -153,6 +168,54 @@ pub fn outside_first_device(
     out
 }
 
+/// Per (creator pid, GPU), the size of the live video NV01_MEMORY_HW_RESOURCES
+/// (0xB1) objects that the driver's per-process figure counts up to 545
+/// (`_gpuCollectMemInfo`, `gpu_rmapi.c`): those of the clients the pid created,
+/// under the client's first device object of that GPU (lowest handle) when
+/// `every_device` is false (535), under any of its devices of the GPU when it
+/// is true (545). They take no framebuffer: in no figure of Keling's own. The
+/// probes keep an object's size in `bytes` only for video location (0 else).
+pub fn hw_resources(
+    objects: &BTreeMap<ObjectKey, ObjectInfo>,
+    clients: &BTreeMap<u32, ClientInfo>,
+    every_device: bool,
+) -> BTreeMap<(u32, u32), u64> {
+    let live = |key: &ObjectKey, o: &ObjectInfo| {
+        clients
+            .get(&key.client)
+            .is_some_and(|c| c.gen_ == o.client_gen)
+    };
+    let mut first: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for (key, o) in objects {
+        if o.kind == ObjectKind::Device as u32 && live(key, o) {
+            let f = first.entry((key.client, o.gpu)).or_insert(key.handle);
+            *f = (*f).min(key.handle);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (key, o) in objects {
+        if o.class != class::NV01_MEMORY_HW_RESOURCES
+            || o.mem_kind != 0
+            || o.bytes == 0
+            || !live(key, o)
+        {
+            continue;
+        }
+        let counted = match first.get(&(key.client, o.gpu)) {
+            Some(&f) => every_device || o.device == f,
+            None => false,
+        };
+        let Some(c) = clients.get(&key.client) else {
+            continue;
+        };
+        if counted && c.creator_pid != 0 {
+            let n: &mut u64 = out.entry((c.creator_pid, o.gpu)).or_insert(0);
+            *n = n.saturating_add(o.bytes);
+        }
+    }
+    out
+}
+
 /// Each GPU's memory capacity as NVML reports it (empty without NVML).
 pub fn capacities() -> Vec<keling_sched::GpuInfo> {
     let Ok(nvml) = Nvml::init() else {
@@ -174,7 +237,7 @@ pub fn capacities() -> Vec<keling_sched::GpuInfo> {
 fn diff(
     theirs: &BTreeMap<(u32, u32), Option<u64>>,
     ours: &BTreeMap<u32, GpuProcessStats>,
-    outside_rule: &BTreeMap<(u32, u32), u64>,
+    rule: &RuleParts,
 ) -> Vec<NvmlDiff> {
     let mut keys: std::collections::BTreeSet<(u32, u32)> = theirs.keys().copied().collect();
     for (&pid, g) in ours {
@@ -184,6 +247,7 @@ fn diff(
             }
         }
     }
+    keys.extend(rule.hw_resources.keys().copied());
     keys.into_iter()
         .map(|(pid, gpu)| {
             let ours = ours
@@ -191,7 +255,8 @@ fn diff(
                 .and_then(|g| g.gpus.iter().find(|d| d.gpu == gpu));
             let keling_driver_bytes = ours.map_or(0, |d| d.driver_bytes);
             let keling_nvml_rule_bytes = keling_driver_bytes
-                .saturating_sub(outside_rule.get(&(pid, gpu)).copied().unwrap_or(0));
+                .saturating_sub(rule.outside.get(&(pid, gpu)).copied().unwrap_or(0))
+                .saturating_add(rule.hw_resources.get(&(pid, gpu)).copied().unwrap_or(0));
             let nvml_bytes = theirs.get(&(pid, gpu)).copied().flatten();
             NvmlDiff {
                 pid,
@@ -238,7 +303,7 @@ mod tests {
         let mut theirs = BTreeMap::new();
         theirs.insert((10, 0), Some(150));
         theirs.insert((11, 1), None);
-        let d = diff(&theirs, &ours, &BTreeMap::new());
+        let d = diff(&theirs, &ours, &RuleParts::default());
         assert_eq!(
             d,
             vec![
@@ -279,7 +344,7 @@ mod tests {
         ours.insert(10, proc_on(&[(1, 4096, 1024)]));
         let mut theirs = BTreeMap::new();
         theirs.insert((10, 1), Some(512));
-        let d = diff(&theirs, &ours, &BTreeMap::new());
+        let d = diff(&theirs, &ours, &RuleParts::default());
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].diff_bytes, Some(512 - 1024));
         let v = serde_json::to_value(&d[0]).unwrap();
@@ -300,7 +365,11 @@ mod tests {
     fn without_nvml_there_is_nothing_to_compare() {
         let check = NvmlCheck { nvml: None };
         assert!(!check.available());
-        assert!(check.compare(&BTreeMap::new(), &BTreeMap::new()).is_empty());
+        assert!(
+            check
+                .compare(&BTreeMap::new(), &RuleParts::default())
+                .is_empty()
+        );
     }
 
     const MIB: u64 = 1 << 20;
@@ -412,7 +481,10 @@ mod tests {
         let mut theirs = BTreeMap::new();
         theirs.insert((10, 0), Some(2 * MIB));
         theirs.insert((10, 1), Some(10 * MIB));
-        let outside = BTreeMap::from([((10, 0), 10 * MIB)]);
+        let outside = RuleParts {
+            outside: BTreeMap::from([((10, 0), 10 * MIB)]),
+            ..Default::default()
+        };
         let d = diff(&theirs, &ours, &outside);
         assert_eq!(
             d.iter()
@@ -430,7 +502,76 @@ mod tests {
         );
         // Without the rule's part (545 on), a second device object's memory
         // is NVML's too.
-        let d = diff(&theirs, &ours, &BTreeMap::new());
+        let d = diff(&theirs, &ours, &RuleParts::default());
         assert_eq!(d[0].diff_bytes, Some(2 * MIB as i64 - 12 * MIB as i64));
+    }
+
+    fn hw_res(gpu: u32, device: u32, bytes: u64) -> ObjectInfo {
+        ObjectInfo {
+            class: class::NV01_MEMORY_HW_RESOURCES,
+            kind: ObjectKind::Other as u32,
+            device,
+            gpu,
+            client_gen: 1,
+            bytes,
+            ..Default::default()
+        }
+    }
+
+    /// Video HW_RESOURCES sizes are added to the NVML-rule figure by the
+    /// branch's device rule (535: under the client's first device object of
+    /// the GPU; 545: under any), for the client's creator; a stale client's
+    /// object, a host-located one (kept with 0 bytes) and other classes are
+    /// not. The driver figure is shown as it is.
+    #[test]
+    fn hw_resources_are_added_to_the_nvml_rule_figure_by_the_device_rule() {
+        let clients = BTreeMap::from([(1, client(10, 1)), (2, client(20, 1))]);
+        let mut stale = hw_res(0, 0xd0, 64 * MIB);
+        stale.client_gen = 0;
+        let objects = BTreeMap::from([
+            (key(1, 0xd1), device(0, 0xd1)),
+            (key(1, 0xd0), device(0, 0xd0)),
+            (key(1, 0xd2), device(1, 0xd2)),
+            (key(1, 0xb0), hw_res(0, 0xd0, 3 * MIB)),
+            (key(1, 0xb1), hw_res(0, 0xd1, 5 * MIB)),
+            (key(1, 0xb2), hw_res(1, 0xd2, 7 * MIB)),
+            (key(1, 0xb3), hw_res(0, 0xd0, 0)),
+            (key(1, 0xb4), stale),
+            (key(1, 0xa0), memory(0, 0xd0, mem_kind::VIDEO, 2 * MIB)),
+            (key(2, 0xd5), device(0, 0xd5)),
+            (key(2, 0xb5), hw_res(0, 0xd5, 11 * MIB)),
+        ]);
+        let on_535 = hw_resources(&objects, &clients, false);
+        assert_eq!(
+            on_535,
+            BTreeMap::from([((10, 0), 3 * MIB), ((10, 1), 7 * MIB), ((20, 0), 11 * MIB)])
+        );
+        let on_545 = hw_resources(&objects, &clients, true);
+        assert_eq!(
+            on_545,
+            BTreeMap::from([((10, 0), 8 * MIB), ((10, 1), 7 * MIB), ((20, 0), 11 * MIB)])
+        );
+        // Compared with NVML: the driver figure (2 MiB) plus the 535 part.
+        let mut ours = BTreeMap::new();
+        ours.insert(10, proc_on(&[(0, 2 * MIB, 2 * MIB)]));
+        let theirs = BTreeMap::from([((10, 0), Some(5 * MIB))]);
+        let rule = RuleParts {
+            hw_resources: on_535,
+            ..Default::default()
+        };
+        let d = diff(&theirs, &ours, &rule);
+        let at = |pid, gpu| {
+            d.iter().find(|d| (d.pid, d.gpu) == (pid, gpu)).map(|d| {
+                (
+                    d.keling_nvml_rule_bytes,
+                    d.keling_driver_bytes,
+                    d.diff_bytes,
+                )
+            })
+        };
+        assert_eq!(at(10, 0), Some((5 * MIB, 2 * MIB, Some(0))));
+        // A process holding only HW_RESOURCES on a GPU is listed too.
+        assert_eq!(at(10, 1), Some((7 * MIB, 0, None)));
+        assert_eq!(at(20, 0), Some((11 * MIB, 0, None)));
     }
 }

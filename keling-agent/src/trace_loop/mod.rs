@@ -8,7 +8,6 @@
 //! processes and wires the sources in; the kernel's maps, the ring buffer and
 //! the signals are behind traits, so the loop's tests run without root.
 use std::{
-    collections::BTreeMap,
     fs::File,
     future::Future,
     io::{BufRead, BufReader},
@@ -28,7 +27,7 @@ use crate::{
     defaults,
     event::{EventSource, decode::ExitStatus},
     gpu::{
-        nvml::NvmlCheck,
+        nvml::{NvmlCheck, RuleParts},
         stats::{CallCounts, GpuAccounting, gpu_stats},
     },
     os::{self, monotonic_ns},
@@ -55,8 +54,8 @@ pub trait TraceKernel {
     /// Which ioctl probes are attached (the summary says).
     fn ioctl_backend(&self) -> &'static str;
     /// Per (pid, GPU), what the driver branch's rule for NVML's per-process
-    /// figure leaves out of Keling's driver figure.
-    fn outside_nvml_rule(&self) -> anyhow::Result<BTreeMap<(u32, u32), u64>>;
+    /// figure leaves out of Keling's driver figure and adds to it.
+    fn nvml_rule(&self) -> anyhow::Result<RuleParts>;
 }
 
 impl TraceKernel for Probes {
@@ -84,8 +83,8 @@ impl TraceKernel for Probes {
         self.ioctl_backend.name()
     }
 
-    fn outside_nvml_rule(&self) -> anyhow::Result<BTreeMap<(u32, u32), u64>> {
-        Probes::outside_nvml_rule(self)
+    fn nvml_rule(&self) -> anyhow::Result<RuleParts> {
+        Probes::nvml_rule(self)
     }
 }
 
@@ -343,9 +342,9 @@ impl<K: TraceKernel, E: EventSource> Tracer<K, E> {
         // Every few seconds, when NVML is there: its view next to ours.
         if self.ticks.is_multiple_of(nvml_every) && self.nvml.available() {
             let (procs, _) = gpu_stats(&self.kernel.gpu_accounting()?);
-            let outside = self.kernel.outside_nvml_rule()?;
+            let rule = self.kernel.nvml_rule()?;
             self.sink
-                .nvml_check(monotonic_ns(), &self.nvml.compare(&procs, &outside))?;
+                .nvml_check(monotonic_ns(), &self.nvml.compare(&procs, &rule))?;
         }
         if self.ticks.is_multiple_of(drops_every) {
             let per_cpu = self.kernel.drops_per_cpu()?;
@@ -374,13 +373,13 @@ impl<K: TraceKernel, E: EventSource> Tracer<K, E> {
         self.snapshots += 1;
         self.sink
             .gpu_snapshot(monotonic_ns(), self.snapshots, &procs, &gpus)?;
-        let outside = if self.nvml.available() {
-            self.kernel.outside_nvml_rule()?
+        let rule = if self.nvml.available() {
+            self.kernel.nvml_rule()?
         } else {
-            BTreeMap::new()
+            RuleParts::default()
         };
         self.sink
-            .nvml_check(monotonic_ns(), &self.nvml.compare(&procs, &outside))?;
+            .nvml_check(monotonic_ns(), &self.nvml.compare(&procs, &rule))?;
         Ok(())
     }
 

@@ -54,7 +54,7 @@ impl TraceKernel for FakeKernel {
         "fake"
     }
 
-    fn outside_nvml_rule(&self) -> anyhow::Result<std::collections::BTreeMap<(u32, u32), u64>> {
+    fn nvml_rule(&self) -> anyhow::Result<crate::gpu::nvml::RuleParts> {
         Ok(Default::default())
     }
 }

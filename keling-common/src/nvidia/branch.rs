@@ -54,6 +54,10 @@ pub mod since {
     /// (535.261.03 counts only the client's first device object of the GPU,
     /// `deviceGetByGpu`: the lowest handle).
     pub const PID_INFO_EVERY_DEVICE: Version = V545;
+    /// The driver's per-process figure no longer counts the size of a client's
+    /// video NV01_MEMORY_HW_RESOURCES (0xB1) objects (`_gpuCollectMemInfo`,
+    /// `gpu_rmapi.c`): 550.40.07 (545.29.06 still counts them).
+    pub const PID_INFO_NO_HW_RESOURCES: Version = V550;
     /// NVOS47 40 -> 48 bytes, escape 218 WAIT_OPEN_COMPLETE, NVOS32's USE_EGM bit:
     /// 550.40.07, the first 550 tag.
     pub const V550: Version = Version::new(550, 0, 0);

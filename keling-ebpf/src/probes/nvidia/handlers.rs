@@ -9,8 +9,9 @@ use aya_ebpf::{
 use keling_common::{
     BATCH_OBJECTS, EventKind, GpuIoctlEvent, ObjectKey, active_cause, device_file, mem_kind,
     nvidia::{
-        MEMORY_ALLOCATION_PARAMS_SIZE, OS_DESC_LIMIT, ObjectKind, class, ctrl, escape, nvos00,
-        nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55, nvos64, size, uvm,
+        MEMORY_ALLOCATION_PARAMS_SIZE, OS_DESC_LIMIT, ObjectKind, class, ctrl, escape,
+        hw_resources, nvos00, nvos02, nvos05, nvos21, nvos32, nvos33, nvos34, nvos54, nvos55,
+        nvos64, size, uvm,
     },
     outcome, ref_how, table_full, tail_call, undecoded,
 };
@@ -432,6 +433,10 @@ fn exit_alloc(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
         c if ObjectKind::has_memory_params(c) => {
             user_u64(p.sub_params, MEMORY_ALLOCATION_PARAMS_SIZE)?
         }
+        // No framebuffer and no memory kind: its size (video location only)
+        // is kept on the object for the NVML-rule figure up to 545, in no
+        // figure of Keling's own.
+        class::NV01_MEMORY_HW_RESOURCES => hw_resources_video_bytes(p.sub_params)?,
         _ => 0,
     };
     {
@@ -440,6 +445,17 @@ fn exit_alloc(p: &mut PendingIoctl) -> Result<Option<Report>, u32> {
         record_object(p, kind)?
     };
     Ok(None)
+}
+
+/// The size of a NV01_MEMORY_HW_RESOURCES object of video location (0 for any
+/// other location), from its `NV_MEMORY_HW_RESOURCES_ALLOCATION_PARAMS`.
+#[inline(always)]
+fn hw_resources_video_bytes(params: u64) -> Result<u64, u32> {
+    let attr = user_u32(params, hw_resources::ATTR)?;
+    if (attr >> nvos32::ATTR_LOCATION_SHIFT) & nvos32::ATTR_LOCATION_MASK != 0 {
+        return Ok(0);
+    }
+    user_u64(params, hw_resources::SIZE)
 }
 
 #[inline(never)]

@@ -6,7 +6,8 @@ use super::*;
 /// compute: what a CUDA process holds once its context exists, as far as
 /// the driver sees it: a client, the device of `--use-gpu` (default 0) with a
 /// subdevice, `--alloc-mib` of video memory (and `--second-device-mib` under
-/// a second device object of the same GPU), a VA space, a channel group with a
+/// a second device object of the same GPU; `--hw-resources-mib`: a video and
+/// a host NV01_MEMORY_HW_RESOURCES object of that size), a VA space, a channel group with a
 /// context share and a Hopper channel carrying a compute object (what
 /// GPU_GET_PIDS lists by class). Sends one control no driver defines and
 /// prints `unknown_control_status 0x..`, then `ready <pid>`, and holds until
@@ -46,6 +47,19 @@ pub(crate) fn compute(env: &Env, cli: &Cli) {
             Some(&mut p),
             "video memory under the second device",
         );
+    }
+    if cli.hw_resources_mib > 0 {
+        // NVOS32 location in attr bits 26:25: 0 video, 2 PCI (host).
+        for (location, what) in [(0u32, "video HW resources"), (2, "host HW resources")] {
+            let mut p = vec![0u8; abi::hw_resources::SIZE_OF];
+            put_u32(
+                &mut p,
+                abi::hw_resources::ATTR,
+                location << abi::nvos32::ATTR_LOCATION_SHIFT,
+            );
+            put_u64(&mut p, abi::hw_resources::SIZE, cli.hw_resources_mib * MIB);
+            obj(c, d, class::NV01_MEMORY_HW_RESOURCES, Some(&mut p), what);
+        }
     }
     let vas = obj(c, d, class::FERMI_VASPACE_A, None, "VA space");
     let mut tp = vec![0u8; abi::size::TSG_ALLOC];

@@ -187,6 +187,12 @@ struct Cli {
     /// figure counts it from 545 only).
     #[arg(long, default_value_t = 0)]
     second_device_mib: u64,
+    /// compute: two NV01_MEMORY_HW_RESOURCES (0xB1) objects under the
+    /// device, this size each in MiB: one of video location, which the
+    /// driver's per-process figure counts up to 545 (and nothing else counts),
+    /// one of host (PCI) location, which no figure counts.
+    #[arg(long, default_value_t = 0)]
+    hw_resources_mib: u64,
     /// busy: write the iterations done so far to this file as it goes.
     #[arg(long)]
     progress: Option<PathBuf>,
