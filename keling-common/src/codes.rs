@@ -78,6 +78,56 @@ macro_rules! code_set {
     };
 }
 
+/// Defines a numbering set of the NVIDIA driver's ABI: `pub mod $module` holding
+/// one `pub const $CONST: u32` per row (plain consts, usable from eBPF) and
+/// `NAMES: &[(u32, &str)]`, each constant with the name NVIDIA gives it, in code
+/// order (checked when the crate compiles: codes strictly increase, so each is
+/// named once). Unlike [`code_set!`] no enum: the driver's numbers are open sets
+/// (a number without a name is shown as a number). Items after the table (consts
+/// that alias a row, sets of rows, helpers) go into the module too.
+macro_rules! named_consts {
+    (
+        $(#[$doc:meta])*
+        pub mod $module:ident {
+            $(
+                $(#[$vdoc:meta])*
+                $CONST:ident = $value:literal, $name:literal;
+            )+
+        }
+        $($extra:item)*
+    ) => {
+        $(#[$doc])*
+        pub mod $module {
+            $(
+                $(#[$vdoc])*
+                pub const $CONST: u32 = $value;
+            )+
+
+            /// Each constant of the set with its NVIDIA name, in code order (one
+            /// name per code: checked when the crate compiles).
+            pub const NAMES: &[(u32, &str)] = &[$(($CONST, $name)),+];
+
+            const _: () = {
+                let mut i = 1;
+                while i < NAMES.len() {
+                    assert!(NAMES[i - 1].0 < NAMES[i].0, "codes not in increasing order");
+                    i += 1;
+                }
+            };
+
+            /// The NVIDIA name of `code`, when the set names it.
+            pub fn name(code: u32) -> Option<&'static str> {
+                NAMES
+                    .binary_search_by_key(&code, |&(c, _)| c)
+                    .ok()
+                    .map(|i| NAMES[i].1)
+            }
+
+            $($extra)*
+        }
+    };
+}
+
 /// For a set whose codes are `0..COUNT` (an index into a per-code array): `COUNT`,
 /// and `NAMES` indexed by code. Checked when the crate compiles.
 macro_rules! indexed_by_code {

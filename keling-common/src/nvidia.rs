@@ -29,70 +29,75 @@ pub const fn rm_type(cmd: u32) -> u32 {
 /// The `_IOC_TYPE` of RM escapes ('F').
 pub const RM_IOCTL_TYPE: u32 = 0x46;
 
-/// RM escape numbers (`nr` of the command): every `NV_ESC_*` of driver 535
-/// (open-gpu-kernel-modules 535.261.03: `src/nvidia/arch/nvalloc/unix/include/nv_escape.h`
-/// for the `RM_*` ones, `kernel-open/common/inc/nv-ioctl-numbers.h` and
-/// `nv-ioctl-numa.h` for those from 200 on), plus WAIT_OPEN_COMPLETE (550 on) and
-/// ENV_INFO (older drivers). Numbers the 535 driver does not handle
-/// (`escape.c`'s `RmIoctl` and `nv.c`'s `nvidia_ioctl` refuse them) are named too,
-/// since programs still send them.
-pub mod escape {
-    pub const ALLOC_MEMORY: u32 = 0x27;
-    /// NVOS05 (20 bytes): an object of a class that takes no parameters.
-    pub const ALLOC_OBJECT: u32 = 0x28;
-    pub const FREE: u32 = 0x29;
-    pub const CONTROL: u32 = 0x2A;
-    pub const ALLOC: u32 = 0x2B;
-    /// Not built into 535 (`RMCFG_API_NV_ESC_RM_CONFIG_*` 0 in `rmconfig.h`).
-    pub const CONFIG_GET: u32 = 0x32;
-    pub const CONFIG_SET: u32 = 0x33;
-    pub const DUP_OBJECT: u32 = 0x34;
-    pub const SHARE: u32 = 0x35;
-    pub const CONFIG_GET_EX: u32 = 0x37;
-    pub const CONFIG_SET_EX: u32 = 0x38;
-    pub const I2C_ACCESS: u32 = 0x39;
-    pub const IDLE_CHANNELS: u32 = 0x41;
-    pub const VID_HEAP_CONTROL: u32 = 0x4A;
-    pub const ACCESS_REGISTRY: u32 = 0x4D;
-    pub const MAP_MEMORY: u32 = 0x4E;
-    pub const UNMAP_MEMORY: u32 = 0x4F;
-    pub const GET_EVENT_DATA: u32 = 0x52;
-    pub const ALLOC_CONTEXT_DMA2: u32 = 0x54;
-    pub const ADD_VBLANK_CALLBACK: u32 = 0x56;
-    pub const MAP_MEMORY_DMA: u32 = 0x57;
-    pub const UNMAP_MEMORY_DMA: u32 = 0x58;
-    pub const BIND_CONTEXT_DMA: u32 = 0x59;
-    /// The escape forms of export/import (the driver uses the NV0000 controls;
-    /// 535's `RmIoctl` refuses these).
-    pub const EXPORT_OBJECT_TO_FD: u32 = 0x5C;
-    pub const IMPORT_OBJECT_FROM_FD: u32 = 0x5D;
-    pub const UPDATE_DEVICE_MAPPING_INFO: u32 = 0x5E;
-    /// NVLOG_CTRL up to 535; LOCKLESS_DIAGNOSTIC from 545 (same number, another
-    /// escape: [`super::branch::Escape5F`]). Neither touches memory.
-    pub const NVLOG_CTRL: u32 = 0x5F;
-    pub const LOCKLESS_DIAGNOSTIC: u32 = 0x5F;
-    pub const CARD_INFO: u32 = 200;
-    pub const REGISTER_FD: u32 = 201;
-    /// `NV_IOCTL_BASE + 2` in older drivers' `nv.h` (4 bytes); the API is still
-    /// listed in 535's `rmconfig.h` but no 535 header defines the number and the
-    /// driver refuses it (libcuda 535 sends it at cuInit and carries on).
-    pub const ENV_INFO: u32 = 202;
-    pub const ALLOC_OS_EVENT: u32 = 206;
-    pub const FREE_OS_EVENT: u32 = 207;
-    pub const STATUS_CODE: u32 = 209;
-    pub const CHECK_VERSION_STR: u32 = 210;
-    pub const XFER_CMD: u32 = 211;
-    pub const ATTACH_GPUS_TO_FD: u32 = 212;
-    pub const QUERY_DEVICE_INTR: u32 = 213;
-    pub const SYS_PARAMS: u32 = 214;
-    pub const NUMA_INFO: u32 = 215;
-    pub const SET_NUMA_STATUS: u32 = 216;
-    /// A dma-buf of memory handles: the driver dups them into its own internal
-    /// client, so the memory may outlive the caller's handles, billed to no process
-    /// (as the driver's per-process figure does).
-    pub const EXPORT_TO_DMABUF_FD: u32 = 217;
-    /// Driver 550 and later.
-    pub const WAIT_OPEN_COMPLETE: u32 = 218;
+named_consts! {
+    /// RM escape numbers (`nr` of the command): every `NV_ESC_*` of driver 535
+    /// (open-gpu-kernel-modules 535.261.03: `src/nvidia/arch/nvalloc/unix/include/nv_escape.h`
+    /// for the `RM_*` ones, `kernel-open/common/inc/nv-ioctl-numbers.h` and
+    /// `nv-ioctl-numa.h` for those from 200 on), plus WAIT_OPEN_COMPLETE (550 on) and
+    /// ENV_INFO (older drivers). Numbers the 535 driver does not handle
+    /// (`escape.c`'s `RmIoctl` and `nv.c`'s `nvidia_ioctl` refuse them) are named too,
+    /// since programs still send them.
+    pub mod escape {
+        ALLOC_MEMORY = 0x27, "RM_ALLOC_MEMORY";
+        /// NVOS05 (20 bytes): an object of a class that takes no parameters.
+        ALLOC_OBJECT = 0x28, "RM_ALLOC_OBJECT";
+        FREE = 0x29, "RM_FREE";
+        CONTROL = 0x2A, "RM_CONTROL";
+        ALLOC = 0x2B, "RM_ALLOC";
+        /// Not built into 535 (`RMCFG_API_NV_ESC_RM_CONFIG_*` 0 in `rmconfig.h`).
+        CONFIG_GET = 0x32, "RM_CONFIG_GET";
+        CONFIG_SET = 0x33, "RM_CONFIG_SET";
+        DUP_OBJECT = 0x34, "RM_DUP_OBJECT";
+        SHARE = 0x35, "RM_SHARE";
+        CONFIG_GET_EX = 0x37, "RM_CONFIG_GET_EX";
+        CONFIG_SET_EX = 0x38, "RM_CONFIG_SET_EX";
+        I2C_ACCESS = 0x39, "RM_I2C_ACCESS";
+        IDLE_CHANNELS = 0x41, "RM_IDLE_CHANNELS";
+        VID_HEAP_CONTROL = 0x4A, "RM_VID_HEAP_CONTROL";
+        ACCESS_REGISTRY = 0x4D, "RM_ACCESS_REGISTRY";
+        MAP_MEMORY = 0x4E, "RM_MAP_MEMORY";
+        UNMAP_MEMORY = 0x4F, "RM_UNMAP_MEMORY";
+        GET_EVENT_DATA = 0x52, "RM_GET_EVENT_DATA";
+        ALLOC_CONTEXT_DMA2 = 0x54, "RM_ALLOC_CONTEXT_DMA2";
+        ADD_VBLANK_CALLBACK = 0x56, "RM_ADD_VBLANK_CALLBACK";
+        MAP_MEMORY_DMA = 0x57, "RM_MAP_MEMORY_DMA";
+        UNMAP_MEMORY_DMA = 0x58, "RM_UNMAP_MEMORY_DMA";
+        BIND_CONTEXT_DMA = 0x59, "RM_BIND_CONTEXT_DMA";
+        /// The escape forms of export/import (the driver uses the NV0000 controls;
+        /// 535's `RmIoctl` refuses these).
+        EXPORT_OBJECT_TO_FD = 0x5C, "RM_EXPORT_OBJECT_TO_FD";
+        IMPORT_OBJECT_FROM_FD = 0x5D, "RM_IMPORT_OBJECT_FROM_FD";
+        UPDATE_DEVICE_MAPPING_INFO = 0x5E, "RM_UPDATE_DEVICE_MAPPING_INFO";
+        /// NVLOG_CTRL up to 535; LOCKLESS_DIAGNOSTIC from 545 (same number, another
+        /// escape: [`super::branch::Escape5F`]). Neither touches memory.
+        NVLOG_CTRL = 0x5F, "RM_NVLOG_CTRL";
+        CARD_INFO = 200, "CARD_INFO";
+        REGISTER_FD = 201, "REGISTER_FD";
+        /// `NV_IOCTL_BASE + 2` in older drivers' `nv.h` (4 bytes); the API is still
+        /// listed in 535's `rmconfig.h` but no 535 header defines the number and the
+        /// driver refuses it (libcuda 535 sends it at cuInit and carries on).
+        ENV_INFO = 202, "ENV_INFO";
+        ALLOC_OS_EVENT = 206, "ALLOC_OS_EVENT";
+        FREE_OS_EVENT = 207, "FREE_OS_EVENT";
+        STATUS_CODE = 209, "STATUS_CODE";
+        CHECK_VERSION_STR = 210, "CHECK_VERSION_STR";
+        XFER_CMD = 211, "XFER_CMD";
+        ATTACH_GPUS_TO_FD = 212, "ATTACH_GPUS_TO_FD";
+        QUERY_DEVICE_INTR = 213, "QUERY_DEVICE_INTR";
+        SYS_PARAMS = 214, "SYS_PARAMS";
+        NUMA_INFO = 215, "NUMA_INFO";
+        SET_NUMA_STATUS = 216, "SET_NUMA_STATUS";
+        /// A dma-buf of memory handles: the driver dups them into its own internal
+        /// client, so the memory may outlive the caller's handles, billed to no process
+        /// (as the driver's per-process figure does).
+        EXPORT_TO_DMABUF_FD = 217, "EXPORT_TO_DMABUF_FD";
+        /// Driver 550 and later.
+        WAIT_OPEN_COMPLETE = 218, "WAIT_OPEN_COMPLETE";
+    }
+
+    /// LOCKLESS_DIAGNOSTIC from 545: the number of NVLOG_CTRL, another escape
+    /// ([`super::branch::Escape5F`]); named by branch by the agent, so not a row.
+    pub const LOCKLESS_DIAGNOSTIC: u32 = NVLOG_CTRL;
 
     /// Escapes that neither allocate nor free memory, whatever their parameters:
     /// decoded as such (nvproxy's compute allowlist for those CUDA sends; for the
@@ -378,40 +383,77 @@ pub mod hw_resources {
     pub const SIZE: usize = 72;
 }
 
-/// RM classes (`g_allclasses.h`).
-pub mod class {
-    pub const NV01_ROOT: u32 = 0x0;
-    pub const NV01_ROOT_NON_PRIV: u32 = 0x1;
-    pub const NV01_ROOT_CLIENT: u32 = 0x41;
-    pub const NV01_DEVICE_0: u32 = 0x80;
-    pub const NV20_SUBDEVICE_0: u32 = 0x2080;
-    pub const NV01_MEMORY_SYSTEM: u32 = 0x3E;
-    pub const NV01_MEMORY_LOCAL_USER: u32 = 0x40;
-    pub const NV01_MEMORY_VIRTUAL: u32 = 0x70;
-    pub const NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: u32 = 0x71;
-    pub const NV01_MEMORY_LOCAL_PHYSICAL: u32 = 0xC2;
-    /// NV01_MEMORY_HW_RESOURCES: takes no framebuffer of its own; its size is
-    /// in the driver's per-process figure up to 545 only ([`super::hw_resources`]).
-    pub const NV01_MEMORY_HW_RESOURCES: u32 = 0xB1;
-    pub const NV50_MEMORY_VIRTUAL: u32 = 0x50A0;
-    pub const NV_MEMORY_FABRIC: u32 = 0xF8;
-    /// NV01_MEMORY_LOCAL_PRIVILEGED: RM_ALLOC_MEMORY writes limit 0xFFFFFFFF, allocates nothing.
-    pub const NV01_MEMORY_LOCAL_PRIVILEGED: u32 = 0x3F;
-    /// NV_MEMORY_EXTENDED_USER (EGM).
-    pub const NV_MEMORY_EXTENDED_USER: u32 = 0x42;
-    /// Address ranges and handles whose memory is attached by controls: no bytes.
-    pub const NV_MEMORY_MULTICAST_FABRIC: u32 = 0xFD;
-    pub const NV_MEMORY_MAPPER: u32 = 0xFE;
-    pub const NV_MEMORY_FABRIC_IMPORT_V2: u32 = 0xF9;
-    pub const NV_MEMORY_FABRIC_IMPORTED_REF: u32 = 0xFB;
-    /// Listed among the 0-byte classes in the ABI facts.
-    pub const CLASS_0XE0: u32 = 0xE0;
-    pub const FERMI_VASPACE_A: u32 = 0x90F1;
-    pub const KEPLER_CHANNEL_GROUP_A: u32 = 0xA06C;
-    pub const FERMI_CONTEXT_SHARE_A: u32 = 0x9067;
-    pub const GPFIFO: [u32; 6] = [0xC36F, 0xC46F, 0xC56F, 0xC86F, 0xC96F, 0xCA6F];
-    pub const COMPUTE: [u32; 7] = [0xC5C0, 0xC6C0, 0xC7C0, 0xC9C0, 0xCBC0, 0xCDC0, 0xCEC0];
-    pub const COPY: [u32; 2] = [0xC7B5, 0xC8B5];
+named_consts! {
+    /// RM classes (`g_allclasses.h`), each with its NVIDIA name.
+    pub mod class {
+        NV01_ROOT = 0x0, "NV01_ROOT";
+        NV01_ROOT_NON_PRIV = 0x1, "NV01_ROOT_NON_PRIV";
+        NV01_MEMORY_SYSTEM = 0x3E, "NV01_MEMORY_SYSTEM";
+        /// RM_ALLOC_MEMORY writes limit 0xFFFFFFFF, allocates nothing.
+        NV01_MEMORY_LOCAL_PRIVILEGED = 0x3F, "NV01_MEMORY_LOCAL_PRIVILEGED";
+        NV01_MEMORY_LOCAL_USER = 0x40, "NV01_MEMORY_LOCAL_USER";
+        NV01_ROOT_CLIENT = 0x41, "NV01_ROOT_CLIENT";
+        /// EGM.
+        NV_MEMORY_EXTENDED_USER = 0x42, "NV_MEMORY_EXTENDED_USER";
+        NV01_MEMORY_VIRTUAL = 0x70, "NV01_MEMORY_VIRTUAL";
+        NV01_MEMORY_SYSTEM_OS_DESCRIPTOR = 0x71, "NV01_MEMORY_SYSTEM_OS_DESCRIPTOR";
+        NV01_DEVICE_0 = 0x80, "NV01_DEVICE_0";
+        /// Takes no framebuffer of its own; its size is in the driver's per-process
+        /// figure up to 545 only ([`super::hw_resources`]).
+        NV01_MEMORY_HW_RESOURCES = 0xB1, "NV01_MEMORY_HW_RESOURCES";
+        NV01_MEMORY_LOCAL_PHYSICAL = 0xC2, "NV01_MEMORY_LOCAL_PHYSICAL";
+        /// NV_MEMORY_EXPORT: listed among the 0-byte classes in the ABI facts.
+        CLASS_0XE0 = 0xE0, "NV_MEMORY_EXPORT";
+        NV_MEMORY_FABRIC = 0xF8, "NV_MEMORY_FABRIC";
+        /// Address ranges and handles whose memory is attached by controls: no
+        /// bytes (this and the three below).
+        NV_MEMORY_FABRIC_IMPORT_V2 = 0xF9, "NV_MEMORY_FABRIC_IMPORT_V2";
+        NV_MEMORY_FABRIC_IMPORTED_REF = 0xFB, "NV_MEMORY_FABRIC_IMPORTED_REF";
+        NV_MEMORY_MULTICAST_FABRIC = 0xFD, "NV_MEMORY_MULTICAST_FABRIC";
+        NV_MEMORY_MAPPER = 0xFE, "NV_MEMORY_MAPPER";
+        NV20_SUBDEVICE_0 = 0x2080, "NV20_SUBDEVICE_0";
+        NV50_MEMORY_VIRTUAL = 0x50A0, "NV50_MEMORY_VIRTUAL";
+        FERMI_CONTEXT_SHARE_A = 0x9067, "FERMI_CONTEXT_SHARE_A";
+        FERMI_VASPACE_A = 0x90F1, "FERMI_VASPACE_A";
+        KEPLER_CHANNEL_GROUP_A = 0xA06C, "KEPLER_CHANNEL_GROUP_A";
+        VOLTA_CHANNEL_GPFIFO_A = 0xC36F, "VOLTA_CHANNEL_GPFIFO_A";
+        TURING_CHANNEL_GPFIFO_A = 0xC46F, "TURING_CHANNEL_GPFIFO_A";
+        AMPERE_CHANNEL_GPFIFO_A = 0xC56F, "AMPERE_CHANNEL_GPFIFO_A";
+        TURING_COMPUTE_A = 0xC5C0, "TURING_COMPUTE_A";
+        AMPERE_COMPUTE_A = 0xC6C0, "AMPERE_COMPUTE_A";
+        AMPERE_DMA_COPY_B = 0xC7B5, "AMPERE_DMA_COPY_B";
+        AMPERE_COMPUTE_B = 0xC7C0, "AMPERE_COMPUTE_B";
+        HOPPER_CHANNEL_GPFIFO_A = 0xC86F, "HOPPER_CHANNEL_GPFIFO_A";
+        HOPPER_DMA_COPY_A = 0xC8B5, "HOPPER_DMA_COPY_A";
+        BLACKWELL_CHANNEL_GPFIFO_A = 0xC96F, "BLACKWELL_CHANNEL_GPFIFO_A";
+        ADA_COMPUTE_A = 0xC9C0, "ADA_COMPUTE_A";
+        BLACKWELL_CHANNEL_GPFIFO_B = 0xCA6F, "BLACKWELL_CHANNEL_GPFIFO_B";
+        HOPPER_COMPUTE_A = 0xCBC0, "HOPPER_COMPUTE_A";
+        BLACKWELL_COMPUTE_A = 0xCDC0, "BLACKWELL_COMPUTE_A";
+        BLACKWELL_COMPUTE_B = 0xCEC0, "BLACKWELL_COMPUTE_B";
+    }
+
+    /// Channel (GPFIFO) classes, Volta to Blackwell.
+    pub const GPFIFO: [u32; 6] = [
+        VOLTA_CHANNEL_GPFIFO_A,
+        TURING_CHANNEL_GPFIFO_A,
+        AMPERE_CHANNEL_GPFIFO_A,
+        HOPPER_CHANNEL_GPFIFO_A,
+        BLACKWELL_CHANNEL_GPFIFO_A,
+        BLACKWELL_CHANNEL_GPFIFO_B,
+    ];
+    /// Compute classes, Turing to Blackwell.
+    pub const COMPUTE: [u32; 7] = [
+        TURING_COMPUTE_A,
+        AMPERE_COMPUTE_A,
+        AMPERE_COMPUTE_B,
+        ADA_COMPUTE_A,
+        HOPPER_COMPUTE_A,
+        BLACKWELL_COMPUTE_A,
+        BLACKWELL_COMPUTE_B,
+    ];
+    /// Copy engine classes.
+    pub const COPY: [u32; 2] = [AMPERE_DMA_COPY_B, HOPPER_DMA_COPY_A];
 }
 
 /// What an RM object is, as Keling reports it. `#[repr(u32)]` for the events.
@@ -627,6 +669,37 @@ mod tests {
             (rm_nr(c), rm_size(c), rm_type(c)),
             (0x2B, 48, RM_IOCTL_TYPE)
         );
+    }
+
+    /// The NVIDIA numbering sets: each row's name leads back to its number, no two
+    /// rows share a name, and numbers outside the set have none.
+    #[test]
+    fn abi_names_are_unique_and_found_by_number() {
+        for names in [escape::NAMES, class::NAMES] {
+            for (i, &(code, name)) in names.iter().enumerate() {
+                assert!(!name.is_empty(), "{code:#x}");
+                for &(other, other_name) in &names[i + 1..] {
+                    assert!(code < other, "{code:#x} before {other:#x}");
+                    assert_ne!(name, other_name, "{code:#x} and {other:#x}");
+                }
+            }
+        }
+        assert_eq!(escape::name(escape::ALLOC), Some("RM_ALLOC"));
+        assert_eq!(escape::name(escape::XFER_CMD), Some("XFER_CMD"));
+        // 0x5F is one row (named by branch in the agent).
+        assert_eq!(escape::LOCKLESS_DIAGNOSTIC, escape::NVLOG_CTRL);
+        assert_eq!(escape::name(0x5F), Some("RM_NVLOG_CTRL"));
+        assert_eq!(escape::name(0x99), None);
+        assert_eq!(class::name(class::CLASS_0XE0), Some("NV_MEMORY_EXPORT"));
+        assert_eq!(class::name(class::COMPUTE[6]), Some("BLACKWELL_COMPUTE_B"));
+        assert_eq!(class::name(0x1234), None);
+        for c in class::GPFIFO
+            .iter()
+            .chain(&class::COMPUTE)
+            .chain(&class::COPY)
+        {
+            assert!(class::name(*c).is_some(), "{c:#x}");
+        }
     }
 
     #[test]

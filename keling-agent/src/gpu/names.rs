@@ -1,12 +1,14 @@
 //! Human names for NVIDIA ABI numbers and Keling's own codes, as every output
-//! (text, JSON lines, logs) prints them. The ABI numbers are named here, one table
-//! per set, `(code, name)`; a test checks that each constant of the contract has
-//! exactly one name and that names are unique. Keling's own codes (memory and
-//! object kinds, teardown reasons, open and ref hows, outcomes, undecoded reasons)
-//! are named beside their definition in keling-common (`code_set!`), and the
-//! functions here hand those names on.
+//! (text, JSON lines, logs) prints them. The RM escapes and classes are named beside
+//! their constants in keling-common (`named_consts!`: `escape::NAMES`,
+//! `class::NAMES`, one row per constant, so each has exactly one name); Keling's own
+//! codes (memory and object kinds, teardown reasons, open and ref hows, outcomes,
+//! undecoded reasons) likewise (`code_set!`), and the functions here hand those
+//! names on. The UVM commands are named here ([`UVM_COMMANDS`], generated from
+//! driver 535's headers: ~150 commands, of which keling-common's `uvm` holds the
+//! few Keling decodes; a test checks those are named as NVIDIA names them).
 //! The RM control commands, which are many, have their own module
-//! ([`super::controls`]); every RM escape and UVM command of driver 535 is named here.
+//! ([`super::controls`]).
 //! A number without a name is shown as a number (`RM_0x99`, `0x20800999`), never
 //! as undecoded: naming is not decoding.
 use keling_common::nvidia::{
@@ -18,58 +20,6 @@ use keling_common::nvidia::{
 use crate::event::decode::{
     Call, DeviceFile, IoctlOutcome, MemKind, OpenHow, RefHow, TeardownReason, UndecodedReason,
 };
-
-/// RM escapes (`nr` of the ioctl command on `nvidiactl` / `nvidiaN`): every one of
-/// keling-common's `escape` (all of driver 535's `NV_ESC_*`), sorted, named as
-/// NVIDIA names them without `NV_ESC_` (and without `IOCTL_` for XFER_CMD). 0x5F
-/// is named by branch ([`escape_of`]).
-pub const ESCAPES: &[(u32, &str)] = &[
-    (escape::ALLOC_MEMORY, "RM_ALLOC_MEMORY"),
-    (escape::ALLOC_OBJECT, "RM_ALLOC_OBJECT"),
-    (escape::FREE, "RM_FREE"),
-    (escape::CONTROL, "RM_CONTROL"),
-    (escape::ALLOC, "RM_ALLOC"),
-    (escape::CONFIG_GET, "RM_CONFIG_GET"),
-    (escape::CONFIG_SET, "RM_CONFIG_SET"),
-    (escape::DUP_OBJECT, "RM_DUP_OBJECT"),
-    (escape::SHARE, "RM_SHARE"),
-    (escape::CONFIG_GET_EX, "RM_CONFIG_GET_EX"),
-    (escape::CONFIG_SET_EX, "RM_CONFIG_SET_EX"),
-    (escape::I2C_ACCESS, "RM_I2C_ACCESS"),
-    (escape::IDLE_CHANNELS, "RM_IDLE_CHANNELS"),
-    (escape::VID_HEAP_CONTROL, "RM_VID_HEAP_CONTROL"),
-    (escape::ACCESS_REGISTRY, "RM_ACCESS_REGISTRY"),
-    (escape::MAP_MEMORY, "RM_MAP_MEMORY"),
-    (escape::UNMAP_MEMORY, "RM_UNMAP_MEMORY"),
-    (escape::GET_EVENT_DATA, "RM_GET_EVENT_DATA"),
-    (escape::ALLOC_CONTEXT_DMA2, "RM_ALLOC_CONTEXT_DMA2"),
-    (escape::ADD_VBLANK_CALLBACK, "RM_ADD_VBLANK_CALLBACK"),
-    (escape::MAP_MEMORY_DMA, "RM_MAP_MEMORY_DMA"),
-    (escape::UNMAP_MEMORY_DMA, "RM_UNMAP_MEMORY_DMA"),
-    (escape::BIND_CONTEXT_DMA, "RM_BIND_CONTEXT_DMA"),
-    (escape::EXPORT_OBJECT_TO_FD, "RM_EXPORT_OBJECT_TO_FD"),
-    (escape::IMPORT_OBJECT_FROM_FD, "RM_IMPORT_OBJECT_FROM_FD"),
-    (
-        escape::UPDATE_DEVICE_MAPPING_INFO,
-        "RM_UPDATE_DEVICE_MAPPING_INFO",
-    ),
-    (escape::NVLOG_CTRL, "RM_NVLOG_CTRL"),
-    (escape::CARD_INFO, "CARD_INFO"),
-    (escape::REGISTER_FD, "REGISTER_FD"),
-    (escape::ENV_INFO, "ENV_INFO"),
-    (escape::ALLOC_OS_EVENT, "ALLOC_OS_EVENT"),
-    (escape::FREE_OS_EVENT, "FREE_OS_EVENT"),
-    (escape::STATUS_CODE, "STATUS_CODE"),
-    (escape::CHECK_VERSION_STR, "CHECK_VERSION_STR"),
-    (escape::XFER_CMD, "XFER_CMD"),
-    (escape::ATTACH_GPUS_TO_FD, "ATTACH_GPUS_TO_FD"),
-    (escape::QUERY_DEVICE_INTR, "QUERY_DEVICE_INTR"),
-    (escape::SYS_PARAMS, "SYS_PARAMS"),
-    (escape::NUMA_INFO, "NUMA_INFO"),
-    (escape::SET_NUMA_STATUS, "SET_NUMA_STATUS"),
-    (escape::EXPORT_TO_DMABUF_FD, "EXPORT_TO_DMABUF_FD"),
-    (escape::WAIT_OPEN_COMPLETE, "WAIT_OPEN_COMPLETE"),
-];
 
 /// Every nvidia-uvm command of driver 535, sorted: `UVM_IOCTL_BASE(n)` is plain `n`
 /// on Linux, `UVM_TEST_IOCTL_BASE(n)` is `200 + n`. Generated, not edited: from a
@@ -261,66 +211,6 @@ pub const UVM_COMMANDS: &[(u32, &str)] = &[
     (0x30000002, "UVM_DEINITIALIZE"),
 ];
 
-/// RM classes (`g_allclasses.h`).
-pub const CLASSES: &[(u32, &str)] = &[
-    (class::NV01_ROOT, "NV01_ROOT"),
-    (class::NV01_ROOT_NON_PRIV, "NV01_ROOT_NON_PRIV"),
-    (class::NV01_ROOT_CLIENT, "NV01_ROOT_CLIENT"),
-    (class::NV01_DEVICE_0, "NV01_DEVICE_0"),
-    (class::NV20_SUBDEVICE_0, "NV20_SUBDEVICE_0"),
-    (class::NV01_MEMORY_SYSTEM, "NV01_MEMORY_SYSTEM"),
-    (
-        class::NV01_MEMORY_LOCAL_PRIVILEGED,
-        "NV01_MEMORY_LOCAL_PRIVILEGED",
-    ),
-    (class::NV01_MEMORY_LOCAL_USER, "NV01_MEMORY_LOCAL_USER"),
-    (class::NV_MEMORY_EXTENDED_USER, "NV_MEMORY_EXTENDED_USER"),
-    (class::NV01_MEMORY_VIRTUAL, "NV01_MEMORY_VIRTUAL"),
-    (
-        class::NV01_MEMORY_SYSTEM_OS_DESCRIPTOR,
-        "NV01_MEMORY_SYSTEM_OS_DESCRIPTOR",
-    ),
-    (class::NV01_MEMORY_HW_RESOURCES, "NV01_MEMORY_HW_RESOURCES"),
-    (
-        class::NV01_MEMORY_LOCAL_PHYSICAL,
-        "NV01_MEMORY_LOCAL_PHYSICAL",
-    ),
-    (class::CLASS_0XE0, "NV_MEMORY_EXPORT"),
-    (class::NV_MEMORY_FABRIC, "NV_MEMORY_FABRIC"),
-    (
-        class::NV_MEMORY_FABRIC_IMPORT_V2,
-        "NV_MEMORY_FABRIC_IMPORT_V2",
-    ),
-    (
-        class::NV_MEMORY_FABRIC_IMPORTED_REF,
-        "NV_MEMORY_FABRIC_IMPORTED_REF",
-    ),
-    (
-        class::NV_MEMORY_MULTICAST_FABRIC,
-        "NV_MEMORY_MULTICAST_FABRIC",
-    ),
-    (class::NV_MEMORY_MAPPER, "NV_MEMORY_MAPPER"),
-    (class::NV50_MEMORY_VIRTUAL, "NV50_MEMORY_VIRTUAL"),
-    (class::FERMI_CONTEXT_SHARE_A, "FERMI_CONTEXT_SHARE_A"),
-    (class::FERMI_VASPACE_A, "FERMI_VASPACE_A"),
-    (class::KEPLER_CHANNEL_GROUP_A, "KEPLER_CHANNEL_GROUP_A"),
-    (class::GPFIFO[0], "VOLTA_CHANNEL_GPFIFO_A"),
-    (class::GPFIFO[1], "TURING_CHANNEL_GPFIFO_A"),
-    (class::GPFIFO[2], "AMPERE_CHANNEL_GPFIFO_A"),
-    (class::GPFIFO[3], "HOPPER_CHANNEL_GPFIFO_A"),
-    (class::GPFIFO[4], "BLACKWELL_CHANNEL_GPFIFO_A"),
-    (class::GPFIFO[5], "BLACKWELL_CHANNEL_GPFIFO_B"),
-    (class::COMPUTE[0], "TURING_COMPUTE_A"),
-    (class::COMPUTE[1], "AMPERE_COMPUTE_A"),
-    (class::COMPUTE[2], "AMPERE_COMPUTE_B"),
-    (class::COMPUTE[3], "ADA_COMPUTE_A"),
-    (class::COMPUTE[4], "HOPPER_COMPUTE_A"),
-    (class::COMPUTE[5], "BLACKWELL_COMPUTE_A"),
-    (class::COMPUTE[6], "BLACKWELL_COMPUTE_B"),
-    (class::COPY[0], "AMPERE_DMA_COPY_B"),
-    (class::COPY[1], "HOPPER_DMA_COPY_A"),
-];
-
 /// The name of `code` in `table`.
 pub fn lookup(table: &[(u32, &'static str)], code: u32) -> Option<&'static str> {
     table.iter().find(|(c, _)| *c == code).map(|(_, n)| *n)
@@ -357,7 +247,7 @@ pub fn escape_of(v: Version, nr: u32) -> String {
     {
         return "RM_LOCKLESS_DIAGNOSTIC".into();
     }
-    lookup(ESCAPES, nr).map_or_else(|| format!("RM_{nr:#x}"), str::to_owned)
+    escape::name(nr).map_or_else(|| format!("RM_{nr:#x}"), str::to_owned)
 }
 
 /// A UVM command by its number (`UVM_0x..` when Keling has no name for it).
@@ -389,8 +279,9 @@ pub fn control_label(cmd: u32) -> String {
     }
 }
 
+/// The NVIDIA name of RM class `c` (keling-common's `class::NAMES`).
 pub fn class(c: u32) -> Option<&'static str> {
-    lookup(CLASSES, c)
+    class::name(c)
 }
 
 pub fn object_kind(k: ObjectKind) -> &'static str {
@@ -436,7 +327,7 @@ pub fn gpu(g: Option<u32>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
 
     use keling_common::{nvidia::uvm, undecoded};
 
@@ -494,23 +385,6 @@ mod tests {
             }
         }
         out
-    }
-
-    /// Each constant has exactly one entry, every entry is a constant, names unique.
-    fn covers(table: &[(u32, &str)], consts: &[(String, u32)]) {
-        let names: BTreeSet<&str> = table.iter().map(|(_, n)| *n).collect();
-        assert_eq!(names.len(), table.len(), "names not unique: {table:?}");
-        let codes: BTreeMap<u32, &String> = consts.iter().map(|(n, v)| (*v, n)).collect();
-        for (name, value) in consts {
-            let hits = table.iter().filter(|(c, _)| c == value).count();
-            assert_eq!(hits, 1, "{name} = {value:#x} has {hits} names");
-        }
-        for (code, name) in table {
-            assert!(
-                codes.contains_key(code),
-                "{name} ({code:#x}) is no constant"
-            );
-        }
     }
 
     /// Sorted by code, each code once, each name once.
@@ -573,10 +447,29 @@ mod tests {
 
     #[test]
     fn every_abi_constant_has_exactly_one_name() {
-        let escapes = constants("escape");
-        assert!(escapes.iter().any(|(n, _)| n == "WAIT_OPEN_COMPLETE"));
-        covers(ESCAPES, &escapes);
-        sorted_and_unique(ESCAPES);
+        // Escapes and classes: one row per constant in keling-common (a constant
+        // cannot be added without its name); here the tables are sorted, each name
+        // once, and every escape and class is found by its number.
+        sorted_and_unique(escape::NAMES);
+        sorted_and_unique(class::NAMES);
+        for &(nr, name) in escape::NAMES {
+            assert_eq!(escape_of(Version::new(535, 261, 3), nr), name);
+        }
+        for &(c, name) in class::NAMES {
+            assert_eq!(class(c), Some(name), "{c:#x}");
+        }
+        assert_eq!(
+            (escape::NAMES.len(), class::NAMES.len()),
+            (42, 38),
+            "a row gone or added: update NV_ESC_535 or the class checks"
+        );
+        for c in class::GPFIFO
+            .iter()
+            .chain(&class::COMPUTE)
+            .chain(&class::COPY)
+        {
+            assert!(class(*c).is_some(), "{c:#x}");
+        }
         // UVM: every command Keling decodes is named as uvm_ioctl.h names it (the
         // table names the others too).
         sorted_and_unique(UVM_COMMANDS);
@@ -588,9 +481,6 @@ mod tests {
             );
         }
         assert!(UVM_COMMANDS.len() > 150, "{}", UVM_COMMANDS.len());
-        let classes = constants("class");
-        assert!(classes.iter().any(|(n, _)| n == "COMPUTE[6]"));
-        covers(CLASSES, &classes);
         // Controls: the command numbers of `ctrl`, not its sizes (u32 `*_SIZE`), are
         // in the table of every control under their NVIDIA names.
         let controls: Vec<(String, u32)> = constants("ctrl")
@@ -609,19 +499,19 @@ mod tests {
 
     #[test]
     fn every_escape_of_driver_535_is_named_and_classified() {
-        assert_eq!(NV_ESC_535.len(), ESCAPES.len());
+        assert_eq!(NV_ESC_535.len(), escape::NAMES.len());
         for &(header, nr) in NV_ESC_535 {
             let want = header
                 .strip_prefix("NV_ESC_")
                 .map(|n| n.strip_prefix("IOCTL_").unwrap_or(n))
                 .unwrap();
-            assert_eq!(lookup(ESCAPES, nr), Some(want), "{header} = {nr:#x}");
+            assert_eq!(escape::name(nr), Some(want), "{header} = {nr:#x}");
         }
         // Each named escape is decoded field by field or known to carry no memory,
         // never both; a number without a name is neither (it stays unknown_escape).
         for nr in 0..=255 {
             let (decoded, no_memory) = (escape::decoded(nr), escape::carries_no_memory(nr));
-            if lookup(ESCAPES, nr).is_some() {
+            if escape::name(nr).is_some() {
                 assert!(
                     decoded != no_memory,
                     "{nr:#x}: decoded {decoded}, no memory {no_memory}"
