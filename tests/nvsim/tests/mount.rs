@@ -121,8 +121,27 @@ impl Sim {
             .unwrap()
     }
 
+    /// The state once `done` holds of it: FUSE sends a file's RELEASE after
+    /// `close` returns (asynchronously), so what a close ends is seen a moment
+    /// later. Gives up after 5 s and returns the last state (the caller's
+    /// assertions then fail on it).
+    fn state_once(&self, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = self.state();
+            if done(&s) || Instant::now() >= deadline {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn proc_gpu(&self, pid: u32, gpu: u64) -> Option<serde_json::Value> {
-        let s = self.state();
+        Self::proc_gpu_of(&self.state(), pid, gpu)
+    }
+
+    /// One process's figures on one GPU in a simulator state.
+    fn proc_gpu_of(s: &serde_json::Value, pid: u32, gpu: u64) -> Option<serde_json::Value> {
         let p = s["processes"]
             .as_array()?
             .iter()
@@ -305,12 +324,7 @@ fn real_ioctls_reach_the_simulator() {
     }
     // The kernel sends RELEASE after close returns (asynchronously): wait
     // for the simulator to have it, then check what it did.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !sim.state()["clients"].as_array().unwrap().is_empty()
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    sim.state_once(|s| s["clients"].as_array().is_some_and(Vec::is_empty));
     let g = sim.proc_gpu(me, 1).unwrap();
     assert_eq!(
         (
@@ -460,6 +474,8 @@ fn share_scenario_moves_charges_as_documented() {
     }
     assert!(lines.next().is_none());
     assert!(child.wait().unwrap().success());
+    // Their files' RELEASEs come after they exit (asynchronously).
+    sim.state_once(|s| s["memories"].as_array().is_some_and(Vec::is_empty));
     let ga = sim.proc_gpu(a as u32, 0).unwrap();
     let gb = sim.proc_gpu(b_pid.unwrap() as u32, 0).unwrap();
     let f = |g: &serde_json::Value| {
@@ -542,7 +558,9 @@ fn legacy_driver_layouts() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    assert!(sim.state()["clients"].as_array().unwrap().is_empty());
+    // The workloads' files' RELEASEs come after they exit (asynchronously).
+    let s = sim.state_once(|s| s["clients"].as_array().is_some_and(Vec::is_empty));
+    assert!(s["clients"].as_array().unwrap().is_empty());
 }
 
 #[test]
@@ -679,20 +697,27 @@ fn export_and_import_resolve_the_named_descriptor() {
         (Some(2), Some(1))
     );
     // the exporter's file goes: the import keeps the memory, still ours
+    let clients = |s: &serde_json::Value| s["clients"].as_array().map_or(0, Vec::len);
+    let before = clients(&sim.state());
     // SAFETY: closing descriptors we opened.
     unsafe { libc::close(ctl) };
-    let g = sim.proc_gpu(me, 0).unwrap();
+    let s = sim.state_once(|s| clients(s) < before);
+    let g = Sim::proc_gpu_of(&s, me, 0).unwrap();
     assert_eq!(
         (g["bytes"].as_u64(), g["frees"].as_u64()),
         (Some(6 * MIB), Some(0))
     );
     assert_eq!(g["driver_video_bytes"], 6 * MIB);
     // the importer's file goes: the export file still holds it
+    let before = clients(&s);
     // SAFETY: as above.
     unsafe { libc::close(ctl2) };
-    let s = sim.state();
+    let s = sim.state_once(|s| clients(s) < before);
     assert_eq!(s["gpus"][0]["used_bytes"], 6 * MIB);
-    assert_eq!(sim.proc_gpu(me, 0).unwrap()["driver_video_bytes"], 0);
+    assert_eq!(
+        Sim::proc_gpu_of(&s, me, 0).unwrap()["driver_video_bytes"],
+        0
+    );
     // closing one of the two descriptors of the export file is not its release
     // SAFETY: as above.
     unsafe { libc::close(exp) };
@@ -703,7 +728,8 @@ fn export_and_import_resolve_the_named_descriptor() {
         libc::close(null);
         libc::close(uvm);
     }
-    let s = sim.state();
+    // the export file's last descriptor goes: its release frees the memory
+    let s = sim.state_once(|s| s["memories"].as_array().is_some_and(Vec::is_empty));
     assert_eq!(s["gpus"][0]["used_bytes"], 0);
     assert!(s["memories"].as_array().unwrap().is_empty());
     let g = sim.proc_gpu(me, 0).unwrap();
