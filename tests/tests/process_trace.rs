@@ -349,3 +349,39 @@ fn floor_holds(args: &[&str], prog_type: &str) {
     let status = floor.0.wait().unwrap();
     assert!(status.success(), "{args:?}: {status:?}");
 }
+
+/// SIGUSR1 asks for a snapshot from the moment the traced command runs: the
+/// command signals Keling first thing and waits (bounded, 20 s) for the
+/// snapshot line. Keling used to take the signal over only after letting the
+/// command run, so a SIGUSR1 sent early ended Keling (the signal's default).
+#[test]
+fn a_snapshot_asked_for_as_soon_as_the_command_runs_is_written() {
+    let Some(_fx) = Fixture::new("a_snapshot_asked_for_as_soon_as_the_command_runs_is_written")
+    else {
+        return;
+    };
+    let dir = keling_tests::tempdir();
+    let out = dir.join("trace.jsonl");
+    let script = format!(
+        "kill -USR1 $PPID; i=0; \
+         while ! grep -q gpu_snapshot '{0}' 2>/dev/null && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; \
+         grep -q gpu_snapshot '{0}'",
+        out.display()
+    );
+    let o = std::process::Command::new(keling_tests::keling_bin())
+        .args(["trace", "--format", "jsonl", "--output"])
+        .arg(&out)
+        .args(["--", "sh", "-c", &script])
+        .output()
+        .expect("run keling");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "keling {:?}: {stderr}", o.status);
+    let text = std::fs::read_to_string(&out).expect("the trace's output");
+    let snapshot = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "gpu_snapshot")
+        .unwrap_or_else(|| panic!("no gpu_snapshot line; keling said: {stderr}"));
+    assert_eq!(snapshot["seq"], 1, "{snapshot}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

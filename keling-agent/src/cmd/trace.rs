@@ -150,6 +150,10 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
+    // SIGINT, SIGTERM and SIGUSR1 are ours before the child runs or anything is
+    // reported: a SIGUSR1 sent once the traced program is seen working must ask
+    // for a snapshot, not end Keling (the signal's default action).
+    let signals = UnixSignals::new()?;
     let (child, out) = match held {
         Some(held) => {
             let pid = held.pid();
@@ -220,7 +224,6 @@ pub fn trace(args: TraceArgs) -> anyhow::Result<i32> {
     };
     runtime.block_on(async move {
         let events = EventStream::new(probes.take_events()?)?;
-        let signals = UnixSignals::new()?;
         Tracer::new(probes, events, model, sink, child, start_ns, end, sched_log)
             .run(signals)
             .await
