@@ -148,12 +148,16 @@ pub struct Cluster {
     submitted: Mutex<Vec<u32>>,
 }
 
-/// A free TCP port on 127.0.0.1 (bound, read, let go).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+/// `n` distinct free TCP ports on 127.0.0.1: each is held bound until all are
+/// chosen, then all are let go (one at a time, the kernel may give the same
+/// port twice: slurmctld then found its port taken by a slurmd).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
 }
 
 fn run_ok(cmd: &mut Command) -> Output {
@@ -244,7 +248,7 @@ impl Cluster {
                 gpu_dir,
             });
         }
-        let ports: Vec<u16> = (0..=cluster.nodes.len()).map(|_| free_port()).collect();
+        let ports = free_ports(cluster.nodes.len() + 1);
         cluster.write_config(&socket, &ports, opts.plugin.as_deref());
         cluster.daemons.push(Daemon::start(
             "munged",
