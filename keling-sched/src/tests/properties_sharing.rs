@@ -44,7 +44,10 @@ fn each_gpu<'a>(sched: &Scheduler, live: &'a [TaskView]) -> Vec<Gpu<'a>> {
             Gpu {
                 gpu,
                 avail,
-                held: on
+                // Every task not yet gone holds its memory, one the core is
+                // ending too (its process has not exited: the GPU still has it).
+                held: sched
+                    .live_tasks()
                     .iter()
                     .map(|v| u128::from(v.mem_bytes.get(&gpu).copied().unwrap_or(0)))
                     .sum(),
