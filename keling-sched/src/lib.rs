@@ -312,9 +312,14 @@
 //! displaced task ranks last. Under [`Sharing::Memory`] the GPUs where a task
 //! fits beside every holder are compared otherwise: if some have no live task
 //! of another priority (not being ended; one of the two would freeze the other
-//! while it works), only those, by the least memory held there over time plus
-//! what the tasks there, it included, may hold for [`MEM_HORIZON_S`], then the
-//! least busy time, then the hash; if none has, as above (W first).
+//! while it works), only those: the ones whose GPU time (busy time plus the
+//! work the tasks there are expected still to need, each task's progress
+//! counted as its share of the GPU) is within the task's own expected work of
+//! the least; among those the least memory held there over time plus what the
+//! tasks there, it included, may hold for [`MEM_HORIZON_S`]; then the least GPU
+//! time, then the hash. If none has, as above (W first). Without a GPU where it
+//! fits beside every holder, the one where it freezes the fewest working tasks,
+//! then where the task it displaces ranks last.
 //!
 //! **After binding** a task keeps its GPU (a CUDA context does not move): quanta,
 //! idleness, preemption among the tasks of a GPU, memory pressure and quotas

@@ -304,6 +304,19 @@ impl Scheduler {
         let late = self.config.binding == Binding::Late;
         let mem_integral = late && self.shares_memory();
         let mut busy: Vec<u32> = Vec::new();
+        // Memory sharing: how many tasks run at once on each GPU, to charge
+        // each its share.
+        let mut running: BTreeMap<u32, u64> = BTreeMap::new();
+        if mem_integral {
+            for task in self.tasks.values() {
+                if task.state == TaskState::Running
+                    && !task.yielded
+                    && let Some(gpu) = task.gpu
+                {
+                    *running.entry(gpu).or_insert(0) += 1;
+                }
+            }
+        }
         for task in self.tasks.values_mut() {
             if mem_integral && task.is_live() {
                 for (&gpu, &bytes) in &task.mem_bytes {
@@ -318,6 +331,9 @@ impl Scheduler {
                 task.quantum_used_ns = task.quantum_used_ns.saturating_add(elapsed_ns);
                 if late && let Some(gpu) = task.gpu {
                     busy.push(gpu);
+                    if let Some(&n) = running.get(&gpu) {
+                        task.share_ns = task.share_ns.saturating_add(elapsed_ns / n.max(1));
+                    }
                 }
             }
         }

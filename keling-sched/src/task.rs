@@ -67,6 +67,11 @@ pub(crate) struct Task {
     pub(crate) finished_ns: Option<u64>,
     pub(crate) exit_code: Option<i32>,
     pub(crate) on_gpu_ns: u64,
+    /// Late binding under memory sharing: its share of its GPU's time so far,
+    /// each stretch of running divided by how many tasks ran on that GPU at
+    /// once (a GPU time-slices the contexts on it about equally): the work it
+    /// has had, against which its expected runtime counts down for placement.
+    pub(crate) share_ns: u64,
     pub(crate) quantum_used_ns: u64,
     /// Position in the round-robin queue of its priority: lower goes first.
     pub(crate) queue_seq: u64,
@@ -107,6 +112,7 @@ impl Task {
             finished_ns: None,
             exit_code: None,
             on_gpu_ns: 0,
+            share_ns: 0,
             quantum_used_ns: 0,
             queue_seq,
             wants_gpu: true,
@@ -230,6 +236,17 @@ impl Task {
         self.spec
             .expected_runtime_ms
             .map(|expected| expected.saturating_sub(elapsed_ms))
+    }
+
+    /// Memory sharing: the GPU time it is expected still to need, from its
+    /// expected runtime less its share so far; a task past its expected
+    /// runtime is taken to need a tenth of it more. 0 without an expected runtime.
+    pub(crate) fn remaining_work_ns(&self) -> u64 {
+        let Some(expected) = self.spec.expected_runtime_ms else {
+            return 0;
+        };
+        let expected = expected.saturating_mul(NS_PER_MS);
+        expected.saturating_sub(self.share_ns).max(expected / 10)
     }
 
     /// What placement expects the task still to need the GPU for.

@@ -8,6 +8,8 @@
 //! the ranking, whatever they hold: exactly what the core did before memory
 //! sharing, so that recorded logs replay as they were recorded.
 
+use std::cmp::Reverse;
+
 use super::{Output, Scheduler, begin_ending};
 use crate::action::{Action, EnforcementRecord};
 use crate::config::Sharing;
@@ -22,12 +24,17 @@ use crate::{NS_PER_MS, NS_PER_S, TaskId};
 enum Offer {
     /// It runs there beside every holder.
     Free,
-    /// It runs there beside the holders it may not displace; the one it
-    /// displaces that ranks last, if any.
-    Displacing(Option<Rank>),
+    /// It runs there beside the holders it may not displace: how many that
+    /// want the GPU it freezes, and the one it displaces that ranks last, if
+    /// any.
+    Displacing(usize, Option<Rank>),
     /// It cannot run there now.
     No(WaitReason),
 }
+
+/// How good a GPU is to displace holders on, higher better: fewer tasks that
+/// work frozen, then the displaced task that ranks last.
+type DisplaceKey = (Reverse<usize>, Option<Rank>);
 
 /// One walk down a GPU's ranking: what the tasks admitted so far take.
 #[derive(Clone, Debug)]
@@ -193,7 +200,7 @@ impl Scheduler {
             .filter(|t| t.holds_slot() || t.actuation.is_some())
             .collect();
         holders.sort_by_key(|t| (t.rank_under(policy), t.spec.id));
-        let (mut last_displaced, mut lower): (Option<Rank>, bool) = (None, false);
+        let (mut last_displaced, mut lower): (Option<Rank>, usize) = (None, 0);
         for t in holders {
             all.admit(t);
             let running = policy != Policy::Fifo
@@ -204,7 +211,7 @@ impl Scheduler {
             // holder yields its place when a cap needs it.
             let is_lower = running && t.wants_gpu && t.priority() > u.priority();
             if is_lower || (running && !t.wants_gpu) {
-                lower |= is_lower;
+                lower += usize::from(is_lower);
                 let rank = t.rank_under(policy);
                 last_displaced = Some(last_displaced.map_or(rank, |r| r.max(rank)));
             } else {
@@ -226,11 +233,11 @@ impl Scheduler {
         if higher_waits {
             return Offer::No(WaitReason::HigherPriority);
         }
-        if !lower && all.check(u).is_ok() {
+        if lower == 0 && all.check(u).is_ok() {
             return Offer::Free;
         }
         match kept.check(u) {
-            Ok(()) => Offer::Displacing(last_displaced),
+            Ok(()) => Offer::Displacing(lower, last_displaced),
             Err(reason) => Offer::No(reason),
         }
     }
@@ -240,13 +247,16 @@ impl Scheduler {
     /// displaces nobody); otherwise one where it fits beside the holders it
     /// may not displace (holders that want the GPU at its priority or higher,
     /// every holder under FIFO, and any with an actuation in flight), where
-    /// the task it displaces ranks last. Displaced tasks keep their memory.
+    /// it freezes the fewest tasks that work (each waits while it works), then
+    /// where the task it displaces ranks last. Displaced tasks keep their memory.
     /// Never a GPU where a higher priority that wants it waits; and a task
     /// that holds memory already (on GPUs it will use too) only where each of
     /// those GPUs would take it as well.
     pub(super) fn binding_for_shared(&self, u: &Task) -> Result<u32, WaitReason> {
         let mut free: Vec<u32> = Vec::new();
-        let mut displace: Option<(Option<Rank>, u32)> = None;
+        // Where it freezes the fewest tasks that work; among those, where
+        // the one it displaces ranks last.
+        let mut displace: Option<(DisplaceKey, u32)> = None;
         let mut why: Option<WaitReason> = None;
         // The nearest reason: memory (a smaller task could run), then a cap,
         // then a higher priority.
@@ -281,9 +291,10 @@ impl Scheduler {
             }
             match self.offer(gpu, u) {
                 Offer::Free => free.push(gpu),
-                Offer::Displacing(rank) => {
-                    if displace.is_none_or(|(r, _)| rank > r) {
-                        displace = Some((rank, gpu));
+                Offer::Displacing(frozen, rank) => {
+                    let key = (Reverse(frozen), rank);
+                    if displace.is_none_or(|(k, _)| key > k) {
+                        displace = Some((key, gpu));
                     }
                 }
                 Offer::No(reason) => note(reason),
@@ -302,25 +313,26 @@ impl Scheduler {
     /// it works (the live tasks bound there or holding memory there, not being
     /// ended).
     pub(super) fn conflicts(&self, gpu: u32, u: &Task) -> usize {
-        self.tasks
-            .values()
-            .filter(|t| {
-                t.spec.id != u.spec.id
-                    && t.is_live()
-                    && t.ending.is_none()
-                    && t.priority() != u.priority()
-                    && t.gpus_used().contains(&gpu)
-            })
+        self.others_on(gpu, u)
+            .filter(|t| t.priority() != u.priority())
             .count()
     }
 
     /// Memory sharing, late binding: among `free` (not empty), the GPU `u`
     /// goes to. Where it conflicts with nobody ([`Scheduler::conflicts`] is
-    /// 0), if there is such a GPU: the least memory held there over time so
-    /// far plus what the tasks there, `u` included, may hold for
-    /// [`MEM_HORIZON_S`] more (so that arrivals close together do not all go
-    /// to the GPU that is behind); then the least busy time; then the seeded
-    /// hash. Otherwise as sharing by slots ([`Scheduler::best_free_gpu`]: the
+    /// 0), if there is such a GPU, it balances the GPU time each GPU gives and
+    /// then the memory each holds:
+    /// - its projected work ([`Scheduler::projected_work_ns`]: busy time so
+    ///   far plus what the tasks there are expected still to need) at most
+    ///   `u`'s own expected remaining work above the least (closer than one
+    ///   task's work is a tie: `u` itself would turn it around);
+    /// - among those, the least memory held there over time so far plus what
+    ///   the tasks there, `u` included, may hold for [`MEM_HORIZON_S`] more
+    ///   (so that arrivals close together do not all go to the GPU that is
+    ///   behind);
+    /// - then the least projected work, then the seeded hash.
+    ///
+    /// Otherwise as sharing by slots ([`Scheduler::best_free_gpu`]: the
     /// placement weight first, whose free-memory term keeps it off GPUs whose
     /// memory is held, by long jobs it would freeze among others).
     pub(super) fn best_shared_gpu(&self, u: &Task, free: &[u32]) -> u32 {
@@ -333,17 +345,11 @@ impl Scheduler {
             return self.best_free_gpu(u.spec.id, free);
         }
         let horizon_ns = u128::from(MEM_HORIZON_S) * u128::from(NS_PER_S);
-        calm.iter()
+        let keys: Vec<(u32, u128, u128)> = calm
+            .iter()
             .map(|&gpu| {
                 let committed: u128 = self
-                    .tasks
-                    .values()
-                    .filter(|t| {
-                        t.spec.id != u.spec.id
-                            && t.is_live()
-                            && t.ending.is_none()
-                            && t.gpus_used().contains(&gpu)
-                    })
+                    .others_on(gpu, u)
                     .map(|t| u128::from(t.mem_demand_on(gpu)))
                     .sum::<u128>()
                     + u128::from(u.mem_demand_on(gpu));
@@ -353,9 +359,17 @@ impl Scheduler {
                     .copied()
                     .unwrap_or(0)
                     .saturating_add(committed.saturating_mul(horizon_ns));
+                (gpu, self.projected_work_ns(gpu, u), mem)
+            })
+            .collect();
+        let least = keys.iter().map(|&(_, work, _)| work).min().unwrap_or(0);
+        let within = least.saturating_add(u128::from(u.remaining_work_ns()));
+        keys.iter()
+            .filter(|&&(_, work, _)| work <= within)
+            .map(|&(gpu, work, mem)| {
                 let key = (
                     mem,
-                    self.busy_ns.get(&gpu).copied().unwrap_or(0),
+                    work,
                     tie_hash(self.config.placement_seed, u.spec.id, gpu),
                     gpu,
                 );
@@ -363,6 +377,28 @@ impl Scheduler {
             })
             .min()
             .map_or(calm[0], |(_, gpu)| gpu)
+    }
+
+    /// The live tasks on `gpu` (bound there or holding memory there) but `u`
+    /// and those being ended.
+    fn others_on<'a>(&'a self, gpu: u32, u: &'a Task) -> impl Iterator<Item = &'a Task> + 'a {
+        self.tasks.values().filter(move |t| {
+            t.spec.id != u.spec.id
+                && t.is_live()
+                && t.ending.is_none()
+                && t.gpus_used().contains(&gpu)
+        })
+    }
+
+    /// Memory sharing, late binding: the GPU time `gpu` has given (its busy
+    /// time) plus what the tasks there but `u` are expected still to need
+    /// ([`Task::remaining_work_ns`]); under processor sharing, the time it
+    /// stays busy if nothing more arrives.
+    pub(super) fn projected_work_ns(&self, gpu: u32, u: &Task) -> u128 {
+        let busy = u128::from(self.busy_ns.get(&gpu).copied().unwrap_or(0));
+        self.others_on(gpu, u)
+            .map(|t| u128::from(t.remaining_work_ns()))
+            .fold(busy, u128::saturating_add)
     }
 
     /// Why task `id` waits, if it does: unbound in the queue (as

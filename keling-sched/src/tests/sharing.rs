@@ -433,9 +433,19 @@ fn late_binding_prefers_a_gpu_where_it_freezes_nobody_and_nobody_freezes_it() {
     assert_eq!(out.actions, vec![Action::Place { id: 4, gpu: 0 }]);
 }
 
-/// Among GPUs where it conflicts with nobody, the one that has held the least
-/// memory over time: GPU 0 held 8 GiB for 10 s, GPU 1 1 GiB for 50 s (more
-/// busy time, less memory held), both are empty again.
+/// `budget` expecting to run for `expected_s`.
+fn expecting(spec: TaskSpec, expected_s: u64) -> TaskSpec {
+    TaskSpec {
+        expected_runtime_ms: Some(expected_s * 1_000),
+        ..spec
+    }
+}
+
+/// Among GPUs where it conflicts with nobody and whose GPU time (busy time
+/// plus the work expected there) is within its own expected work of the
+/// least, the one that has held the least memory over time: GPU 0 held 8 GiB
+/// for 10 s, GPU 1 1 GiB for 50 s (40 s more busy time, less memory held),
+/// both are empty again, and the task expects to run for 60 s.
 #[test]
 fn late_binding_under_sharing_balances_memory_held_over_time() {
     let mut h = Harness::new(two_shared());
@@ -450,6 +460,71 @@ fn late_binding_under_sharing_balances_memory_held_over_time() {
     let busy: Vec<(u32, u64)> = h.sched.busy_ns();
     assert_eq!(busy, vec![(0, 10_000 * MS), (1, 50_000 * MS)]);
     h.at_ms(60_000);
-    let out = h.arrive(budget(3, 5, 2, None));
+    let out = h.arrive(expecting(budget(3, 5, 2, None), 60));
     assert_eq!(out.actions, vec![Action::Place { id: 3, gpu: 1 }]);
+    // One expecting 30 s would tip GPU 1 further than GPU 0 could catch up
+    // with: it goes where less GPU time was given.
+    let out = h.arrive(expecting(budget(4, 5, 2, None), 30));
+    assert_eq!(out.actions, vec![Action::Place { id: 4, gpu: 0 }]);
+}
+
+/// GPU time first: GPU 0 runs a task that holds 1 GiB and expects to run for
+/// 1 000 s, GPU 1 one that holds 8 GiB and expects 5 s. A task expecting 5 s
+/// goes to GPU 1, where it holds more memory beside the other but the GPU is
+/// busy for seconds, not minutes (the core before this rule balanced memory
+/// first and chose GPU 0).
+#[test]
+fn late_binding_under_sharing_balances_gpu_time_before_memory() {
+    let mut h = Harness::new(two_shared());
+    h.arrive(expecting(budget(1, 5, 1, Some(0)), 1_000));
+    h.alloc(1, 0, GIB);
+    h.arrive(expecting(budget(2, 5, 8, Some(1)), 5));
+    h.alloc(2, 1, 8 * GIB);
+    h.at_ms(1_000);
+    let out = h.arrive(expecting(budget(3, 5, 2, None), 5));
+    assert_eq!(out.actions, vec![Action::Place { id: 3, gpu: 1 }]);
+}
+
+/// A task's progress is its share of its GPU: two tasks that ran together for
+/// 10 s had 5 s each. GPU 0 runs two that expect 20 s each (15 s left each:
+/// 40 s of GPU time with its 10 s busy), GPU 1 one that expects 36 s (26 s
+/// left: 36 s). A task expecting 1 s goes to GPU 1; counted by time on the
+/// GPU (10 s each, 30 s for GPU 0) it would go to GPU 0, which also holds less.
+#[test]
+fn late_binding_under_sharing_counts_progress_as_a_share_of_the_gpu() {
+    let mut h = Harness::new(two_shared());
+    for id in 1..=2 {
+        h.arrive(expecting(budget(id, 5, 1, Some(0)), 20));
+        h.alloc(id, 0, GIB);
+    }
+    h.arrive(expecting(budget(3, 5, 8, Some(1)), 36));
+    h.alloc(3, 1, 8 * GIB);
+    h.at_ms(10_000);
+    let out = h.arrive(expecting(budget(4, 5, 1, None), 1));
+    assert_eq!(out.actions, vec![Action::Place { id: 4, gpu: 1 }]);
+}
+
+/// With no GPU where it freezes nobody, late binding under memory sharing
+/// puts a task where it freezes the fewest tasks that work (each of them
+/// waits while it works): GPU 0 runs two priority 8s, GPU 1 one priority 5.
+/// The core before chose where the displaced task ranks last (GPU 0, freezing
+/// two).
+#[test]
+fn late_binding_under_sharing_displaces_the_fewest_working_tasks() {
+    let mut h = Harness::new(two_shared());
+    for id in 1..=2 {
+        h.arrive(budget(id, 8, 1, Some(0)));
+        h.alloc(id, 0, GIB);
+    }
+    h.arrive(budget(3, 5, 1, Some(1)));
+    h.alloc(3, 1, GIB);
+    h.at_ms(100);
+    for id in 1..=3 {
+        h.active(id);
+    }
+    let out = h.arrive(budget(4, 3, 1, None));
+    assert_eq!(
+        out.actions,
+        vec![Action::Place { id: 4, gpu: 1 }, Action::Freeze { id: 3 }]
+    );
 }
