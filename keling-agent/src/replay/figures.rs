@@ -9,6 +9,9 @@
 //! `Idle` input says it no longer wants the GPU. A task placed straight into a
 //! slot waits 0. Waits still open at the end of the log are closed there.
 //!
+//! **Turnaround** of a task: from arrival to its end (`→ COMPLETED | FAILED`),
+//! for the tasks that ended within the log.
+//!
 //! **GPU busy share**: the fraction of the replayed span (first to last input)
 //! during which at least one task on the GPU was `RUNNING`. The **load-balance
 //! error** is [`keling_sched::load_balance_error`] of the GPUs' busy times:
@@ -53,6 +56,8 @@ struct TaskStat {
     mem: Vec<(u32, u64)>,
     arrived_ns: u64,
     ended: bool,
+    /// When it completed or failed.
+    ended_ns: Option<u64>,
     /// Its spec names its GPU, and that is a constraint.
     pinned: bool,
     /// It has been `RUNNING`: it may run on its GPU only.
@@ -494,6 +499,7 @@ impl Metrics {
                 *self.endings.entry(reason.as_str()).or_default() += 1;
                 if let Some(t) = self.tasks.get_mut(&id) {
                     t.ended = true;
+                    t.ended_ns.get_or_insert(ts);
                     // The driver frees a dead process's memory.
                     for (gpu, bytes) in std::mem::take(&mut t.mem) {
                         self.gpus.entry(gpu).or_default().mem_change(ts, 0, bytes);
@@ -583,6 +589,7 @@ impl Metrics {
                 arrived_ns: t.arrived_ns,
                 queueing_delay_ms: ms(t.waited_ns),
                 wait_to_start_ms: ms(t.first_wait_ns.unwrap_or(0)),
+                turnaround_ms: t.ended_ns.map(|e| ms(e.saturating_sub(t.arrived_ns))),
             })
             .collect();
         let mut by_name: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -636,6 +643,7 @@ impl Metrics {
             tasks: per_task.len(),
             queueing_delay_ms: Stats::of(per_task.iter().map(|d| d.queueing_delay_ms).collect()),
             wait_to_start_ms: Stats::of(per_task.iter().map(|d| d.wait_to_start_ms).collect()),
+            turnaround_ms: Stats::of(per_task.iter().filter_map(|d| d.turnaround_ms).collect()),
             preemptions: self.preemptions.values().sum(),
             preemptions_by_reason: self
                 .preemptions
@@ -705,6 +713,9 @@ pub struct TaskDelay {
     pub queueing_delay_ms: f64,
     /// The first wait: from arrival to first running.
     pub wait_to_start_ms: f64,
+    /// Arrival to completion (or failure); None if it had not ended by the
+    /// end of the span.
+    pub turnaround_ms: Option<f64>,
 }
 
 /// The queueing delay of the tasks of one name (the job class, in synthetic runs).
@@ -738,6 +749,9 @@ pub struct Summary {
     pub queueing_delay_ms: Stats,
     /// Over tasks: arrival to first running.
     pub wait_to_start_ms: Stats,
+    /// Over the tasks that ended: arrival to completion (or failure), the
+    /// time a job spent in the system, waits and sharing the GPU included.
+    pub turnaround_ms: Stats,
     pub preemptions: u64,
     pub preemptions_by_reason: BTreeMap<String, u64>,
     pub evictions: u64,
@@ -1081,6 +1095,18 @@ mod tests {
             s.load_balance_error
         );
         assert_eq!(s.queueing_delay_ms.mean, 9.75);
+        // 2 ended at 50 ms (arrived at 10), 4 at 90 (it says 62, but the
+        // clock was at 80 already and never goes back); 1 and 3 had not ended.
+        let turnaround: Vec<(TaskId, Option<f64>)> = s
+            .per_task
+            .iter()
+            .map(|d| (d.task, d.turnaround_ms))
+            .collect();
+        assert_eq!(
+            turnaround,
+            vec![(1, None), (2, Some(40.0)), (3, None), (4, Some(10.0))]
+        );
+        assert_eq!((s.turnaround_ms.count, s.turnaround_ms.mean), (2, 25.0));
         assert_eq!(waits.iter().filter(|w| w.ns > 0).count(), 1);
         assert_eq!(s.endings, [("exited".to_owned(), 2)].into());
         // GPU 0: 1000 bytes all along; GPU 1: 1000 from 60 to 80 ms, 400 after.

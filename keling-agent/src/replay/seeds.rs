@@ -29,6 +29,8 @@ pub struct Figures {
     /// Load-balance error of memory held over time.
     pub lbe_mem: f64,
     pub queue_mean_ms: f64,
+    /// Mean time from arrival to completion of the jobs that ended.
+    pub turnaround_mean_s: f64,
     /// Queueing delay p99 of the real-time classes' jobs, pooled (None: the
     /// mix has none).
     pub rt_p99_ms: Option<f64>,
@@ -59,6 +61,7 @@ impl Figures {
             lbe_busy: s.load_balance_error,
             lbe_mem: s.memory_load_balance_error,
             queue_mean_ms: s.queueing_delay_ms.mean,
+            turnaround_mean_s: s.turnaround_ms.mean / 1e3,
             rt_p99_ms: (!rt.is_empty()).then(|| Stats::of(rt).p99),
             idle_while_queued_gpu_s: s.idle_while_queued_gpu_s,
             preemptions: s.preemptions,
@@ -119,6 +122,7 @@ pub struct Aggregate {
     pub lbe_busy: OverSeeds,
     pub lbe_mem: OverSeeds,
     pub queue_mean_ms: OverSeeds,
+    pub turnaround_mean_s: OverSeeds,
     /// None: the mix has no real-time class.
     pub rt_p99_ms: Option<OverSeeds>,
     pub idle_while_queued_gpu_s: OverSeeds,
@@ -158,6 +162,7 @@ pub fn aggregate(runs: &[Figures]) -> Vec<Aggregate> {
                 lbe_busy: over(&|r| r.lbe_busy)?,
                 lbe_mem: over(&|r| r.lbe_mem)?,
                 queue_mean_ms: over(&|r| r.queue_mean_ms)?,
+                turnaround_mean_s: over(&|r| r.turnaround_mean_s)?,
                 rt_p99_ms: OverSeeds::of(&rt),
                 idle_while_queued_gpu_s: over(&|r| r.idle_while_queued_gpu_s)?,
                 evictions: over(&|r| r.evictions as f64)?,
@@ -333,6 +338,7 @@ mod tests {
             lbe_busy,
             lbe_mem: lbe_busy / 2.0,
             queue_mean_ms: 10.0 * seed as f64,
+            turnaround_mean_s: 60.0,
             rt_p99_ms: rt,
             idle_while_queued_gpu_s: 0.0,
             preemptions: 0,
