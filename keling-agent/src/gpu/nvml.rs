@@ -121,18 +121,8 @@ pub fn outside_first_device(
     mems: &[MemInfo],
     clients: &BTreeMap<u32, ClientInfo>,
 ) -> BTreeMap<(u32, u32), u64> {
-    let live = |key: &ObjectKey, o: &ObjectInfo| {
-        clients
-            .get(&key.client)
-            .is_some_and(|c| c.gen_ == o.client_gen)
-    };
-    let mut first: BTreeMap<(u32, u32), u32> = BTreeMap::new();
-    for (key, o) in objects {
-        if o.kind == ObjectKind::Device as u32 && live(key, o) {
-            let f = first.entry((key.client, o.gpu)).or_insert(key.handle);
-            *f = (*f).min(key.handle);
-        }
-    }
+    let live = |key: &ObjectKey, o: &ObjectInfo| is_live(clients, key, o);
+    let first = first_devices(objects, clients);
     // (client, device, gpu, bytes) of every charged video memory.
     let mut charged: Vec<(u32, u32, u32, u64)> = Vec::new();
     for (key, o) in objects {
@@ -168,6 +158,30 @@ pub fn outside_first_device(
     out
 }
 
+/// The object belongs to its client as it is now (not to an older client that
+/// had the same handle).
+fn is_live(clients: &BTreeMap<u32, ClientInfo>, key: &ObjectKey, o: &ObjectInfo) -> bool {
+    clients
+        .get(&key.client)
+        .is_some_and(|c| c.gen_ == o.client_gen)
+}
+
+/// Per (client, GPU), the handle of the client's first live device object of
+/// that GPU (the lowest handle): the one the driver's per-process figure counts under.
+fn first_devices(
+    objects: &BTreeMap<ObjectKey, ObjectInfo>,
+    clients: &BTreeMap<u32, ClientInfo>,
+) -> BTreeMap<(u32, u32), u32> {
+    let mut first: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+    for (key, o) in objects {
+        if o.kind == ObjectKind::Device as u32 && is_live(clients, key, o) {
+            let f = first.entry((key.client, o.gpu)).or_insert(key.handle);
+            *f = (*f).min(key.handle);
+        }
+    }
+    first
+}
+
 /// Per (creator pid, GPU), the size of the live video NV01_MEMORY_HW_RESOURCES
 /// (0xB1) objects that the driver's per-process figure counts up to 545
 /// (`_gpuCollectMemInfo`, `gpu_rmapi.c`): those of the clients the pid created,
@@ -180,18 +194,8 @@ pub fn hw_resources(
     clients: &BTreeMap<u32, ClientInfo>,
     every_device: bool,
 ) -> BTreeMap<(u32, u32), u64> {
-    let live = |key: &ObjectKey, o: &ObjectInfo| {
-        clients
-            .get(&key.client)
-            .is_some_and(|c| c.gen_ == o.client_gen)
-    };
-    let mut first: BTreeMap<(u32, u32), u32> = BTreeMap::new();
-    for (key, o) in objects {
-        if o.kind == ObjectKind::Device as u32 && live(key, o) {
-            let f = first.entry((key.client, o.gpu)).or_insert(key.handle);
-            *f = (*f).min(key.handle);
-        }
-    }
+    let live = |key: &ObjectKey, o: &ObjectInfo| is_live(clients, key, o);
+    let first = first_devices(objects, clients);
     let mut out = BTreeMap::new();
     for (key, o) in objects {
         if o.class != class::NV01_MEMORY_HW_RESOURCES

@@ -394,7 +394,7 @@ impl Scheduler {
     /// time) plus what the tasks there but `u` are expected still to need
     /// ([`Task::remaining_work_ns`]); under processor sharing, the time it
     /// stays busy if nothing more arrives.
-    pub(super) fn projected_work_ns(&self, gpu: u32, u: &Task) -> u128 {
+    fn projected_work_ns(&self, gpu: u32, u: &Task) -> u128 {
         let busy = u128::from(self.busy_ns.get(&gpu).copied().unwrap_or(0));
         self.others_on(gpu, u)
             .map(|t| u128::from(t.remaining_work_ns()))
