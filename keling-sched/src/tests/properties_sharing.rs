@@ -56,10 +56,15 @@ fn each_gpu<'a>(sched: &Scheduler, live: &'a [TaskView]) -> Vec<Gpu<'a>> {
                     .copied()
                     .filter(|v| v.state == Running && !v.yielded)
                     .collect(),
+                // A task being ended waits for nothing: it is killed (at once,
+                // or when its grace runs out) and the core gives it no claim
+                // on the GPU (no binding waits behind it).
                 waiting: on
                     .iter()
                     .copied()
-                    .filter(|v| v.state == Preempted && uses(v).len() == 1)
+                    .filter(|v| {
+                        v.state == Preempted && uses(v).len() == 1 && v.ending_reason.is_none()
+                    })
                     .collect(),
             }
         })
