@@ -82,6 +82,9 @@ pub struct Agent {
     pub socket: PathBuf,
     pub sched_log: PathBuf,
     stderr: Arc<Mutex<Vec<String>>>,
+    /// Says (by closing) that standard error reached its end: every line the
+    /// agent wrote is in `stderr`.
+    stderr_done: std::sync::mpsc::Receiver<()>,
     /// `--instance NAME` among its arguments, if any.
     pub instance: Option<String>,
 }
@@ -204,11 +207,13 @@ impl Agent {
             stderr.lock().unwrap().push(line.clone());
             if line.contains(keling_common::lines::AGENT_READY) {
                 let keep = stderr.clone();
+                let (ended, stderr_done) = std::sync::mpsc::channel::<()>();
                 std::thread::spawn(move || {
                     for l in lines.map_while(Result::ok) {
                         eprintln!("agent: {l}");
                         keep.lock().unwrap().push(l);
                     }
+                    drop(ended);
                 });
                 let instance = opts
                     .args
@@ -222,6 +227,7 @@ impl Agent {
                     socket,
                     sched_log,
                     stderr,
+                    stderr_done,
                     instance,
                 });
             }
@@ -343,7 +349,9 @@ impl Agent {
     }
 
     /// Stops the agent with SIGINT, as an operator would, and waits (bounded) for
-    /// it to exit; its directory and logs stay until drop. Returns how it exited.
+    /// it to exit and for what it said last to be read (`stderr` holds every
+    /// line after this); its directory and logs stay until drop. Returns how it
+    /// exited.
     pub fn stop(&mut self) -> ExitStatus {
         self.signal(libc::SIGINT);
         wait_for("the agent to stop", Duration::from_secs(15), || {
@@ -351,7 +359,12 @@ impl Agent {
         });
         let child = self.child.as_mut().expect("stop() after sigkill()");
         // Reaped already by alive(): this returns the status it kept.
-        child.wait().expect("the agent's exit status")
+        let status = child.wait().expect("the agent's exit status");
+        // The pipe ends when the last process holding it exits (the agent, and a
+        // fail-safe that outlives it by moments): bounded, as a child that kept
+        // it open would otherwise hang the test.
+        let _ = self.stderr_done.recv_timeout(Duration::from_secs(10));
+        status
     }
 
     pub fn sigkill(&mut self) {
