@@ -220,6 +220,43 @@ impl Mix {
     }
 }
 
+/// What runtime each job declares to the core (as `keling launch
+/// --expected-runtime-ms` would): what late binding under memory sharing
+/// balances GPU time by.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runtimes {
+    /// Its class's mean work: what a launcher knows of a job before it runs.
+    #[default]
+    ClassMean,
+    /// Its exact work: an oracle no launcher has, to show what placement
+    /// loses for not knowing.
+    Exact,
+    /// None.
+    None,
+}
+
+impl Runtimes {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtimes::ClassMean => "class-mean",
+            Runtimes::Exact => "exact",
+            Runtimes::None => "none",
+        }
+    }
+
+    /// What a job of class `c` with `work_ns` of work declares, ms.
+    fn declared_ms(self, c: &JobClass, work_ns: u64) -> Option<u64> {
+        match self {
+            Runtimes::ClassMean => Some((c.mean_work_s * 1000.0) as u64),
+            Runtimes::Exact => Some(work_ns.div_ceil(MS)),
+            Runtimes::None => None,
+        }
+    }
+}
+
 /// Where jobs go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -276,6 +313,8 @@ pub struct SyntheticOptions {
     /// --mem-quota` would; without, the core knows a job's memory only once
     /// it has allocated it.
     pub budgets: bool,
+    /// The runtime each job declares.
+    pub runtimes: Runtimes,
     /// The agent's config but for the GPUs (from `gpus` and
     /// `gpu_capacity_bytes`) and, for the `late` and `weighted` placements, the
     /// binding: [`crate::defaults::sched_config`], `keling run`'s defaults,
@@ -299,6 +338,7 @@ impl Default for SyntheticOptions {
             load: 0.7,
             gpu_capacity_bytes: GPU_MEMORY_GIB * GIB,
             budgets: true,
+            runtimes: Runtimes::ClassMean,
             agent: crate::defaults::sched_config(),
             tick_ms: crate::defaults::RUN_TICK_MS,
             active_ms: 100,
@@ -745,7 +785,7 @@ impl Sim<'_> {
                     max_duration_ms: c.max_duration_ms,
                     grace_ms: None,
                     hard_kill: None,
-                    expected_runtime_ms: Some((c.mean_work_s * 1000.0) as u64),
+                    expected_runtime_ms: self.opts.runtimes.declared_ms(c, job.work_ns),
                 };
                 let out = self.step(Input::Arrive { spec, ts_ns: now })?;
                 if held {
@@ -1143,40 +1183,80 @@ mod tests {
         }
     }
 
+    /// The jobs of `opts` and the spec of each as the core heard it (from
+    /// the input log of a run under late binding).
+    fn specs_heard(opts: &SyntheticOptions) -> (Vec<Job>, Vec<TaskSpec>) {
+        let dir = std::env::temp_dir().join(format!("keling-specs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jobs = workload(opts);
+        // One file per call: tests run at once.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("in-{n}.jsonl"));
+        let logs = RunLogs {
+            input_log: Some(path.clone()),
+            sched_log: None,
+        };
+        run(opts, &jobs, Policy::Hybrid, Placement::Late, &logs).unwrap();
+        let reader = super::super::log::InputLogReader::open(&path).unwrap();
+        let specs: Vec<TaskSpec> = reader
+            .filter_map(|i| match i.unwrap() {
+                Input::Arrive { spec, .. } => Some(spec),
+                _ => None,
+            })
+            .collect();
+        let _ = std::fs::remove_file(&path);
+        // The last call out removes the directory (it is not empty before).
+        let _ = std::fs::remove_dir(&dir);
+        assert_eq!(specs.len(), jobs.len());
+        (jobs, specs)
+    }
+
     /// The core hears each job's budget in its spec (as `keling launch
     /// --mem-quota`), or none with `budgets` off.
     #[test]
     fn jobs_declare_their_budget_to_the_core() {
-        let dir = std::env::temp_dir().join(format!("keling-budgets-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
         for budgets in [true, false] {
-            let opts = SyntheticOptions {
+            let (jobs, specs) = specs_heard(&SyntheticOptions {
                 hours: 0.2,
                 budgets,
                 tick_ms: 100,
                 ..small()
-            };
-            let jobs = workload(&opts);
-            let path = dir.join(format!("in-{budgets}.jsonl"));
-            let logs = RunLogs {
-                input_log: Some(path.clone()),
-                sched_log: None,
-            };
-            run(&opts, &jobs, Policy::Hybrid, Placement::Late, &logs).unwrap();
-            let reader = super::super::log::InputLogReader::open(&path).unwrap();
-            let quotas: Vec<(TaskId, Option<u64>)> = reader
-                .filter_map(|i| match i.unwrap() {
-                    Input::Arrive { spec, .. } => Some((spec.id, spec.mem_quota_bytes)),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(quotas.len(), jobs.len());
-            for (id, quota) in quotas {
-                let job = &jobs[id as usize - 1];
-                assert_eq!(quota, budgets.then_some(job.budget_bytes));
+            });
+            for spec in specs {
+                let job = &jobs[spec.id as usize - 1];
+                assert_eq!(spec.mem_quota_bytes, budgets.then_some(job.budget_bytes));
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Each job declares its class's mean work, its exact work, or nothing,
+    /// as `runtimes` says (as `keling launch --expected-runtime-ms`).
+    #[test]
+    fn jobs_declare_the_runtime_the_options_say() {
+        for runtimes in [Runtimes::ClassMean, Runtimes::Exact, Runtimes::None] {
+            let opts = SyntheticOptions {
+                hours: 0.2,
+                runtimes,
+                tick_ms: 100,
+                ..small()
+            };
+            let (jobs, specs) = specs_heard(&opts);
+            for spec in specs {
+                let job = &jobs[spec.id as usize - 1];
+                let class = &opts.mix.classes()[job.class];
+                let want = match runtimes {
+                    Runtimes::ClassMean => Some((class.mean_work_s * 1000.0) as u64),
+                    Runtimes::Exact => Some(job.work_ns.div_ceil(MS)),
+                    Runtimes::None => None,
+                };
+                assert_eq!(
+                    spec.expected_runtime_ms, want,
+                    "{runtimes:?}, job {}",
+                    spec.id
+                );
+            }
+        }
     }
 
     #[test]
