@@ -528,3 +528,44 @@ fn late_binding_under_sharing_displaces_the_fewest_working_tasks() {
         vec![Action::Place { id: 4, gpu: 1 }, Action::Freeze { id: 3 }]
     );
 }
+
+/// The last empty GPU is kept for a priority that has no GPU of its own: GPU 0
+/// runs a priority 5, GPU 1 a priority 8, GPUs 2 and 3 are empty. A priority 5
+/// takes an empty GPU while two are; the next goes beside a priority 5 (the
+/// core before this rule took the last empty GPU, which holds the least
+/// memory); a priority 3 then gets the empty GPU and freezes nobody.
+#[test]
+fn late_binding_under_sharing_keeps_the_last_empty_gpu_for_another_priority() {
+    let mut h = Harness::new(SchedConfig {
+        gpus: (0..4)
+            .map(|index| GpuInfo {
+                index,
+                capacity_bytes: 16 * GIB,
+            })
+            .collect(),
+        ..shared(16, Binding::Late)
+    });
+    h.arrive(expecting(budget(1, 5, 1, Some(0)), 100));
+    h.alloc(1, 0, GIB);
+    h.arrive(expecting(budget(2, 8, 1, Some(1)), 100));
+    h.alloc(2, 1, GIB);
+    h.at_ms(1_000);
+    h.active(1);
+    h.active(2);
+    let out = h.arrive(expecting(budget(3, 5, 1, None), 200));
+    let [Action::Place { id: 3, gpu: third }] = out.actions[..] else {
+        panic!("{:?}", out.actions);
+    };
+    assert!([2, 3].contains(&third), "an empty GPU while two are: {third}");
+    let out = h.arrive(expecting(budget(4, 5, 1, None), 200));
+    let [Action::Place { id: 4, gpu: fourth }] = out.actions[..] else {
+        panic!("{:?}", out.actions);
+    };
+    assert!(
+        [0, third].contains(&fourth),
+        "beside a priority 5, not on the last empty GPU: {fourth}"
+    );
+    let last = 5 - third;
+    let out = h.arrive(expecting(budget(5, 3, 1, None), 200));
+    assert_eq!(out.actions, vec![Action::Place { id: 5, gpu: last }]);
+}
