@@ -400,8 +400,13 @@ fn the_overload_rule_replays_exactly_from_its_recorded_inputs() {
 
 /// Two GPUs of 16 GiB shared by memory under late binding, no cap.
 fn two_shared() -> SchedConfig {
+    n_shared(2)
+}
+
+/// `n` GPUs of 16 GiB shared by memory under late binding, no cap.
+fn n_shared(n: u32) -> SchedConfig {
     SchedConfig {
-        gpus: (0..2)
+        gpus: (0..n)
             .map(|index| GpuInfo {
                 index,
                 capacity_bytes: 16 * GIB,
@@ -536,15 +541,7 @@ fn late_binding_under_sharing_displaces_the_fewest_working_tasks() {
 /// memory); a priority 3 then gets the empty GPU and freezes nobody.
 #[test]
 fn late_binding_under_sharing_keeps_the_last_empty_gpu_for_another_priority() {
-    let mut h = Harness::new(SchedConfig {
-        gpus: (0..4)
-            .map(|index| GpuInfo {
-                index,
-                capacity_bytes: 16 * GIB,
-            })
-            .collect(),
-        ..shared(16, Binding::Late)
-    });
+    let mut h = Harness::new(n_shared(4));
     h.arrive(expecting(budget(1, 5, 1, Some(0)), 100));
     h.alloc(1, 0, GIB);
     h.arrive(expecting(budget(2, 8, 1, Some(1)), 100));
