@@ -553,7 +553,10 @@ fn late_binding_under_sharing_keeps_the_last_empty_gpu_for_another_priority() {
     let [Action::Place { id: 3, gpu: third }] = out.actions[..] else {
         panic!("{:?}", out.actions);
     };
-    assert!([2, 3].contains(&third), "an empty GPU while two are: {third}");
+    assert!(
+        [2, 3].contains(&third),
+        "an empty GPU while two are: {third}"
+    );
     let out = h.arrive(expecting(budget(4, 5, 1, None), 200));
     let [Action::Place { id: 4, gpu: fourth }] = out.actions[..] else {
         panic!("{:?}", out.actions);
