@@ -448,23 +448,15 @@ fn gpu_priority_preempts(cluster: &Cluster, dir: &Path) {
     }
 }
 
-/// A process outside Slurm holding most of node n1's GPU memory: the next
-/// shard job that would not fit there runs on n2, and n1 takes shard jobs again
-/// once the process exits.
-fn memory_outside_slurm_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
-    let n1 = cluster.node("n1");
-    let held = dir.join("stray");
+/// A process outside Slurm (and outside Keling's tasks) holding `mib` MiB of
+/// GPU 0 of `sim`, its progress in `held`; returns once it holds it.
+fn stray_holder(sim: &keling_tests::Nvsim, mib: u64, held: &Path) -> keling_tests::ChildGuard {
     let stray = keling_tests::ChildGuard(
         std::process::Command::new(gpu_workload_bin())
-            .args(["--dev-dir", n1.sim.dev_dir(), "--scenario", "busy"])
-            .args([
-                "--iterations",
-                "100000000",
-                "--alloc-mib",
-                "7168",
-                "--progress",
-            ])
-            .arg(&held)
+            .args(["--dev-dir", sim.dev_dir(), "--scenario", "busy"])
+            .args(["--iterations", "100000000", "--alloc-mib", &mib.to_string()])
+            .arg("--progress")
+            .arg(held)
             .env("CUDA_VISIBLE_DEVICES", "0")
             .spawn()
             .unwrap(),
@@ -472,8 +464,18 @@ fn memory_outside_slurm_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
     wait_for(
         "the stray process to hold its memory",
         Duration::from_secs(20),
-        || progress(&held) > 0,
+        || progress(held) > 0,
     );
+    stray
+}
+
+/// A process outside Slurm holding most of node n1's GPU memory: the next
+/// shard job that would not fit there runs on n2, and n1 takes shard jobs again
+/// once the process exits.
+fn memory_outside_slurm_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
+    let n1 = cluster.node("n1");
+    let held = dir.join("stray");
+    let stray = stray_holder(&n1.sim, 7168, &held);
     let mut shown = String::new();
     wait_for("n1 drained by Keling", Duration::from_secs(20), || {
         shown = node_line(cluster, "n1");
@@ -521,26 +523,7 @@ fn memory_outside_slurm_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
 fn memory_pressure_sends_jobs_elsewhere(cluster: &Cluster, dir: &Path) {
     let n1 = cluster.node("n1");
     let held = dir.join("pressure-stray");
-    let stray = keling_tests::ChildGuard(
-        std::process::Command::new(gpu_workload_bin())
-            .args(["--dev-dir", n1.sim.dev_dir(), "--scenario", "busy"])
-            .args([
-                "--iterations",
-                "100000000",
-                "--alloc-mib",
-                "768",
-                "--progress",
-            ])
-            .arg(&held)
-            .env("CUDA_VISIBLE_DEVICES", "0")
-            .spawn()
-            .unwrap(),
-    );
-    wait_for(
-        "the stray process to hold its memory",
-        Duration::from_secs(20),
-        || progress(&held) > 0,
-    );
+    let stray = stray_holder(&n1.sim, 768, &held);
     let (pa, pb) = (dir.join("pressure-a"), dir.join("pressure-b"));
     let a = cluster.sbatch(&[
         "-w",
