@@ -59,6 +59,22 @@ struct Client {
     conn: u64,
 }
 
+/// One GPU of `capacity_bytes` shared by memory under late binding, no cap,
+/// no idle timeout within a test.
+fn one_gpu_shared_by_memory(capacity_bytes: u64) -> SchedConfig {
+    SchedConfig {
+        gpus: vec![GpuInfo {
+            index: 0,
+            capacity_bytes,
+        }],
+        sharing: keling_sched::Sharing::Memory,
+        slots_per_gpu: 0,
+        binding: keling_sched::Binding::Late,
+        idle_timeout_ms: 3_600_000,
+        ..SchedConfig::default()
+    }
+}
+
 fn agent(config: SchedConfig) -> Agent {
     let host = FakeHost::default();
     let daemon = Daemon::new(
@@ -761,17 +777,7 @@ fn memory_outside_tasks_reaches_the_core_and_status_per_gpu() {
     use crate::event::decode::{Event, GpuAllocEvent, MemKind};
 
     let gib = 1u64 << 30;
-    let mut a = agent(SchedConfig {
-        gpus: vec![GpuInfo {
-            index: 0,
-            capacity_bytes: 8 * gib,
-        }],
-        sharing: keling_sched::Sharing::Memory,
-        slots_per_gpu: 0,
-        binding: keling_sched::Binding::Late,
-        idle_timeout_ms: 3_600_000,
-        ..SchedConfig::default()
-    });
+    let mut a = agent(one_gpu_shared_by_memory(8 * gib));
     let (first, _c1) = a.running(8, None);
     let outside = Event::GpuAlloc(GpuAllocEvent {
         header: EventHeader {
@@ -840,17 +846,7 @@ fn memory_pressure_counts_tasks_waiting_for_memory_and_refused_allocations() {
     use crate::event::decode::{Call, DeviceFile, Event, GpuIoctlEvent, IoctlOutcome};
 
     let gib = 1u64 << 30;
-    let mut a = agent(SchedConfig {
-        gpus: vec![GpuInfo {
-            index: 0,
-            capacity_bytes: 8 * gib,
-        }],
-        sharing: keling_sched::Sharing::Memory,
-        slots_per_gpu: 0,
-        binding: keling_sched::Binding::Late,
-        idle_timeout_ms: 3_600_000,
-        ..SchedConfig::default()
-    });
+    let mut a = agent(one_gpu_shared_by_memory(8 * gib));
     let (first, _c1) = a.running(8, Some(0));
     let quiet = a.daemon.memory_pressure();
     assert_eq!((quiet.len(), quiet[0].waiting, quiet[0].refused), (1, 0, 0));
