@@ -32,12 +32,14 @@ enum Offer {
     No(WaitReason),
 }
 
-/// Memory sharing, late binding: how many empty GPUs a task that can go to a
-/// GPU already running its priority leaves empty. A task whose priority has no
-/// GPU of its own needs an empty one not to freeze others: without one, a
-/// session of a higher priority froze a lower one for its whole run (the
-/// transcode mix, 24 h, seeds 1-20: mean queueing 236 ms median, 4 seeds at
-/// most 42.3 ms; keeping one: 20 ms, 11 seeds; two kept: worse on seeds 1-8).
+/// Memory sharing, late binding: how many empty GPUs a task leaves empty when
+/// a GPU already running its priority is within the work tolerance too. A task
+/// whose priority has no GPU of its own needs an empty one not to freeze
+/// others: without one, a session of a higher priority froze a lower one for
+/// its whole run (the transcode mix, 24 h, seeds 1-20: mean queueing 236 ms
+/// median, 4 seeds at most 42.3 ms; keeping one: 20 ms, 11 seeds; two kept:
+/// worse on seeds 1-8). Keeping it whatever the work gave 0 at every seed but
+/// slowed every session down beside more others (docs/replay.md).
 const KEEP_EMPTY: usize = 1;
 
 /// How good a GPU is to displace holders on, higher better: fewer tasks that
