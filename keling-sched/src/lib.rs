@@ -315,7 +315,9 @@
 //! while it works), only those: the ones whose GPU time (busy time plus the
 //! work the tasks there are expected still to need, each task's progress
 //! counted as its share of the GPU) is within the task's own expected work of
-//! the least; among those the least memory held there over time plus what the
+//! the least; among those one that runs the task's priority already rather
+//! than the last empty GPU (kept for a priority with no GPU of its own); then
+//! the least memory held there over time plus what the
 //! tasks there, it included, may hold for [`MEM_HORIZON_S`]; then the least GPU
 //! time, then the hash. If none has, as above (W first). Without a GPU where it
 //! fits beside every holder, the one where it freezes the fewest working tasks,
