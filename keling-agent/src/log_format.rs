@@ -14,7 +14,7 @@ use keling_sched::{EnforcementRecord, Policy, Reason, SchedConfig, TaskId, TaskS
 use serde::{Deserialize, Serialize};
 
 /// The header line `keling replay` reads first when there is one:
-/// `{"keling_input_log":1,"policy":"hybrid","config":{...}}`. Synthetic runs write
+/// `{"keling_input_log":1,"policy":"hybrid","config":{...},"core_rules":1}`. Synthetic runs write
 /// it, and so does the agent, at the top of every input-log file it writes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InputLogHeader {
@@ -25,6 +25,10 @@ pub struct InputLogHeader {
     pub policy: Policy,
     /// The core's configuration when the log was written.
     pub config: SchedConfig,
+    /// The [`keling_sched::RULES_REVISION`] of the core that made the recorded
+    /// decisions; absent in logs written before Keling recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_rules: Option<u32>,
 }
 
 /// The header format this agent writes and reads.

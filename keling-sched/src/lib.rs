@@ -444,6 +444,14 @@ pub use victims::{
 /// A task's id, chosen by the agent; never reused.
 pub type TaskId = u64;
 
+/// The revision of the core's decision rules: raised whenever the same inputs
+/// under the same config and policy lead to other decisions (a new placement
+/// rule, another tie-break). Input logs record it, so that an exact replay of a
+/// log recorded under other rules says so rather than calling the difference
+/// a bug. 1: the rules as of the last empty GPU kept under memory sharing (logs
+/// written before have no revision).
+pub const RULES_REVISION: u32 = 1;
+
 pub(crate) const NS_PER_MS: u64 = 1_000_000;
 pub(crate) const NS_PER_S: u64 = 1_000_000_000;
 

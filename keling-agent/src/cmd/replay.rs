@@ -76,8 +76,9 @@ pub struct ReplayArgs {
     #[arg(value_name = "INPUT_LOG", required_unless_present = "synthetic")]
     pub input_logs: Vec<PathBuf>,
     /// The scheduling log of the same run (repeat for rotated pieces, oldest
-    /// first): report how many of its decisions the replay reproduces (anything
-    /// under 100% is a bug).
+    /// first): report how many of its decisions the replay reproduces (under
+    /// 100% is a bug when the log was recorded under this keling's core rules,
+    /// which its header says).
     #[arg(long, value_name = "FILE")]
     pub sched_log: Vec<PathBuf>,
     /// Policy to replay under (default: the recording's, which is hybrid unless
@@ -378,10 +379,16 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<i32> {
     };
     let result = exact::replay(reader, config, policy, recorded.as_deref())?;
     let secs = started.elapsed().as_secs_f64();
+    let recorded_core_rules = header.as_ref().and_then(|h| h.core_rules);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
+        let report = ExactReport {
+            reproduction: &result,
+            recorded_core_rules,
+            core_rules: keling_sched::RULES_REVISION,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_exact(&result, path);
+        print_exact(&result, path, recorded_core_rules);
     }
     if args.stats {
         print_stats(result.inputs, secs);
@@ -447,7 +454,39 @@ fn print_summary(s: &Summary) {
     );
 }
 
-fn print_exact(r: &Reproduction, path: &Path) {
+/// An exact replay as `--json` gives it: what it found, and the core's rules
+/// revision the log was recorded under (its header's; `None`: not said) beside
+/// this keling's.
+#[derive(Serialize)]
+struct ExactReport<'a> {
+    #[serde(flatten)]
+    reproduction: &'a Reproduction,
+    recorded_core_rules: Option<u32>,
+    core_rules: u32,
+}
+
+/// What a decision the replay does not reproduce means, by the core's rules
+/// revision the log was recorded under: a bug under this keling's rules, the
+/// rules' change under others.
+fn not_reproduced(recorded_core_rules: Option<u32>) -> String {
+    let now = keling_sched::RULES_REVISION;
+    match recorded_core_rules {
+        Some(r) if r == now => "NOT REPRODUCED (a bug: please report it with both logs)".to_owned(),
+        Some(r) => format!(
+            "NOT REPRODUCED: the log was recorded under the core's rules revision {r} and this \
+             keling has revision {now}: decisions differ where the rules changed (replay it with \
+             the keling that recorded it to check it)"
+        ),
+        None => format!(
+            "NOT REPRODUCED: the log's header does not say which core rules made its decisions \
+             (logs written before keling recorded them); this keling has revision {now}. If the \
+             log is that old, decisions differ where the rules changed since; if not, a bug: \
+             please report it with both logs"
+        ),
+    }
+}
+
+fn print_exact(r: &Reproduction, path: &Path, recorded_core_rules: Option<u32>) {
     println!(
         "replay of {}: {} inputs through the {} policy with the recorded feedback",
         path.display(),
@@ -465,7 +504,8 @@ fn print_exact(r: &Reproduction, path: &Path) {
             );
             if let Some(d) = &c.first_difference {
                 println!(
-                    "NOT REPRODUCED (a bug: please report it with both logs): first difference at decision {}:\n  recorded: {}\n  replayed: {}",
+                    "{}: first difference at decision {}:\n  recorded: {}\n  replayed: {}",
+                    not_reproduced(recorded_core_rules),
                     d.index,
                     d.recorded.as_deref().unwrap_or("(none)"),
                     d.replayed.as_deref().unwrap_or("(none)")
@@ -1107,6 +1147,27 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+
+    /// A difference is called a bug only for a log recorded under this core's
+    /// rules; under other rules it says which, and a log that does not say
+    /// gets both readings.
+    #[test]
+    fn a_difference_is_a_bug_only_under_the_same_core_rules() {
+        let now = keling_sched::RULES_REVISION;
+        assert!(not_reproduced(Some(now)).contains("a bug"));
+        let other = not_reproduced(Some(now + 1));
+        assert!(!other.contains("bug"), "{other}");
+        assert!(
+            other.contains(&format!("revision {}", now + 1))
+                && other.contains(&format!("revision {now}")),
+            "{other}"
+        );
+        let unsaid = not_reproduced(None);
+        assert!(
+            unsaid.contains("does not say") && unsaid.contains("a bug"),
+            "{unsaid}"
+        );
+    }
 
     fn replay_args(flags: &[&str]) -> ReplayArgs {
         let argv = ["keling", "replay", "--synthetic"].iter().chain(flags);

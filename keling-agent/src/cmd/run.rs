@@ -493,6 +493,7 @@ pub fn run(mut args: RunArgs) -> anyhow::Result<i32> {
             keling_input_log: INPUT_LOG_VERSION,
             policy: Policy::Hybrid,
             config: config.clone(),
+            core_rules: Some(keling_sched::RULES_REVISION),
         });
         let host = RealHost::new(
             args.actuator_priority,

@@ -429,6 +429,7 @@ mod tests {
                 slots_per_gpu: 3,
                 ..SchedConfig::default()
             },
+            core_rules: Some(keling_sched::RULES_REVISION),
         };
         let with = temp("with.jsonl");
         let mut w = InputLogWriter::create(&with, &header).unwrap();
@@ -437,7 +438,23 @@ mod tests {
         }
         w.finish().unwrap();
         let (h, got) = InputLogReader::open(&with).unwrap().read_all().unwrap();
-        assert_eq!((h, got), (Some(header), inputs.clone()));
+        assert_eq!((h, got), (Some(header.clone()), inputs.clone()));
+
+        // A header written before the core's rules revision was recorded.
+        let old = temp("old-header.jsonl");
+        let line = serde_json::to_string(&header).unwrap();
+        let rules = format!(",\"core_rules\":{}", keling_sched::RULES_REVISION);
+        assert!(line.ends_with(&format!("{rules}}}")), "{line}");
+        let line = line.replace(&rules, "");
+        std::fs::write(&old, format!("{line}\n{{\"Tick\":{{\"ts_ns\":2}}}}\n")).unwrap();
+        let (h, _) = InputLogReader::open(&old).unwrap().read_all().unwrap();
+        assert_eq!(
+            h,
+            Some(InputLogHeader {
+                core_rules: None,
+                ..header.clone()
+            })
+        );
 
         // The agent's own format: one input a line, no header, maybe blank lines.
         let without = temp("without.jsonl");
@@ -475,6 +492,7 @@ mod tests {
                 slots_per_gpu: 3,
                 ..Default::default()
             },
+            core_rules: Some(keling_sched::RULES_REVISION),
         };
         let mut logs = Logs::open_bounded(None, Some(&path), 2000).unwrap();
         logs.input_header(&header);

@@ -935,6 +935,7 @@ pub fn run(
                 keling_input_log: INPUT_LOG_VERSION,
                 policy,
                 config: config.clone(),
+                core_rules: Some(keling_sched::RULES_REVISION),
             },
         )?),
         None => None,
