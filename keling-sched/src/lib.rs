@@ -449,7 +449,9 @@ pub type TaskId = u64;
 /// rule, another tie-break). Input logs record it, so that an exact replay of a
 /// log recorded under other rules says so rather than calling the difference
 /// a bug. 1: the rules as of the last empty GPU kept under memory sharing (logs
-/// written before have no revision).
+/// written before have no revision). The agent's test
+/// `the_cores_decisions_are_pinned_to_its_rules_revision` pins the decisions on
+/// a few synthetic workloads beside it.
 pub const RULES_REVISION: u32 = 1;
 
 pub(crate) const NS_PER_MS: u64 = 1_000_000;

@@ -1140,6 +1140,102 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The core's decisions on fixed synthetic workloads, as digests pinned
+    /// beside [`keling_sched::RULES_REVISION`]: a change to a decision rule
+    /// fails here until the revision is raised (input logs record it, and an
+    /// exact replay of a log recorded under other rules says so rather than
+    /// calling the difference a bug) and the digests are pinned again. The
+    /// cases: the agent's defaults on both mixes, FIFO, and the slot model
+    /// with binding at arrival under hybrid and round robin. A tripwire, not a
+    /// proof: a change no case exercises passes (keeping no empty GPU changes
+    /// the FIFO case only).
+    #[test]
+    fn the_cores_decisions_are_pinned_to_its_rules_revision() {
+        /// FNV-1a, 64 bits: stable across toolchains (std's hasher is not).
+        fn fnv(bytes: &[u8]) -> u64 {
+            bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            })
+        }
+        let slots = SchedConfig {
+            sharing: keling_sched::Sharing::Slots,
+            slots_per_gpu: 1,
+            ..crate::defaults::sched_config()
+        };
+        // Under memory sharing round robin decides as FIFO on this workload
+        // (equal priorities run side by side): it is taken under the slot
+        // model, where it differs. Goav decides as hybrid on all of them (its
+        // guard does not come into play), so it has no case of its own.
+        let cases = [
+            (Mix::Transcode, Policy::Hybrid, Placement::Late, None),
+            (Mix::Mixed, Policy::Hybrid, Placement::Late, None),
+            (Mix::Mixed, Policy::Fifo, Placement::Late, None),
+            (
+                Mix::Mixed,
+                Policy::Hybrid,
+                Placement::Weighted,
+                Some(slots.clone()),
+            ),
+            (
+                Mix::Mixed,
+                Policy::RoundRobin,
+                Placement::Weighted,
+                Some(slots),
+            ),
+        ];
+        let dir = std::env::temp_dir().join(format!("keling-pinned-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let digests: Vec<u64> = cases
+            .into_iter()
+            .enumerate()
+            .map(|(i, (mix, policy, placement, agent))| {
+                let opts = SyntheticOptions {
+                    mix,
+                    seed: 7,
+                    gpus: 2,
+                    hours: 1.0,
+                    load: 1.5,
+                    tick_ms: 100,
+                    agent: agent.unwrap_or_else(crate::defaults::sched_config),
+                    ..SyntheticOptions::default()
+                };
+                let path = dir.join(format!("sched-{i}.jsonl"));
+                let logs = RunLogs {
+                    input_log: None,
+                    sched_log: Some(path.clone()),
+                };
+                run(&opts, &workload(&opts), policy, placement, &logs).unwrap();
+                let decisions = super::super::exact::recorded_decisions(
+                    &super::super::log::read_sched_log(&path).unwrap(),
+                );
+                assert!(
+                    decisions.len() > 50,
+                    "case {i}: {} decisions",
+                    decisions.len()
+                );
+                fnv(format!("{decisions:?}").as_bytes())
+            })
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        const PINNED: (u32, [u64; 5]) = (
+            1,
+            [
+                15_516_830_146_237_007_431,
+                7_467_516_879_401_794_138,
+                6_228_727_986_505_833_819,
+                14_082_272_901_148_979_983,
+                16_022_069_151_549_322_798,
+            ],
+        );
+        assert_eq!(
+            (keling_sched::RULES_REVISION, digests.as_slice()),
+            (PINNED.0, PINNED.1.as_slice()),
+            "the core's decisions (or its revision) changed: if a decision rule changed, \
+             raise keling_sched::RULES_REVISION and pin the revision and these digests \
+             together; if only the synthetic workload changed, pin the digests alone"
+        );
+    }
+
     /// Jobs carry their memory: a peak within their class's range (whole MiB),
     /// the range's upper end as their budget; the same seed draws the same.
     #[test]
