@@ -1232,7 +1232,8 @@ mod tests {
             (PINNED.0, PINNED.1.as_slice()),
             "the core's decisions (or its revision) changed: if a decision rule changed, \
              raise keling_sched::RULES_REVISION and pin the revision and these digests \
-             together; if only the synthetic workload changed, pin the digests alone"
+             together; if only the synthetic workload or the agent's defaults changed (the \
+             header records the config), pin the digests alone"
         );
     }
 
