@@ -234,7 +234,8 @@ pub enum Runtimes {
     /// Its exact work: an oracle no launcher has, to show what placement
     /// loses for not knowing.
     Exact,
-    /// None.
+    /// Nothing: then only the busy time each GPU has given so far is
+    /// balanced.
     None,
 }
 
