@@ -9,6 +9,7 @@
 //! sharing, so that recorded logs replay as they were recorded.
 
 use std::cmp::Reverse;
+use std::collections::BTreeSet;
 
 use super::{Output, Scheduler, begin_ending};
 use crate::action::{Action, EnforcementRecord};
@@ -382,14 +383,14 @@ impl Scheduler {
             .collect();
         // The last empty GPU is kept for a priority with no GPU of its own
         // where a GPU that runs `u`'s priority already does as well.
-        let empty = |gpu: u32| self.others_on(gpu, u).next().is_none();
+        let occupied = self.occupied_gpus(u);
         let empties = self
             .eligible_gpus()
             .into_iter()
-            .filter(|&g| empty(g))
+            .filter(|g| !occupied.contains(g))
             .count();
-        if empties <= KEEP_EMPTY && keys.iter().any(|&(gpu, _, _)| !empty(gpu)) {
-            keys.retain(|&(gpu, _, _)| !empty(gpu));
+        if empties <= KEEP_EMPTY && keys.iter().any(|(gpu, _, _)| occupied.contains(gpu)) {
+            keys.retain(|(gpu, _, _)| occupied.contains(gpu));
         }
         keys.iter()
             .map(|&(gpu, work, mem)| {
@@ -405,15 +406,21 @@ impl Scheduler {
             .map_or(calm[0], |(_, gpu)| gpu)
     }
 
-    /// The live tasks on `gpu` (bound there or holding memory there) but `u`
-    /// and those being ended.
+    /// The live tasks but `u` and those being ended.
+    fn others<'a>(&'a self, u: &'a Task) -> impl Iterator<Item = &'a Task> + 'a {
+        self.tasks
+            .values()
+            .filter(move |t| t.spec.id != u.spec.id && t.is_live() && t.ending.is_none())
+    }
+
+    /// [`Scheduler::others`] on `gpu` (bound there or holding memory there).
     fn others_on<'a>(&'a self, gpu: u32, u: &'a Task) -> impl Iterator<Item = &'a Task> + 'a {
-        self.tasks.values().filter(move |t| {
-            t.spec.id != u.spec.id
-                && t.is_live()
-                && t.ending.is_none()
-                && t.gpus_used().contains(&gpu)
-        })
+        self.others(u).filter(move |t| t.gpus_used().contains(&gpu))
+    }
+
+    /// The GPUs where [`Scheduler::others`] are, in one pass over the tasks.
+    fn occupied_gpus(&self, u: &Task) -> BTreeSet<u32> {
+        self.others(u).flat_map(|t| t.gpus_used()).collect()
     }
 
     /// Memory sharing, late binding: the GPU time `gpu` has given (its busy
