@@ -55,8 +55,7 @@ struct TaskStat {
     /// Memory held, per GPU.
     mem: Vec<(u32, u64)>,
     arrived_ns: u64,
-    ended: bool,
-    /// When it completed or failed.
+    /// When it completed or failed (`None`: it has not ended).
     ended_ns: Option<u64>,
     /// Its spec names its GPU, and that is a constraint.
     pinned: bool,
@@ -294,7 +293,7 @@ impl Metrics {
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
-        let now = if t.waiting_since.is_some() && !t.ended {
+        let now = if t.waiting_since.is_some() && t.ended_ns.is_none() {
             if t.pinned || t.has_run {
                 t.gpu.map(Some)
             } else {
@@ -375,7 +374,7 @@ impl Metrics {
                 Action::Thaw { id } => {
                     if let Some(t) = self.tasks.get_mut(&id)
                         && !t.thawing
-                        && !t.ended
+                        && t.ended_ns.is_none()
                         && let Some(g) = t.gpu.and_then(|g| self.gpus.get_mut(&g))
                     {
                         t.thawing = true;
@@ -498,7 +497,6 @@ impl Metrics {
                 }
                 *self.endings.entry(reason.as_str()).or_default() += 1;
                 if let Some(t) = self.tasks.get_mut(&id) {
-                    t.ended = true;
                     t.ended_ns.get_or_insert(ts);
                     // The driver frees a dead process's memory.
                     for (gpu, bytes) in std::mem::take(&mut t.mem) {
@@ -515,7 +513,7 @@ impl Metrics {
 
     /// A live task's memory on `gpu` grows by `add` or shrinks by `sub`.
     fn memory(&mut self, id: TaskId, gpu: u32, add: u64, sub: u64, ts: u64) {
-        let Some(t) = self.tasks.get_mut(&id).filter(|t| !t.ended) else {
+        let Some(t) = self.tasks.get_mut(&id).filter(|t| t.ended_ns.is_none()) else {
             return;
         };
         let held = match t.mem.iter_mut().find(|(g, _)| *g == gpu) {
