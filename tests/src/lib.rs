@@ -170,11 +170,33 @@ pub fn tempdir() -> PathBuf {
 }
 
 /// A child process that is killed (by pid) and reaped when dropped, even when the
-/// test panics.
+/// test panics. A child that leads a process group of its own (spawned with
+/// `CommandExt::process_group(0)`) takes its group with it: what it started
+/// there (`keling trace -- WORKLOAD`'s workload) is killed too, by the group's
+/// id, even when the child died first and left it running.
 pub struct ChildGuard(pub std::process::Child);
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
+        let pid = self.0.id() as libc::pid_t;
+        // Only while the child is not reaped (running, or a zombie): then its
+        // id, and so its group's, cannot have gone to another process.
+        // SAFETY: siginfo_t is plain data, valid when zeroed.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid with WNOWAIT only looks; `info` is a valid siginfo_t.
+        let unreaped = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        } == 0;
+        // SAFETY: getpgid takes a plain id.
+        if unreaped && unsafe { libc::getpgid(pid) } == pid {
+            // SAFETY: kill takes a plain id: the group the child leads.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -864,5 +886,81 @@ mod doc_tests {
             anchor(" What `keling launch` says"),
             "what-keling-launch-says"
         );
+    }
+}
+
+#[cfg(test)]
+mod guard_tests {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::ChildGuard;
+
+    /// Whether `pid` is gone or a zombie (killed, not yet reaped by whoever
+    /// inherited it).
+    fn dead(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            // The state follows the command's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X'))
+        })
+    }
+
+    /// `sh -c SCRIPT` in a group of its own, and the pid of the `sleep` it
+    /// starts in the background (what it prints first).
+    fn shell_with_sleeper(script: &str) -> (ChildGuard, i32) {
+        let mut guard = ChildGuard(
+            Command::new("sh")
+                .args(["-c", script])
+                .process_group(0)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let mut line = String::new();
+        BufReader::new(guard.0.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let sleeper: i32 = line.trim().parse().expect("the sleeper's pid");
+        assert!(!dead(sleeper), "the sleeper runs before the guard drops");
+        (guard, sleeper)
+    }
+
+    /// Waits until the sleeper is dead; if it is not within 10 s, kills it
+    /// (by its pid) and fails.
+    fn wait_dead(sleeper: i32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !dead(sleeper) {
+            if Instant::now() > deadline {
+                // SAFETY: kill takes a plain pid, the sleeper this test started.
+                unsafe { libc::kill(sleeper, libc::SIGKILL) };
+                panic!("the sleeper {sleeper} ran on after its guard dropped");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_guard_kills_what_its_child_started_in_its_group() {
+        let (guard, sleeper) = shell_with_sleeper("sleep 1000 & echo $!; wait");
+        drop(guard);
+        wait_dead(sleeper);
+    }
+
+    #[test]
+    fn a_guard_kills_what_its_child_left_running_when_it_died_first() {
+        // The shell exits at once; its sleeper runs on, orphaned, as a traced
+        // workload does when `keling trace` dies.
+        let (guard, sleeper) = shell_with_sleeper("sleep 1000 & echo $!");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !dead(guard.0.id() as i32) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!dead(sleeper), "orphaned, it runs on");
+        drop(guard);
+        wait_dead(sleeper);
     }
 }

@@ -2,6 +2,7 @@
 //! FUSE-served nvidiactl / nvidiaN / nvidia-uvm, and the simulator's ground truth.
 use std::{
     io::{BufRead, BufReader, Read, Seek, SeekFrom, Write},
+    os::unix::process::CommandExt,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -200,6 +201,7 @@ fn random_workloads_with(sim: &Nvsim, base: u64, count: u64, steps: u32, run: Ra
             .arg(&out_path)
             .args(["--", "sh", "-c", &script])
             .envs(run.keling_env)
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -733,6 +735,7 @@ fn totals_stay_exact_when_the_ring_buffer_drops_events() {
             .args(["--format", "jsonl", "--output"])
             .arg(&out_path)
             .args(["--", "sh", "-c", &script])
+            .process_group(0)
             .spawn()
             .unwrap(),
     );
@@ -883,6 +886,7 @@ impl TracedWorkload {
                 .arg(out_path)
                 .args(["--", &gwl(), "--dev-dir", sim.dev_dir()])
                 .args(args)
+                .process_group(0)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
