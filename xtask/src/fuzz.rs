@@ -31,13 +31,13 @@ pub const TARGETS: &[&str] = &[
 const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 
 /// cargo-fuzz's flags for libFuzzer's coverage (sancov, 8-bit counters,
-/// compare tracing), AddressSanitizer, and debug assertions with overflow
-/// checks (a wrapped length is a bug too).
+/// compare tracing) and AddressSanitizer. Debug assertions and overflow checks
+/// (a wrapped length is a bug too) are set in fuzz/Cargo.toml's profile, so
+/// that one crate can be built as the release build does.
 const RUSTFLAGS: &str = "-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
     -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
     -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares \
-    --cfg fuzzing -Zsanitizer=address -Cforce-frame-pointers -Cdebug-assertions \
-    -Coverflow-checks";
+    --cfg fuzzing -Zsanitizer=address -Cforce-frame-pointers";
 
 fn fuzz_dir() -> PathBuf {
     root().join("fuzz")

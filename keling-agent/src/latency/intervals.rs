@@ -789,6 +789,20 @@ mod tests {
         assert!(e.contains(&format!("hold {claimed} decisions")), "{e}");
     }
 
+    /// Found by `cargo xtask fuzz --target interval_log`: a histogram whose
+    /// encoded counts hold a run of zeros of length -i64::MIN. hdrhistogram
+    /// (7.6.0) negates it; built with overflow checks that panicked, so
+    /// hdrhistogram is built without them in every profile, as in the release
+    /// build, where the negation wraps and the decoder refuses the histogram.
+    #[test]
+    fn a_zero_run_of_i64_min_is_refused_not_a_panic() {
+        let bytes = include_bytes!("../../tests/fuzz-regressions/interval_log-zero-run-of-i64-min");
+        let Err(e) = read(bytes) else {
+            panic!("a histogram that cannot be decoded was read");
+        };
+        assert!(e.what.contains("does not decode"), "{}", e.what);
+    }
+
     #[test]
     fn appended_segments_read_as_one_log() {
         let (_, mut log) = recorded();

@@ -1063,6 +1063,23 @@ impl Driver {
         }
     }
 
+    /// Whether a new memory of `bytes` of `kind` fits on `gpu`: video memory
+    /// within the GPU's capacity; system and EGM memory while the GPU's total of
+    /// that kind stays a u64 (a request for more is refused with
+    /// NV_ERR_NO_MEMORY, as the driver refuses what no memory can back).
+    fn fits(&self, gpu: u32, kind: MemKind, bytes: u64) -> bool {
+        let g = &self.gpus[gpu as usize];
+        match kind {
+            MemKind::Video => g
+                .used
+                .checked_add(bytes)
+                .is_some_and(|total| total <= self.cfg.mem_per_gpu),
+            MemKind::Host => g.host.checked_add(bytes).is_some(),
+            MemKind::Egm => g.egm.checked_add(bytes).is_some(),
+            MemKind::None => true,
+        }
+    }
+
     fn gpu_total(&mut self, gpu: u32, kind: MemKind, bytes: u64, add: bool) {
         let g = &mut self.gpus[gpu as usize];
         let f = match kind {
@@ -1554,9 +1571,7 @@ impl Driver {
                 let Some(bytes) = round_up(req, gran).filter(|&b| b > 0) else {
                     return Ok(Err(NV_ERR_INVALID_ARGUMENT));
                 };
-                if kind == MemKind::Video
-                    && self.gpus[gpu as usize].used + bytes > self.cfg.mem_per_gpu
-                {
+                if !self.fits(gpu, kind, bytes) {
                     return Ok(Err(NV_ERR_NO_MEMORY));
                 }
                 if !mem.write(p_params + abi::mem_alloc::SIZE as u64, &bytes.to_le_bytes()) {
@@ -1572,6 +1587,9 @@ impl Driver {
                 let Some(bytes) = limit.checked_add(1) else {
                     return Ok(Err(NV_ERR_INVALID_LIMIT));
                 };
+                if !self.fits(gpu, MemKind::Host, bytes) {
+                    return Ok(Err(NV_ERR_NO_MEMORY));
+                }
                 (MemKind::Host, bytes)
             }
             class::NV01_MEMORY_LOCAL_PHYSICAL => {
@@ -1634,6 +1652,9 @@ impl Driver {
         Self::check_new_handle(c, h_root, h_new)?;
         if gpu >= self.cfg.gpus {
             return Err(NV_ERR_INVALID_ARGUMENT);
+        }
+        if !self.fits(gpu, kind, bytes) {
+            return Err(NV_ERR_NO_MEMORY);
         }
         let handle = self.commit(
             h_root,
@@ -2154,7 +2175,7 @@ impl Driver {
         let gpu = Self::device_gpu(c, h_parent).ok_or(NV_ERR_INVALID_OBJECT_PARENT)?;
         let h_memory = u32_at(p, h_mem_off);
         Self::check_new_handle(c, h_root, h_memory)?;
-        if kind == MemKind::Video && self.gpus[gpu as usize].used + bytes > self.cfg.mem_per_gpu {
+        if !self.fits(gpu, kind, bytes) {
             return Err(NV_ERR_NO_MEMORY);
         }
         let handle = self.commit(

@@ -393,6 +393,27 @@ fn capacity_and_no_memory() {
     assert_eq!(st, 0, "room again after a free");
 }
 
+/// Found by `cargo xtask fuzz --target nvsim_ioctl`: sizes whose sum passes
+/// u64 overflowed the GPU's totals (a panic with overflow checks, wrapped
+/// totals without). They are refused with NV_ERR_NO_MEMORY.
+#[test]
+fn sizes_past_a_u64_in_total_are_refused() {
+    let m = FakeMem::new();
+    let mut d = drv(1, 10 * MIB, "580.159");
+    let (cl, dev) = setup(&mut d, &m, 0);
+    let (st, _, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x40, MIB);
+    assert_eq!(st, 0);
+    let huge = !(64 * MIB - 1);
+    let (st, _, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0x77, 0x40, huge);
+    assert_eq!(st, 0x51, "video: 1 MiB + almost 2^64 is past the capacity");
+    assert_eq!(d.gpu_used(0), 2 * MIB);
+    let (st, _, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0, 0x3E, 1 << 63);
+    assert_eq!(st, 0, "host memory does not count against the GPU");
+    let (st, _, _) = memalloc(&mut d, &m, CTL_FH, PID, cl, dev, 0x78, 0x3E, 1 << 63);
+    assert_eq!(st, 0x51, "host: 2^63 twice is past a u64");
+    assert_eq!(d.object_class(cl, 0x78), None);
+}
+
 #[test]
 fn subtree_and_client_free() {
     let m = FakeMem::new();
