@@ -384,6 +384,61 @@ fn parse_tag(tag: Option<&str>) -> Result<(Stage, Option<String>), String> {
 /// than a day of an agent deciding a hundred times a second.
 pub const MAX_SERIES_DECISIONS: u64 = 10_000_000;
 
+/// The cookies of a V2 histogram and of a compressed one (HdrHistogram's
+/// encoding, as hdrhistogram 7 writes and reads them).
+const V2_COOKIE: u32 = 0x1c84_9313;
+const V2_COMPRESSED_COOKIE: u32 = 0x1c84_9314;
+
+/// Deflate's largest expansion: one compressed byte inflates to at most about
+/// 1032 (zlib's technical details), so more than this many bytes per
+/// compressed byte is a lie.
+const MAX_INFLATE_RATIO: u64 = 1032;
+
+/// A V2 histogram states how many bytes of counts follow its header (inside
+/// the compressed stream, when compressed), and hdrhistogram allocates that
+/// many before reading them (7.6.0, `deser_v2`): a 138-byte log claimed 2 GiB
+/// (found by `cargo xtask fuzz --target interval_log`). Refuses a claim that
+/// the bytes could not hold; anything else is left to the decoder.
+fn check_counts_fit(encoded: &[u8]) -> Result<(), String> {
+    use std::io::Read;
+    let Some((head, rest)) = encoded.split_first_chunk::<8>() else {
+        return Ok(());
+    };
+    let cookie = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    if cookie == V2_COOKIE {
+        let claimed = u64::from(u32::from_be_bytes([head[4], head[5], head[6], head[7]]));
+        if claimed > rest.len() as u64 {
+            return Err(format!(
+                "histogram does not decode: it claims {claimed} bytes of counts, more than \
+                 its {} bytes",
+                rest.len()
+            ));
+        }
+        return Ok(());
+    }
+    if cookie != V2_COMPRESSED_COOKIE {
+        return Ok(());
+    }
+    let compressed = rest;
+    let mut inner = [0u8; 8];
+    if flate2::read::ZlibDecoder::new(compressed)
+        .read_exact(&mut inner)
+        .is_err()
+    {
+        return Ok(());
+    }
+    let claimed = u64::from(u32::from_be_bytes([inner[4], inner[5], inner[6], inner[7]]));
+    let most = (compressed.len() as u64).saturating_mul(MAX_INFLATE_RATIO);
+    if claimed > most {
+        return Err(format!(
+            "histogram does not decode: it claims {claimed} bytes of counts, more than its \
+             {} compressed bytes can hold",
+            compressed.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Reads an interval log (the hdrhistogram crate's `IntervalLogIterator` parses it).
 /// Every count is kept; values keep the histograms' precision. Errors name the line.
 pub fn read(input: &[u8]) -> Result<ReadLog, ReadError> {
@@ -434,6 +489,7 @@ pub fn read(input: &[u8]) -> Result<ReadLog, ReadError> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(encoded)
             .map_err(|e| err(format!("histogram is not base64: {e}")))?;
+        check_counts_fit(&bytes).map_err(err)?;
         let hist: Histogram<u64> = deserializer
             .deserialize(&mut bytes.as_slice())
             .map_err(|e| err(format!("histogram does not decode: {e:?}")))?;
@@ -801,6 +857,25 @@ mod tests {
             panic!("a histogram that cannot be decoded was read");
         };
         assert!(e.what.contains("does not decode"), "{}", e.what);
+    }
+
+    /// Found by `cargo xtask fuzz --target interval_log`: 138 bytes whose
+    /// histogram claims 2 GiB of counts, which hdrhistogram allocated before
+    /// reading them.
+    #[test]
+    fn a_histogram_claiming_more_counts_than_it_holds_is_refused() {
+        let bytes = include_bytes!("../../tests/fuzz-regressions/interval_log-claims-2-gib");
+        let Err(e) = read(bytes) else {
+            panic!("a histogram claiming 2 GiB of counts was read");
+        };
+        assert!(e.what.contains("claims 2147483"), "{}", e.what);
+    }
+
+    /// What Keling writes passes the check: its claims are what it holds.
+    #[test]
+    fn real_histograms_pass_the_claim_check() {
+        let (_, log) = recorded();
+        assert!(read(&log).is_ok());
     }
 
     #[test]
