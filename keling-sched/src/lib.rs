@@ -24,6 +24,15 @@
 //! depends on time (quantum, idle timeout, duration limit, kill deadline) is checked
 //! on every input; `Tick` exists so they fire even when nothing else happens.
 //!
+//! Most inputs change no decision: a task that runs shows activity again, a tick
+//! passes. After a step whose reconciliation of the GPUs changed nothing, a step
+//! that changes nothing it reads skips it, and the walk of the late-binding queue
+//! after one that bound nothing (the clock alone is checked for what it can
+//! change: a quantum used up, goav's guard). Skipping decides nothing: a property
+//! test (`prop_skipping_a_reconciliation_that_would_change_nothing_changes_nothing`)
+//! compares every output, task view and wait reason with a core that reconciles on
+//! every step, under every policy, binding and sharing.
+//!
 //! ## Inputs: agent → core
 //!
 //! | Input | The agent sends it when | The core |

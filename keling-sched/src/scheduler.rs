@@ -18,7 +18,7 @@ use crate::action::{Action, ActionKind, EnforcementRecord};
 use crate::config::{Binding, SchedConfig};
 use crate::input::{Input, TaskSpec};
 use crate::placement::{AllocHistory, best_gpu, placement_weight};
-use crate::policy::{PREEMPTION_MIN_CANDIDATES, PREEMPTION_MIN_REMAINING_MS, Policy};
+use crate::policy::{PREEMPTION_MIN_CANDIDATES, Policy};
 use crate::reason::Reason;
 use crate::state::{
     LOWEST_PRIORITY, TaskState, TaskView, Transition, WaitReason, is_legal, quantum_ms,
@@ -63,6 +63,23 @@ pub struct Scheduler {
     mem_byte_ns: BTreeMap<u32, u128>,
     /// Per GPU, memory held by processes outside any task ([`Input::OutsideMem`]).
     outside_bytes: BTreeMap<u32, u64>,
+    /// The last reconciliation changed nothing (no action, no transition, no
+    /// task's wait, yield or quantum): until an input changes what it reads,
+    /// it would change nothing again ([`Scheduler::step`]).
+    settled: bool,
+    /// Late binding: the last walk of the queue bound nothing. Whether a
+    /// queued task can be bound reads what the reconciliation reads (where it
+    /// goes reads the clock too, but only matters when it can), so after a
+    /// step that changed none of it, the walk would bind nothing again.
+    bound_none: bool,
+    /// The clock at the last reconciliation and the last walk of the queue:
+    /// goav's guard reads the clock, so neither is skipped once a task has
+    /// stopped being a preemption candidate since.
+    reconciled_ns: u64,
+    walked_ns: u64,
+    /// Tests: reconcile on every step, to compare with skipping.
+    #[cfg(test)]
+    reconcile_always: bool,
 }
 
 impl Scheduler {
@@ -94,7 +111,21 @@ impl Scheduler {
             busy_ns: BTreeMap::new(),
             mem_byte_ns: BTreeMap::new(),
             outside_bytes: BTreeMap::new(),
+            settled: false,
+            bound_none: false,
+            reconciled_ns: 0,
+            walked_ns: 0,
+            #[cfg(test)]
+            reconcile_always: false,
         }
+    }
+
+    /// Tests: a scheduler that reconciles on every step (the reference the
+    /// skipping in [`Scheduler::step`] is checked against).
+    #[cfg(test)]
+    pub(crate) fn reconciling_always(mut self) -> Self {
+        self.reconcile_always = true;
+        self
     }
 
     /// The policy it schedules by.
@@ -116,6 +147,7 @@ impl Scheduler {
     /// Handles one input: the only way the scheduler's state changes.
     pub fn step(&mut self, input: &Input) -> Output {
         let mut out = Output::default();
+        let quiet = self.leaves_reconcile_alone(input);
         self.advance_clock(input.ts_ns());
         match input {
             Input::Arrive { spec, .. } => self.on_arrive(spec, &mut out),
@@ -167,11 +199,103 @@ impl Scheduler {
             }
             Input::MemSure { id, bytes, .. } => self.on_mem_sure(*id, *bytes, &mut out),
         }
-        self.apply_time_rules(&mut out);
-        let bound_now = self.bind_queued(&mut out);
-        self.reconcile(&bound_now, &mut out);
+        let timed = self.apply_time_rules(&mut out);
+        #[cfg(test)]
+        let quiet = quiet && !self.reconcile_always;
+        let unchanged = self.settled && quiet && !timed;
+        let bound_now = if unchanged && self.bound_none && !self.guard_moved_since(self.walked_ns) {
+            BTreeSet::new()
+        } else {
+            let bound = self.bind_queued(&mut out);
+            self.bound_none = bound.is_empty();
+            self.walked_ns = self.now_ns;
+            bound
+        };
+        // Most inputs (a running task's activity, a tick) change nothing the
+        // reconciliation reads: after one that changed nothing, it would
+        // change nothing again but start used-up quanta over, unless the
+        // clock moved a task past its quantum while a peer waits, or past
+        // goav's guard. The skip decides nothing: the property tests compare
+        // it with reconciling on every step.
+        let skip = unchanged
+            && bound_now.is_empty()
+            && !self.guard_moved_since(self.reconciled_ns)
+            && self.only_quanta_start_over();
+        if !skip {
+            self.reconciled_ns = self.now_ns;
+            // Tasks bound in this step rank first here only: the next
+            // step's reconciliation may differ.
+            self.settled = self.reconcile(&bound_now, &mut out) && bound_now.is_empty();
+        }
+        let before = out.actions.len();
         self.apply_overload_rule(&mut out);
+        if out.actions.len() != before {
+            self.settled = false;
+        }
         out
+    }
+
+    /// Whether `input`, applied now, would leave everything the
+    /// reconciliation reads as it is: a tick (it archives finished tasks,
+    /// which take no part), activity from a task that wants the GPU already,
+    /// idleness from one that does not (or is unbound), or either from a task
+    /// that is not live.
+    fn leaves_reconcile_alone(&self, input: &Input) -> bool {
+        match input {
+            Input::Tick { .. } => true,
+            Input::Active { id, .. } => self
+                .tasks
+                .get(id)
+                .is_none_or(|t| !t.is_live() || t.wants_gpu),
+            Input::Idle { id, .. } => self
+                .tasks
+                .get(id)
+                .is_none_or(|t| !t.is_live() || t.is_unbound() || !t.wants_gpu),
+            _ => false,
+        }
+    }
+
+    /// On a step that changed nothing the reconciliation reads but the
+    /// clock: whether all the clock changes is quanta used up with no peer
+    /// waiting for a turn, and if so starts them over as the reconciliation
+    /// would ([`Scheduler::rotate_expired_quanta`]). Not when a bound task
+    /// waits for a turn while a quantum is used up.
+    fn only_quanta_start_over(&mut self) -> bool {
+        let memory = self.shares_memory();
+        let turn_wanted = self.tasks.values().any(|t| {
+            t.is_live()
+                && !t.is_unbound()
+                && t.wants_gpu
+                && !t.holds_slot()
+                && (!memory || t.wait.is_none_or(|w| w == WaitReason::SlotsHeld))
+        });
+        if !self.policy.preemptive() {
+            return true;
+        }
+        let used_up = |t: &Task| {
+            t.is_live()
+                && t.state == TaskState::Running
+                && t.actuation.is_none()
+                && t.quantum_used_ns >= ms_to_ns(quantum_ms(t.priority()))
+        };
+        if turn_wanted {
+            return !self.tasks.values().any(used_up);
+        }
+        for t in self.tasks.values_mut().filter(|t| used_up(t)) {
+            t.quantum_used_ns = 0;
+        }
+        true
+    }
+
+    /// Under goav, whether a live task has stopped being a preemption
+    /// candidate ([`Task::preemption_candidate`]) between `since_ns` and now:
+    /// the one way the clock changes what the guard decides.
+    fn guard_moved_since(&self, since_ns: u64) -> bool {
+        let now = self.now_ns;
+        self.policy.guarded()
+            && self.tasks.values().any(|t| {
+                t.is_live() && t.preemption_candidate(since_ns) && !t.preemption_candidate(now)
+            })
     }
 
     /// Whether any task is not archived yet. Only then does the passing of time
@@ -607,11 +731,15 @@ impl Scheduler {
         }
     }
 
-    /// Idle timeout, session duration limits and kill deadlines, at the current clock.
-    fn apply_time_rules(&mut self, out: &mut Output) {
+    /// Idle timeout, session duration limits and kill deadlines, at the
+    /// current clock. Returns whether it changed anything the reconciliation
+    /// reads (an action, or a task no longer wanting the GPU).
+    fn apply_time_rules(&mut self, out: &mut Output) -> bool {
         let now = self.now_ns;
         let config = &self.config;
         let idle_timeout_ns = ms_to_ns(config.idle_timeout_ms);
+        let actions_before = out.actions.len();
+        let mut went_idle = false;
         for (&id, task) in self.tasks.iter_mut() {
             if !task.is_live() {
                 continue;
@@ -621,6 +749,7 @@ impl Scheduler {
                 && now.saturating_sub(task.last_active_ns) >= idle_timeout_ns
             {
                 task.wants_gpu = false;
+                went_idle = true;
             }
 
             let limit_ms = task
@@ -664,6 +793,7 @@ impl Scheduler {
                 out.actions.push(Action::Kill { id });
             }
         }
+        went_idle || out.actions.len() != actions_before
     }
 
     /// Brings every GPU's slot holders in line with the ranking (crate doc).
@@ -674,7 +804,11 @@ impl Scheduler {
     /// GPU 1 that works on GPU 0 competes there too). It runs only where it may
     /// hold a slot on each of them; where it must wait on one GPU it is ranked
     /// last on the others, so that it keeps nobody from a slot it cannot use.
-    fn reconcile(&mut self, bound_now: &BTreeSet<TaskId>, out: &mut Output) {
+    ///
+    /// Returns whether it changed nothing: no action, no transition, and no
+    /// task's wait, yield or quantum.
+    fn reconcile(&mut self, bound_now: &BTreeSet<TaskId>, out: &mut Output) -> bool {
+        let before = (out.actions.len(), out.transitions.len());
         // The live tasks of each GPU, gathered once: reconciling changes no
         // task's GPUs and ends no task, so the lists stay right throughout.
         let mut by_gpu: BTreeMap<u32, Vec<TaskId>> = BTreeMap::new();
@@ -689,12 +823,12 @@ impl Scheduler {
             }
         }
         if by_gpu.is_empty() {
-            return;
+            return true;
         }
-        let rotated = if self.policy.preemptive() {
+        let (rotated, mut changed) = if self.policy.preemptive() {
             self.rotate_expired_quanta(&by_gpu)
         } else {
-            BTreeSet::new()
+            (BTreeSet::new(), false)
         };
         // Rank and walk each GPU's ranking (the walk admits tasks while the
         // cap, the priorities and memory allow: "Sharing"); then settle the
@@ -765,21 +899,22 @@ impl Scheduler {
             .flat_map(|(_, wait)| wait.iter().map(|&(id, _)| id))
             .collect();
         // What each waiting task waits for (the first GPU that keeps it).
-        for task in self.tasks.values_mut() {
-            task.wait = None;
-        }
+        let mut reasons: BTreeMap<TaskId, WaitReason> = BTreeMap::new();
         for (_, wait) in walks.values() {
             for &(id, reason) in wait {
-                if let Some(t) = self.tasks.get_mut(&id) {
-                    t.wait.get_or_insert(reason);
-                }
+                reasons.entry(id).or_insert(reason);
             }
+        }
+        for (id, task) in &mut self.tasks {
+            let wait = reasons.get(id).copied();
+            changed |= task.wait != wait;
+            task.wait = wait;
         }
         // Every GPU's freezes first: a task that uses several GPUs is thawed
         // only into room on each, and a yielded task that is active again
         // holds its place until its freeze lands, whichever GPU comes first.
         for (hold, wait) in walks.values() {
-            self.vacate(hold, wait, &rotated, out);
+            changed |= self.vacate(hold, wait, &rotated, out);
         }
         // Then every GPU's holders that run already (arrived, or yielded)
         // take their places, before anyone is thawed into what is left.
@@ -793,11 +928,12 @@ impl Scheduler {
             })
             .collect();
         for hold in &holds {
-            self.take_places(hold, out);
+            changed |= self.take_places(hold, out);
         }
         for hold in &holds {
             self.thaw_into_room(hold, out);
         }
+        !changed && (out.actions.len(), out.transitions.len()) == before
     }
 
     /// One GPU's tasks in rank order (the first `slots` should hold them);
@@ -872,10 +1008,7 @@ impl Scheduler {
                 && !rotated.contains(&id)
                 && !bound_now.contains(&id)
         };
-        let candidate = |t: &Task| {
-            t.expected_remaining_ms(now)
-                .is_none_or(|ms| ms > PREEMPTION_MIN_REMAINING_MS)
-        };
+        let candidate = |t: &Task| t.preemption_candidate(now);
         let best_waiting = on_gpu()
             .filter(|(id, t)| !t.holds_slot() && t.wants_gpu && !bound_now.contains(id))
             .map(|(_, t)| t.priority())
@@ -901,14 +1034,16 @@ impl Scheduler {
 
     /// Freezes whoever runs (or arrived running) on a GPU but should wait there:
     /// `should_hold` and `should_wait` are the GPU's walk (its tasks in rank
-    /// order, split by what the walk admitted).
+    /// order, split by what the walk admitted). Returns whether it made a
+    /// task yield.
     fn vacate(
         &mut self,
         should_hold: &[TaskId],
         should_wait: &[(TaskId, WaitReason)],
         rotated: &BTreeSet<TaskId>,
         out: &mut Output,
-    ) {
+    ) -> bool {
+        let mut yielded = false;
         let best_holder_priority = should_hold
             .iter()
             .filter_map(|id| self.tasks.get(id))
@@ -925,6 +1060,7 @@ impl Scheduler {
                 // Idle: it gives the slot up but keeps running, so that its next
                 // call can show it wants the GPU again (it uses neither the GPU
                 // nor a CPU now, so freezing it would gain nothing).
+                yielded |= !task.yielded;
                 task.yielded = true;
                 continue;
             }
@@ -953,22 +1089,26 @@ impl Scheduler {
             });
             out.actions.push(Action::Freeze { id });
         }
+        yielded
     }
 
     /// The tasks the walk admitted on a GPU (`should_hold`, in rank order,
     /// none that waits on another GPU it uses) that run already take their
     /// places: a task that arrived running just keeps running, a yielded one
-    /// takes its place back.
-    fn take_places(&mut self, should_hold: &[TaskId], out: &mut Output) {
+    /// takes its place back. Returns whether a yielded one did.
+    fn take_places(&mut self, should_hold: &[TaskId], out: &mut Output) -> bool {
         let now = self.now_ns;
+        let mut took_back = false;
         for &id in should_hold {
             if let Some(task) = self.tasks.get_mut(&id) {
+                took_back |= task.yielded;
                 task.yielded = false;
                 if task.state == TaskState::Pending && task.actuation.is_none() {
                     resume(&mut self.next_event_id, now, task, Reason::Placed, out);
                 }
             }
         }
+        took_back
     }
 
     /// Thaws the frozen tasks among `should_hold` into room only (a free
@@ -1000,10 +1140,15 @@ impl Scheduler {
     /// Round robin: a running task whose quantum is used up goes to the back of its
     /// priority's queue if an active task of that priority waits on a GPU it
     /// uses; otherwise it starts a fresh quantum. Returns the tasks sent to the
-    /// back. `by_gpu`: the live tasks of each GPU, taken in index order (a task
-    /// on several GPUs is handled with the first).
-    fn rotate_expired_quanta(&mut self, by_gpu: &BTreeMap<u32, Vec<TaskId>>) -> BTreeSet<TaskId> {
+    /// back, and whether any quantum started over. `by_gpu`: the live tasks of
+    /// each GPU, taken in index order (a task on several GPUs is handled with
+    /// the first).
+    fn rotate_expired_quanta(
+        &mut self,
+        by_gpu: &BTreeMap<u32, Vec<TaskId>>,
+    ) -> (BTreeSet<TaskId>, bool) {
         let mut rotated = BTreeSet::new();
+        let mut started_over = false;
         let mut seen = BTreeSet::new();
         let memory = self.shares_memory();
         let waiting_priorities: BTreeMap<u32, BTreeSet<u8>> = by_gpu
@@ -1041,6 +1186,7 @@ impl Scheduler {
                     continue;
                 };
                 task.quantum_used_ns = 0;
+                started_over = true;
                 let peer_waits = task.gpus_used().iter().any(|g| {
                     waiting_priorities
                         .get(g)
@@ -1053,7 +1199,7 @@ impl Scheduler {
                 }
             }
         }
-        rotated
+        (rotated, started_over)
     }
 }
 

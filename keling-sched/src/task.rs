@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::action::ActionKind;
 use crate::input::TaskSpec;
-use crate::policy::Policy;
+use crate::policy::{PREEMPTION_MIN_REMAINING_MS, Policy};
 use crate::reason::Reason;
 use crate::state::{TaskState, TaskView, WaitReason, class_of, quantum_ms};
 use crate::{NS_PER_MS, TaskId};
@@ -236,6 +236,15 @@ impl Task {
         self.spec
             .expected_runtime_ms
             .map(|expected| expected.saturating_sub(elapsed_ms))
+    }
+
+    /// Under goav, whether the guard lets it be preempted at `now_ns`: it
+    /// declares no runtime, or expects more than
+    /// [`PREEMPTION_MIN_REMAINING_MS`] of it still. Only ever turns false as
+    /// the clock moves.
+    pub(crate) fn preemption_candidate(&self, now_ns: u64) -> bool {
+        self.expected_remaining_ms(now_ns)
+            .is_none_or(|ms| ms > PREEMPTION_MIN_REMAINING_MS)
     }
 
     /// Memory sharing: the GPU time it is expected still to need, from its

@@ -36,7 +36,7 @@ use crate::policy::Policy;
 use crate::reason::Reason;
 use crate::state::{QueuedView, TaskState, WaitReason};
 use crate::task::{Rank, Task};
-use crate::{PREEMPTION_MIN_CANDIDATES, PREEMPTION_MIN_REMAINING_MS, TaskId};
+use crate::{PREEMPTION_MIN_CANDIDATES, TaskId};
 
 /// What one GPU has for a queued task.
 #[derive(Debug, Default)]
@@ -153,11 +153,7 @@ impl Scheduler {
             let Some(room) = rooms.get_mut(&g) else {
                 continue;
             };
-            let candidate = || {
-                !policy.guarded()
-                    || t.expected_remaining_ms(now)
-                        .is_none_or(|ms| ms > PREEMPTION_MIN_REMAINING_MS)
-            };
+            let candidate = || !policy.guarded() || t.preemption_candidate(now);
             if t.state == TaskState::Running && !t.yielded && t.actuation.is_none() {
                 if policy == Policy::Fifo {
                     room.kept += 1;

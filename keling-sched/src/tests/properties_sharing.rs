@@ -208,6 +208,37 @@ proptest! {
             prop_assert_eq!(other.step(&input), out, "input {:?}", input);
         }
     }
+
+    /// Skipping the reconciliation on steps that change nothing it reads
+    /// decides nothing: under every policy, binding and sharing, the outputs,
+    /// every task's view, the queue and what each task waits for are those of
+    /// a scheduler that reconciles on every step.
+    #[test]
+    fn prop_skipping_a_reconciliation_that_would_change_nothing_changes_nothing(
+        ops in prop::collection::vec((arb_shared_op(true), 0u64..=40), 1..300),
+        policy in prop::sample::select(vec![Policy::Hybrid, Policy::Fifo, Policy::RoundRobin, Policy::Goav]),
+        late in any::<bool>(),
+        memory in any::<bool>(),
+        slots in 0u32..=3,
+    ) {
+        let binding = if late { Binding::Late } else { Binding::AtArrival };
+        let (sharing, slots) = if memory { (Sharing::Memory, slots) } else { (Sharing::Slots, slots.max(1)) };
+        let config = SchedConfig { binding, sharing, ..random_config(slots) };
+        let mut skipping = Scheduler::with_policy(config.clone(), policy);
+        let mut always = Scheduler::with_policy(config, policy).reconciling_always();
+        let mut ts_ns = 0;
+        for (op, advance_ms) in &ops {
+            ts_ns += advance_ms * MS;
+            let input = input_for(&always, op, ts_ns);
+            let out = always.step(&input);
+            prop_assert_eq!(skipping.step(&input), out, "input {:?}", input);
+            prop_assert_eq!(skipping.tasks(), always.tasks(), "after {:?}", input);
+            prop_assert_eq!(skipping.queue(), always.queue());
+            for id in (0..8).chain([42]) {
+                prop_assert_eq!(skipping.wait_reason(id), always.wait_reason(id), "task {}", id);
+            }
+        }
+    }
 }
 
 /// Confirms everything `sched` has in flight, now, until nothing is.
