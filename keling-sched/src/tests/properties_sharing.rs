@@ -212,7 +212,9 @@ proptest! {
     /// Skipping the reconciliation on steps that change nothing it reads
     /// decides nothing: under every policy, binding and sharing, the outputs,
     /// every task's view, the queue and what each task waits for are those of
-    /// a scheduler that reconciles on every step.
+    /// a scheduler that reconciles on every step. (Each of the skip's
+    /// conditions, removed, fails it within 5 000 cases, but one: goav's
+    /// check of the clock, which no settled state it generates needs.)
     #[test]
     fn prop_skipping_a_reconciliation_that_would_change_nothing_changes_nothing(
         ops in prop::collection::vec((arb_shared_op(true), 0u64..=40), 1..300),
