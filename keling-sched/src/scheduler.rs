@@ -20,9 +20,7 @@ use crate::input::{Input, TaskSpec};
 use crate::placement::{AllocHistory, best_gpu, placement_weight};
 use crate::policy::{PREEMPTION_MIN_CANDIDATES, Policy};
 use crate::reason::Reason;
-use crate::state::{
-    LOWEST_PRIORITY, TaskState, TaskView, Transition, WaitReason, is_legal, quantum_ms,
-};
+use crate::state::{LOWEST_PRIORITY, TaskState, TaskView, Transition, WaitReason, is_legal};
 use crate::task::{Actuation, Direction, Ending, Rank, Task};
 use crate::victims::{EVICTION_MIN_REMAINING_MS, VictimCandidate, choose_victims};
 use crate::{NS_PER_MS, TaskId, ms_to_ns};
@@ -261,23 +259,15 @@ impl Scheduler {
     /// would ([`Scheduler::rotate_expired_quanta`]). Not when a bound task
     /// waits for a turn while a quantum is used up.
     fn only_quanta_start_over(&mut self) -> bool {
-        let memory = self.shares_memory();
-        let turn_wanted = self.tasks.values().any(|t| {
-            t.is_live()
-                && !t.is_unbound()
-                && t.wants_gpu
-                && !t.holds_slot()
-                && (!memory || t.wait.is_none_or(|w| w == WaitReason::SlotsHeld))
-        });
         if !self.policy.preemptive() {
             return true;
         }
-        let used_up = |t: &Task| {
-            t.is_live()
-                && t.state == TaskState::Running
-                && t.actuation.is_none()
-                && t.quantum_used_ns >= ms_to_ns(quantum_ms(t.priority()))
-        };
+        let memory = self.shares_memory();
+        let used_up = |t: &Task| t.is_live() && t.quantum_used_up();
+        let turn_wanted = self
+            .tasks
+            .values()
+            .any(|t| t.is_live() && !t.is_unbound() && t.waits_for_turn(memory));
         if turn_wanted {
             return !self.tasks.values().any(used_up);
         }
@@ -1157,11 +1147,7 @@ impl Scheduler {
                 let waiting = ids
                     .iter()
                     .filter_map(|id| self.tasks.get(id))
-                    .filter(|t| t.wants_gpu && !t.holds_slot())
-                    // Memory sharing: equal priorities take turns only when
-                    // a cap makes them wait (a task waiting for memory or a
-                    // higher priority gains nothing from a turn).
-                    .filter(|t| !memory || t.wait.is_none_or(|w| w == WaitReason::SlotsHeld))
+                    .filter(|t| t.waits_for_turn(memory))
                     .map(Task::priority)
                     .collect();
                 (g, waiting)
@@ -1172,11 +1158,7 @@ impl Scheduler {
                 .iter()
                 .filter(|id| seen.insert(**id))
                 .filter_map(|id| self.tasks.get(id))
-                .filter(|t| {
-                    t.state == TaskState::Running
-                        && t.actuation.is_none()
-                        && t.quantum_used_ns >= ms_to_ns(quantum_ms(t.priority()))
-                })
+                .filter(|t| t.quantum_used_up())
                 .map(|t| (t.rank(), t.spec.id))
                 .collect();
             expired.sort_unstable();

@@ -9,7 +9,7 @@ use crate::input::TaskSpec;
 use crate::policy::{PREEMPTION_MIN_REMAINING_MS, Policy};
 use crate::reason::Reason;
 use crate::state::{TaskState, TaskView, WaitReason, class_of, quantum_ms};
-use crate::{NS_PER_MS, TaskId};
+use crate::{NS_PER_MS, TaskId, ms_to_ns};
 
 /// Which way an actuation in flight moves a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,6 +236,24 @@ impl Task {
         self.spec
             .expected_runtime_ms
             .map(|expected| expected.saturating_sub(elapsed_ms))
+    }
+
+    /// Round robin: it runs, nothing is in flight for it, and its quantum is
+    /// used up.
+    pub(crate) fn quantum_used_up(&self) -> bool {
+        self.state == TaskState::Running
+            && self.actuation.is_none()
+            && self.quantum_used_ns >= ms_to_ns(quantum_ms(self.priority()))
+    }
+
+    /// Round robin: it waits for a turn where it is bound (it wants the GPU
+    /// and holds no slot). Under memory sharing (`memory`) only when a cap
+    /// keeps it waiting, as the last reconciliation found (a task waiting for
+    /// memory or a higher priority gains nothing from a turn).
+    pub(crate) fn waits_for_turn(&self, memory: bool) -> bool {
+        self.wants_gpu
+            && !self.holds_slot()
+            && (!memory || self.wait.is_none_or(|w| w == WaitReason::SlotsHeld))
     }
 
     /// Under goav, whether the guard lets it be preempted at `now_ns`: it
