@@ -201,7 +201,8 @@ impl Scheduler {
         #[cfg(test)]
         let quiet = quiet && !self.reconcile_always;
         let unchanged = self.settled && quiet && !timed;
-        let bound_now = if unchanged && self.bound_none && !self.guard_moved_since(self.walked_ns) {
+        let walk_skipped = unchanged && self.bound_none && !self.guard_moved_since(self.walked_ns);
+        let bound_now = if walk_skipped {
             BTreeSet::new()
         } else {
             let bound = self.bind_queued(&mut out);
@@ -214,11 +215,16 @@ impl Scheduler {
         // change nothing again but start used-up quanta over, unless the
         // clock moved a task past its quantum while a peer waits, or past
         // goav's guard. The skip decides nothing: the property tests compare
-        // it with reconciling on every step.
-        let skip = unchanged
-            && bound_now.is_empty()
-            && !self.guard_moved_since(self.reconciled_ns)
-            && self.only_quanta_start_over();
+        // it with reconciling on every step. A task that stopped being goav's
+        // candidate since the last reconciliation stopped since any earlier
+        // instant too, so a walk skipped on a scan from no later than that
+        // answers for the reconciliation as well (one scan, not two).
+        let guard_moved = || {
+            !(walk_skipped && self.walked_ns <= self.reconciled_ns)
+                && self.guard_moved_since(self.reconciled_ns)
+        };
+        let skip =
+            unchanged && bound_now.is_empty() && !guard_moved() && self.only_quanta_start_over();
         if !skip {
             self.reconciled_ns = self.now_ns;
             // Tasks bound in this step rank first here only: the next
