@@ -162,21 +162,35 @@ fn task_init(sp: Spank, args: &[String]) -> c_int {
             crate::PluginArgs::default()
         }
     };
-    let Some(gpus) = crate::job_gpus(|v| getenv(sp, v)) else {
+    let Some(step) = item_u32(sp, ffi::S_JOB_STEPID) else {
+        error("cannot read the job step's id from Slurm: this task is not handed to Keling");
+        return if args.refuse_without_agent { -1 } else { 0 };
+    };
+    let Some(gpus) = crate::job_gpus(step, |v| getenv(sp, v)) else {
         return 0; // no GPU of this node in the step: nothing for Keling
     };
-    let node = crate::node_name(|v| getenv(sp, v)).unwrap_or_default();
+    let node = crate::node_name(|v| std::env::var(v).ok(), |v| getenv(sp, v)).unwrap_or_default();
     let socket = crate::socket_for(&args, Some(&node));
+    let ids = (
+        item_u32(sp, ffi::S_JOB_UID),
+        item_u32(sp, ffi::S_JOB_GID),
+        item_u32(sp, ffi::S_JOB_ID),
+        item_u32(sp, ffi::S_TASK_GLOBAL_ID),
+    );
+    // Never a guess: an owner of 0 would be root's limits.
+    let (Some(uid), Some(gid), Some(job), Some(task)) = ids else {
+        error(&format!(
+            "cannot read the job's owner, group, id or task id from Slurm ({ids:?}): this task \
+             is not handed to Keling"
+        ));
+        return if args.refuse_without_agent { -1 } else { 0 };
+    };
     let req = Attach {
         // SAFETY: getpid has no preconditions.
         pid: unsafe { libc::getpid() } as u32,
-        uid: item_u32(sp, ffi::S_JOB_UID).unwrap_or(0),
-        gid: item_u32(sp, ffi::S_JOB_GID).unwrap_or(0),
-        slurm: SlurmRef {
-            job: item_u32(sp, ffi::S_JOB_ID).unwrap_or(0),
-            step: item_u32(sp, ffi::S_JOB_STEPID).unwrap_or(0),
-            task: item_u32(sp, ffi::S_TASK_GLOBAL_ID).unwrap_or(0),
-        },
+        uid,
+        gid,
+        slurm: SlurmRef { job, step, task },
         gpus: gpus.gpus,
         mem_budget_bytes: gpus.budget_bytes,
         priority: priority_of(sp),

@@ -140,14 +140,27 @@ pub struct JobGpus {
     pub budget_bytes: Option<u64>,
 }
 
-/// The GPUs from the job's variables (`getenv` reads one): `None` for a step
-/// with no GPU here (nothing for Keling to do).
-pub fn job_gpus(getenv: impl Fn(&str) -> Option<String>) -> Option<JobGpus> {
-    let gpus = ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"]
-        .iter()
-        .filter_map(|v| getenv(v))
+/// The step id Slurm gives a batch script's step (`SLURM_BATCH_SCRIPT`).
+pub const BATCH_STEP: u32 = 0xffff_fffb;
+/// The step id of salloc's interactive step (`SLURM_INTERACTIVE_STEP`).
+pub const INTERACTIVE_STEP: u32 = 0xffff_fffa;
+
+/// The GPUs of step `step` from the job's variables (`getenv` reads one):
+/// `None` for a step with no GPU here (nothing for Keling to do). Only the
+/// variable slurmstepd sets for that step counts (it sets or unsets
+/// `SLURM_JOB_GPUS` for a batch script or salloc's interactive step,
+/// `SLURM_STEP_GPUS` for any other, before this hook; measured in Slurm 22.05's
+/// slurmstepd): the other one, and `CUDA_VISIBLE_DEVICES`, are whatever the
+/// submitting environment carried, which the job's owner chooses.
+pub fn job_gpus(step: u32, getenv: impl Fn(&str) -> Option<String>) -> Option<JobGpus> {
+    let var = if matches!(step, BATCH_STEP | INTERACTIVE_STEP) {
+        "SLURM_JOB_GPUS"
+    } else {
+        "SLURM_STEP_GPUS"
+    };
+    let gpus = getenv(var)
         .map(|s| parse_gpus(&s))
-        .find(|g| !g.is_empty())?;
+        .filter(|g| !g.is_empty())?;
     let budget_bytes = getenv("SLURM_SHARDS_ON_NODE")
         .and_then(|s| s.trim().parse::<u64>().ok())
         .filter(|&n| n > 0)
@@ -155,15 +168,20 @@ pub fn job_gpus(getenv: impl Fn(&str) -> Option<String>) -> Option<JobGpus> {
     Some(JobGpus { gpus, budget_bytes })
 }
 
-/// This node's name in Slurm: `SLURMD_NODENAME` (set in the task's environment
-/// only after this hook, for an `srun` step), else the last part of
-/// `SLURM_TOPOLOGY_ADDR` (the node's name under the default topology, the last
-/// of `switch.switch.node` under a tree; measured with Slurm 22.05).
-pub fn node_name(getenv: impl Fn(&str) -> Option<String>) -> Option<String> {
-    if let Some(n) = getenv("SLURMD_NODENAME").filter(|n| !n.is_empty()) {
+/// This node's name in Slurm: `SLURMD_NODENAME` in slurmstepd's own
+/// environment (`own`: it sets it for itself when it starts; the job's copy is
+/// set only after this hook, and before that is whatever the job carried),
+/// else the last part of `SLURM_TOPOLOGY_ADDR` in the job's (`job`: slurmstepd
+/// writes it before this hook; the node's name under the default topology,
+/// the last of `switch.switch.node` under a tree; measured with Slurm 22.05).
+pub fn node_name(
+    own: impl Fn(&str) -> Option<String>,
+    job: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    if let Some(n) = own("SLURMD_NODENAME").filter(|n| !n.is_empty()) {
         return Some(n);
     }
-    let addr = getenv("SLURM_TOPOLOGY_ADDR")?;
+    let addr = job("SLURM_TOPOLOGY_ADDR")?;
     addr.rsplit('.')
         .next()
         .filter(|n| !n.is_empty())
@@ -209,7 +227,7 @@ pub enum Outcome {
 /// Sends `req` to the agent at `socket` with `stderr` attached, and reads its
 /// answer (at most [`REPLY_TIMEOUT`]).
 pub fn attach(socket: &Path, req: &Attach, stderr: c_int) -> Outcome {
-    let stream = match UnixStream::connect(socket) {
+    let stream = match connect(socket) {
         Ok(s) => s,
         Err(e) => return Outcome::NoAgent(format!("{}: {e}", socket.display())),
     };
@@ -229,6 +247,57 @@ pub fn attach(socket: &Path, req: &Attach, stderr: c_int) -> Outcome {
         Ok(_) => read_answer(&answer),
         Err(e) => Outcome::NoAgent(format!("no answer within {REPLY_TIMEOUT:?}: {e}")),
     }
+}
+
+/// Connects to `socket` without ever waiting: a connection to an agent that
+/// accepts none (wedged, or stopped with its socket left) waits in the
+/// socket's backlog, and once that is full a blocking connect would hold the
+/// job's start in slurmstepd for as long as the agent stays so. Non-blocking,
+/// a full backlog is an error at once (`EAGAIN`); the stream is made blocking
+/// again, with its timeouts, for the request and the answer.
+pub fn connect(socket: &Path) -> std::io::Result<UnixStream> {
+    use std::os::{fd::FromRawFd, unix::ffi::OsStrExt};
+    let path = socket.as_os_str().as_bytes();
+    // SAFETY: a zeroed sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if path.is_empty() || path.len() >= addr.sun_path.len() || path.contains(&0) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a usable socket path (empty, a NUL, or over 107 bytes)",
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(path) {
+        *d = *s as c_char;
+    }
+    // SAFETY: no pointers.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a socket just made, owned from here on.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    let len = std::mem::size_of::<libc::sa_family_t>() + path.len() + 1;
+    // SAFETY: a valid sockaddr_un and a length inside it.
+    let r = unsafe { libc::connect(fd, (&raw const addr).cast(), len as libc::socklen_t) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EAGAIN) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "the agent accepts no connection (its socket's backlog is full)",
+            ));
+        }
+        return Err(e);
+    }
+    stream.set_nonblocking(false)?;
+    Ok(stream)
 }
 
 /// The agent's answer line: `{"accepted": {"task": N, ...}}` or `{"error":
@@ -383,64 +452,115 @@ mod tests {
         assert!(matches!(read_answer("garbage"), Outcome::NoAgent(_)));
     }
 
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    /// Each step reads only the variable slurmstepd set for it: a job that
+    /// submits with `SLURM_STEP_GPUS=1` in its environment does not choose
+    /// its batch script's GPU, nor does a stale `SLURM_JOB_GPUS` an srun
+    /// step's; `CUDA_VISIBLE_DEVICES` (local indices, and the job's to set)
+    /// never counts.
     #[test]
-    fn gpus_and_budget_come_from_the_jobs_variables() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
+    fn gpus_and_budget_come_from_the_variable_slurmstepd_sets_for_the_step() {
+        let all = env(&[
+            ("SLURM_STEP_GPUS", "1"),
+            ("SLURM_JOB_GPUS", "0-2,5"),
+            ("CUDA_VISIBLE_DEVICES", "3"),
+            ("SLURM_SHARDS_ON_NODE", "3"),
+        ]);
         assert_eq!(
-            job_gpus(env(&[
-                ("SLURM_STEP_GPUS", "1"),
-                ("CUDA_VISIBLE_DEVICES", "0"),
-                ("SLURM_SHARDS_ON_NODE", "3")
-            ])),
+            job_gpus(0, &all),
             Some(JobGpus {
                 gpus: vec![1],
                 budget_bytes: Some(3 << 30)
             })
         );
-        assert_eq!(
-            job_gpus(env(&[("SLURM_JOB_GPUS", "0-2,5")])),
-            Some(JobGpus {
-                gpus: vec![0, 1, 2, 5],
-                budget_bytes: None
-            })
-        );
-        assert_eq!(job_gpus(env(&[("SLURM_SHARDS_ON_NODE", "3")])), None);
-        assert_eq!(job_gpus(env(&[("CUDA_VISIBLE_DEVICES", "")])), None);
+        for step in [BATCH_STEP, INTERACTIVE_STEP] {
+            assert_eq!(
+                job_gpus(step, &all),
+                Some(JobGpus {
+                    gpus: vec![0, 1, 2, 5],
+                    budget_bytes: Some(3 << 30)
+                })
+            );
+        }
+        assert_eq!(job_gpus(BATCH_STEP, env(&[("SLURM_STEP_GPUS", "1")])), None);
+        assert_eq!(job_gpus(7, env(&[("SLURM_JOB_GPUS", "1")])), None);
+        assert_eq!(job_gpus(7, env(&[("CUDA_VISIBLE_DEVICES", "0")])), None);
+        assert_eq!(job_gpus(7, env(&[("SLURM_SHARDS_ON_NODE", "3")])), None);
+        assert_eq!(job_gpus(7, env(&[("SLURM_STEP_GPUS", "")])), None);
     }
 
     #[test]
-    fn the_node_is_named_by_slurmd_else_by_its_topology_address() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
+    fn the_node_is_named_by_slurmstepd_else_by_its_topology_address() {
+        let none = env(&[]);
         assert_eq!(
-            node_name(env(&[
-                ("SLURMD_NODENAME", "n1"),
-                ("SLURM_TOPOLOGY_ADDR", "x")
-            ])),
+            node_name(
+                env(&[("SLURMD_NODENAME", "n1")]),
+                env(&[("SLURMD_NODENAME", "forged"), ("SLURM_TOPOLOGY_ADDR", "x")])
+            ),
             Some("n1".into())
         );
         assert_eq!(
-            node_name(env(&[("SLURM_TOPOLOGY_ADDR", "n2")])),
+            node_name(&none, env(&[("SLURMD_NODENAME", "forged")])),
+            None,
+            "the job's own copy is never read"
+        );
+        assert_eq!(
+            node_name(&none, env(&[("SLURM_TOPOLOGY_ADDR", "n2")])),
             Some("n2".into())
         );
         assert_eq!(
-            node_name(env(&[("SLURM_TOPOLOGY_ADDR", "s0.s1.gpu7")])),
+            node_name(&none, env(&[("SLURM_TOPOLOGY_ADDR", "s0.s1.gpu7")])),
             Some("gpu7".into())
         );
-        assert_eq!(node_name(env(&[])), None);
+        assert_eq!(node_name(&none, &none), None);
+    }
+
+    /// An agent that accepts nothing: once its socket's backlog is full,
+    /// `connect` says so at once (a blocking connect waited as long as the
+    /// agent did, in slurmstepd, holding the job). The listener's backlog is
+    /// set to 1 so that a few connections fill it.
+    #[test]
+    fn a_full_backlog_is_an_answer_not_a_wait() {
+        let dir = std::env::temp_dir().join(format!("keling-spank-backlog-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // SAFETY: a listening socket we own; listen again only lowers its backlog.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 1) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let outcome = loop {
+                match connect(&p) {
+                    Ok(s) if held.len() < 64 => held.push(s),
+                    Ok(_) => break Err("64 connections and the backlog never filled".to_owned()),
+                    Err(e) => break Ok((held.len(), e)),
+                }
+            };
+            let _ = tx.send(outcome);
+        });
+        // A generous bound that only a blocked connect reaches.
+        let outcome = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("connect blocked on a full backlog");
+        let (made, e) = outcome.unwrap();
+        assert!(made >= 1, "the first connections wait in the backlog");
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+        assert!(e.to_string().contains("backlog is full"), "{e}");
+        let gone = connect(&dir.join("none.sock")).unwrap_err();
+        assert_eq!(gone.kind(), std::io::ErrorKind::NotFound);
+        drop(listener);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

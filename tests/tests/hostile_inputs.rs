@@ -408,3 +408,94 @@ fn out_of_range_priorities_bad_env_entries_and_failed_starts_are_told_plainly() 
         cgroups_of(&agent).is_empty()
     });
 }
+
+/// What a launched task inherits comes from the process that asked, never from
+/// the agent (root, with its limits raised: open files to the hard limit, locked
+/// memory unlimited; under systemd an OOM score of -900): a task started by a
+/// shell with 200 open files, 64 KiB of locked memory, an OOM score of 77 and
+/// umask 027 has exactly those, as the kernel shows them in `/proc`; and a raw
+/// request that passes no stdio gets /dev/null for all three, not the agent's
+/// own stdin, stdout and stderr (a member of the access group got root's
+/// terminal that way).
+#[test]
+fn a_launched_task_inherits_the_callers_limits_and_never_the_agents_stdio() {
+    let Some(fx) = Fixture::scheduler(
+        "a_launched_task_inherits_the_callers_limits_and_never_the_agents_stdio",
+        &["--gpus", "1"],
+    ) else {
+        return;
+    };
+    let agent = Agent::start(fx.sim(), &[]);
+    let dir = tempdir();
+    let report = dir.join("attributes");
+    let task = format!(
+        "grep -E '^Max (open files|locked memory)' /proc/$$/limits > {r}; \
+         cat /proc/$$/oom_score_adj >> {r}; grep Umask /proc/$$/status >> {r}",
+        r = report.display()
+    );
+    let caller = format!(
+        "ulimit -n 200 && ulimit -l 64 && umask 027 && echo 77 > /proc/self/oom_score_adj && \
+         exec {keling} launch --socket {socket} -- sh -c \"$TASK\"",
+        keling = keling_bin().display(),
+        socket = agent.socket.display()
+    );
+    let out = Command::new("sh")
+        .args(["-c", &caller])
+        .env("TASK", &task)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = std::fs::read_to_string(&report).unwrap();
+    let fields = |line: &str| -> Vec<String> {
+        seen.lines()
+            .find(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no {line:?} in {seen}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        fields("Max open files")[3..5],
+        ["200", "200"],
+        "the caller's, not the agent's (soft {}): {seen}",
+        soft_nofile(agent.pid)
+    );
+    assert_eq!(
+        fields("Max locked memory")[3..5],
+        ["65536", "65536"],
+        "{seen}"
+    );
+    assert!(seen.lines().any(|l| l == "77"), "OOM score: {seen}");
+    assert_eq!(fields("Umask:")[1], "0027", "{seen}");
+
+    let fds = dir.join("fds");
+    let said = all_replies(
+        &agent.socket,
+        &launch_line(
+            &format!(
+                // Read in command substitutions: the shell's own fds (the
+                // task's) stay as they are while they run.
+                "[\"sh\",\"-c\",\"a=$(readlink /proc/$$/fd/0); b=$(readlink /proc/$$/fd/1); \
+                 c=$(readlink /proc/$$/fd/2); echo $a $b $c > {}\"]",
+                fds.display()
+            ),
+            "/",
+            "null",
+            "[\"PATH=/usr/bin:/bin\"]",
+        ),
+    );
+    assert!(
+        said.iter().any(|l| l.contains("\"exit_code\":0")),
+        "{said:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&fds).unwrap(),
+        "/dev/null /dev/null /dev/null\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,8 +4,8 @@
 //! loop: the loop only ever sees a fully read, well-formed [`Incoming`] request
 //! from a peer the access rule admits, and sends replies through a channel that
 //! never blocks it. Accept errors (EMFILE, ENFILE, ENOMEM) are logged and retried
-//! after a pause; clients still reading their request beyond [`MAX_READING`] are
-//! turned away at once.
+//! after a pause; clients still reading their request beyond [`MAX_READING`] (or
+//! [`MAX_READING_PER_UID`] of one user's) are turned away at once, root's never.
 //!
 //! File descriptors passed with requests (SCM_RIGHTS) are capped, since each one
 //! received takes a slot of the agent's fd table: a request carries at most
@@ -15,9 +15,10 @@
 //! closed at once and is dropped with an error, so no member of the group can
 //! fill the agent's fd table.
 use std::{
+    collections::HashMap,
     os::fd::{AsRawFd, OwnedFd},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
@@ -41,6 +42,11 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(5);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Clients that may be reading their first request at once.
 pub const MAX_READING: usize = 512;
+/// Of those, how many one user may have: one member of the access group
+/// cannot take every place (the places of four can). Root is never turned
+/// away by either cap, nor by [`MAX_FDS_IN_ALL`]: the Slurm plugin attaching a
+/// job's task and an administrator's `keling status` are root.
+pub const MAX_READING_PER_UID: usize = 128;
 /// The longest follow-up line (`{"forward":N}`) on a launch's connection.
 const MAX_FOLLOW_UP_BYTES: usize = 1024;
 /// How much one read takes from the socket.
@@ -216,7 +222,7 @@ pub type Admit = Arc<dyn Fn(&Credentials) -> Result<(), String> + Send + Sync>;
 /// Accepts clients on `listener` for as long as the agent runs, handing each
 /// well-formed request from an admitted peer to `requests`.
 pub fn spawn(listener: UnixListener, requests: mpsc::Sender<Incoming>, admit: Admit) {
-    spawn_limited(listener, requests, admit, MAX_FDS_IN_ALL);
+    spawn_limited(listener, requests, admit, MAX_FDS_IN_ALL, Some(0));
 }
 
 /// As [`spawn`], with `max_fds_in_all` for [`MAX_FDS_IN_ALL`].
@@ -225,9 +231,11 @@ fn spawn_limited(
     requests: mpsc::Sender<Incoming>,
     admit: Admit,
     max_fds_in_all: usize,
+    exempt_uid: Option<u32>,
 ) {
     tokio::spawn(async move {
         let reading = Arc::new(AtomicUsize::new(0));
+        let reading_by_uid = Arc::new(Mutex::new(HashMap::new()));
         let held_fds = Arc::new(AtomicUsize::new(0));
         let next_conn = AtomicU64::new(1);
         let mut failing = false;
@@ -246,8 +254,10 @@ fn spawn_limited(
                         admit.clone(),
                         Limits {
                             reading: reading.clone(),
+                            reading_by_uid: reading_by_uid.clone(),
                             held_fds: held_fds.clone(),
                             max_fds_in_all,
+                            exempt_uid,
                         },
                     ));
                 }
@@ -264,20 +274,73 @@ fn spawn_limited(
     });
 }
 
-/// What all clients share: how many are reading, how many fds they hold.
+/// What all clients share: how many are reading (in all and per user), how
+/// many fds they hold; and the user no cap turns away (root).
 #[derive(Clone)]
 struct Limits {
     reading: Arc<AtomicUsize>,
+    reading_by_uid: Arc<Mutex<HashMap<u32, usize>>>,
     held_fds: Arc<AtomicUsize>,
     max_fds_in_all: usize,
+    exempt_uid: Option<u32>,
 }
 
-/// Counts a client as reading its request for as long as it lives.
-struct ReadingSlot(Arc<AtomicUsize>);
+/// Counts a client as reading its request for as long as it lives, in all
+/// and for its user.
+struct ReadingSlot {
+    limits: Limits,
+    uid: u32,
+}
+
+impl ReadingSlot {
+    /// A place for a client of `uid`, or why there is none.
+    fn take(limits: &Limits, uid: u32) -> Result<Self, String> {
+        let slot = ReadingSlot {
+            limits: limits.clone(),
+            uid,
+        };
+        let in_all = limits.reading.fetch_add(1, Ordering::Relaxed);
+        let mine = {
+            let mut by_uid = limits
+                .reading_by_uid
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let n = by_uid.entry(uid).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        if limits.exempt_uid == Some(uid) {
+            return Ok(slot);
+        }
+        if mine >= MAX_READING_PER_UID {
+            return Err(format!(
+                "the agent is busy: uid {uid} has {MAX_READING_PER_UID} connections sending \
+                 requests; try again when they are done"
+            ));
+        }
+        if in_all >= MAX_READING {
+            return Err(format!(
+                "the agent is busy: {MAX_READING} clients are sending requests; try again"
+            ));
+        }
+        Ok(slot)
+    }
+}
 
 impl Drop for ReadingSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.limits.reading.fetch_sub(1, Ordering::Relaxed);
+        let mut by_uid = self
+            .limits
+            .reading_by_uid
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                by_uid.remove(&self.uid);
+            }
+        }
     }
 }
 
@@ -442,13 +505,6 @@ async fn read_first(
     limits: &Limits,
     charge: &mut FdCharge,
 ) -> Result<(Request, Vec<OwnedFd>, Peer), String> {
-    let reading = &limits.reading;
-    let slot = ReadingSlot(reading.clone());
-    if reading.fetch_add(1, Ordering::Relaxed) >= MAX_READING {
-        return Err(format!(
-            "the agent is busy: {MAX_READING} clients are sending requests; try again"
-        ));
-    }
     let peer = match stream.peer_cred() {
         Ok(c) => Peer {
             creds: Credentials {
@@ -461,9 +517,15 @@ async fn read_first(
         Err(e) => return Err(format!("no peer credentials: {e}")),
     };
     admit(&peer.creds)?;
+    let slot = ReadingSlot::take(limits, peer.creds.uid)?;
+    let max_fds = if limits.exempt_uid == Some(peer.creds.uid) {
+        usize::MAX
+    } else {
+        limits.max_fds_in_all
+    };
     let read = tokio::time::timeout(
         REQUEST_DEADLINE,
-        read_request(stream, |n| charge.add(n, limits.max_fds_in_all)),
+        read_request(stream, |n| charge.add(n, max_fds)),
     )
     .await;
     drop(slot);
@@ -675,8 +737,18 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A listener on a fresh path, its requests, and the path.
+    /// A listener on a fresh path, its requests, and the path (no user exempt
+    /// from the caps).
     fn listen(name: &str, max_fds_in_all: usize) -> (std::path::PathBuf, mpsc::Receiver<Incoming>) {
+        listen_exempting(name, max_fds_in_all, None)
+    }
+
+    /// As [`listen`], with `exempt` never turned away.
+    fn listen_exempting(
+        name: &str,
+        max_fds_in_all: usize,
+        exempt: Option<u32>,
+    ) -> (std::path::PathBuf, mpsc::Receiver<Incoming>) {
         let dir = std::env::temp_dir().join(format!("keling-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("control.sock");
@@ -687,6 +759,7 @@ mod tests {
             requests,
             Arc::new(|_| Ok(())),
             max_fds_in_all,
+            exempt,
         );
         (path, incoming)
     }
@@ -787,6 +860,72 @@ mod tests {
         drop(write);
         drop(client);
         assert!(all_closed(&read), "an fd a client sent is still open");
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    /// One user holding [`MAX_READING_PER_UID`] silent connections is turned
+    /// away at the next, at once; the user exempt (root, in the agent) is
+    /// not: its request reaches the loop beside as many, and its fds are
+    /// taken past the cap on all clients' fds.
+    #[tokio::test]
+    async fn one_user_cannot_take_every_place_and_root_is_never_turned_away() {
+        // SAFETY: getuid has no preconditions.
+        let me = unsafe { libc::getuid() };
+        let (path, mut incoming) = listen("per-uid", MAX_FDS_IN_ALL);
+        let mut silent = Vec::new();
+        for _ in 0..MAX_READING_PER_UID {
+            silent.push(UnixStream::connect(&path).await.unwrap());
+        }
+        // The server takes the silent ones in turn: a probe may be read
+        // before the last of them is counted, and is then served.
+        let mut refused = None;
+        for _ in 0..50 {
+            let mut probe = UnixStream::connect(&path).await.unwrap();
+            probe.write_all(b"{\"status\":true}\n").await.unwrap();
+            tokio::select! {
+                got = incoming.recv() => {
+                    let got = got.unwrap();
+                    got.reply.send(Reply::Signalled(0));
+                }
+                reply = answer(&mut probe) => {
+                    refused = Some(reply);
+                    break;
+                }
+            }
+        }
+        match refused.expect("never turned away") {
+            Reply::Error(e) => assert!(
+                e.message
+                    .contains(&format!("uid {me} has {MAX_READING_PER_UID} connections")),
+                "{}",
+                e.message
+            ),
+            other => panic!("not refused: {other:?}"),
+        }
+        drop(silent);
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+
+        let (path, mut incoming) = listen_exempting("exempt", 6, Some(me));
+        let (_read, write) = crate::os::pipe().unwrap();
+        let w = write.as_raw_fd();
+        let mut silent = Vec::new();
+        for _ in 0..MAX_READING_PER_UID + 10 {
+            let c = UnixStream::connect(&path).await.unwrap();
+            silent.push(c);
+        }
+        for c in silent.iter().take(3) {
+            super::super::send_with_fds(c.as_raw_fd(), b"{", &[w, w, w]).unwrap();
+        }
+        let client = UnixStream::connect(&path).await.unwrap();
+        super::super::send_with_fds(client.as_raw_fd(), b"{\"status\":true}\n", &[w, w, w])
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), incoming.recv())
+            .await
+            .expect("served within 5 s")
+            .unwrap();
+        assert_eq!(got.request, Request::Status(true));
+        assert_eq!(got.fds.len(), 3, "12 fds held, over the cap of 6");
+        drop((got, silent, client));
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

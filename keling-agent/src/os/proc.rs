@@ -65,6 +65,70 @@ pub fn uid(pid: u32) -> Option<u32> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// Every resource Linux limits (`getrlimit(2)`), RLIMIT_CPU to RLIMIT_RTTIME.
+const RESOURCES: [u32; 16] = [
+    libc::RLIMIT_CPU,
+    libc::RLIMIT_FSIZE,
+    libc::RLIMIT_DATA,
+    libc::RLIMIT_STACK,
+    libc::RLIMIT_CORE,
+    libc::RLIMIT_RSS,
+    libc::RLIMIT_NPROC,
+    libc::RLIMIT_NOFILE,
+    libc::RLIMIT_MEMLOCK,
+    libc::RLIMIT_AS,
+    libc::RLIMIT_LOCKS,
+    libc::RLIMIT_SIGPENDING,
+    libc::RLIMIT_MSGQUEUE,
+    libc::RLIMIT_NICE,
+    libc::RLIMIT_RTPRIO,
+    libc::RLIMIT_RTTIME,
+];
+
+/// Every resource limit of process `pid` as `(resource, soft, hard)`, read
+/// with `prlimit` (root reads any process's).
+pub fn limits(pid: u32) -> anyhow::Result<Vec<(u32, u64, u64)>> {
+    let pid_t = libc::pid_t::try_from(pid).context("a pid out of range")?;
+    RESOURCES
+        .iter()
+        .map(|&resource| {
+            let mut limit = libc::rlimit64 {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: a valid rlimit64 to fill; no new limit is set.
+            let r = unsafe { libc::prlimit64(pid_t, resource, std::ptr::null(), &mut limit) };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error())
+                    .with_context(|| format!("the limits of process {pid}"));
+            }
+            Ok((resource, limit.rlim_cur, limit.rlim_max))
+        })
+        .collect()
+}
+
+/// `/proc/PID/oom_score_adj` (-1000 to 1000).
+pub fn oom_score_adj(pid: u32) -> anyhow::Result<i32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+        .with_context(|| format!("no process {pid}"))?;
+    text.trim()
+        .parse()
+        .ok()
+        .filter(|v: &i32| (-1000..=1000).contains(v))
+        .with_context(|| format!("unreadable /proc/{pid}/oom_score_adj: {text:?}"))
+}
+
+/// The umask of a process (`Umask:` in `/proc/PID/status`, octal).
+pub fn umask(pid: u32) -> anyhow::Result<u32> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("no process {pid}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .filter(|m| *m <= 0o777)
+        .with_context(|| format!("no umask in /proc/{pid}/status"))
+}
+
 /// `/proc/PID/stat`, or an error saying there is no such process.
 pub fn stat(pid: u32) -> anyhow::Result<Stat> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -78,6 +142,31 @@ pub fn stopped_or_gone(pid: u32) -> bool {
         Ok(text) => parse_stat(&text).is_none_or(|s| matches!(s.state, 'T' | 't' | 'Z' | 'X')),
         Err(_) => true,
     }
+}
+
+/// Whether every live thread of process `pid` is stopped (`T` or `t`);
+/// `None` when it has no live thread to read (gone). The leader's state alone
+/// is not the process's: a leader that called `pthread_exit` shows `Z` while
+/// its other threads run, and would never show `T`.
+pub fn threads_stopped(pid: u32) -> Option<bool> {
+    let (mut live, mut stopped) = (0usize, true);
+    for tid in tids(pid).ok()? {
+        let Some(s) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+            .ok()
+            .and_then(|t| parse_stat(&t))
+        else {
+            continue; // gone since the listing
+        };
+        match s.state {
+            'Z' | 'X' => {}
+            'T' | 't' => live += 1,
+            _ => {
+                live += 1;
+                stopped = false;
+            }
+        }
+    }
+    (live > 0).then_some(stopped)
 }
 
 /// Thread ids of a live process.

@@ -66,6 +66,43 @@ pub struct SpawnOptions {
     /// or the agent's environment is dropped); a release naming none leaves the
     /// variable out.
     pub gpu_at_release: bool,
+    /// Resource limits, OOM score adjustment and umask to take instead of the
+    /// agent's (which raised its own limits and may run with a low OOM score).
+    pub attributes: Option<Attributes>,
+}
+
+/// What a process passes on to what it starts besides its identity: its
+/// resource limits, OOM score adjustment and umask. A task launched through
+/// the agent takes them from the process that asked for it
+/// ([`Attributes::of_process`]), as if that process had started it itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attributes {
+    /// `(resource, soft, hard)` for every resource the kernel has.
+    pub limits: Vec<(u32, u64, u64)>,
+    /// `/proc/PID/oom_score_adj`, -1000 to 1000.
+    pub oom_score_adj: i32,
+    pub umask: u32,
+}
+
+impl Attributes {
+    /// Those of live process `pid`, which must be `uid`'s (real uid) before
+    /// and after they are read: a pid reused meanwhile by another user's
+    /// process is refused, not copied.
+    pub fn of_process(pid: u32, uid: u32) -> anyhow::Result<Self> {
+        let owned = || super::proc::uid(pid) == Some(uid);
+        if !owned() {
+            bail!("process {pid} is gone or is not uid {uid}'s");
+        }
+        let attributes = Attributes {
+            limits: super::proc::limits(pid)?,
+            oom_score_adj: super::proc::oom_score_adj(pid)?,
+            umask: super::proc::umask(pid)?,
+        };
+        if !owned() {
+            bail!("process {pid} went away while its limits were read");
+        }
+        Ok(attributes)
+    }
 }
 
 /// `CUDA_VISIBLE_DEVICES=` and room for any u32 in decimal and its NUL.
@@ -85,6 +122,7 @@ pub enum Step {
     Credentials = 3,
     Cwd = 4,
     Exec = 5,
+    Attributes = 6,
 }
 
 impl Step {
@@ -95,6 +133,7 @@ impl Step {
             3 => Step::Credentials,
             4 => Step::Cwd,
             5 => Step::Exec,
+            6 => Step::Attributes,
             _ => return None,
         })
     }
@@ -145,6 +184,9 @@ impl ExecContext {
             Some(Step::Credentials) => format!("cannot take the caller's identity{who}: {e}"),
             Some(Step::Cgroup) => format!("cannot join the task's cgroup: {e}"),
             Some(Step::Session) => format!("cannot start a session: {e}"),
+            Some(Step::Attributes) => {
+                format!("cannot take the caller's resource limits, OOM score or umask: {e}")
+            }
         }
     }
 }
@@ -248,6 +290,25 @@ impl HeldChild {
         let groups: Vec<libc::gid_t> = creds.as_ref().map(|c| c.groups.clone()).unwrap_or_default();
         let stdio = opts.stdio;
         let new_session = opts.new_session;
+        let limits: Vec<(u32, libc::rlimit64)> = opts
+            .attributes
+            .iter()
+            .flat_map(|a| &a.limits)
+            .map(|&(resource, soft, hard)| {
+                let limit = libc::rlimit64 {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                (resource, limit)
+            })
+            .collect();
+        let mut oom_text = [0u8; 12];
+        let oom = opts.attributes.as_ref().map(|a| {
+            let text = a.oom_score_adj.to_string();
+            oom_text[..text.len()].copy_from_slice(text.as_bytes());
+            (oom_text.as_ptr(), text.len())
+        });
+        let umask = opts.attributes.as_ref().map(|a| a.umask & 0o777);
         let context = ExecContext {
             program: program.to_string_lossy().into_owned(),
             cwd: opts.cwd.as_ref().map(|c| c.to_string_lossy().into_owned()),
@@ -287,6 +348,9 @@ impl HeldChild {
                     stdio,
                     new_session,
                     cgroup_procs: cgroup_procs.as_ref().map(|c| c.as_ptr()),
+                    limits: &limits,
+                    oom,
+                    umask,
                     creds: creds.as_ref().map(|c| (c.uid, c.gid)),
                     groups: &groups,
                     cwd: cwd.as_ref().map(|c| c.as_ptr()),
@@ -487,6 +551,10 @@ struct ChildPlan<'a> {
     stdio: Option<[i32; 3]>,
     new_session: bool,
     cgroup_procs: Option<*const libc::c_char>,
+    limits: &'a [(u32, libc::rlimit64)],
+    /// The OOM score adjustment's text and its length.
+    oom: Option<(*const u8, usize)>,
+    umask: Option<u32>,
     creds: Option<(u32, u32)>,
     groups: &'a [libc::gid_t],
     cwd: Option<*const libc::c_char>,
@@ -562,6 +630,34 @@ unsafe fn child(plan: ChildPlan) -> ! {
                 fail(Step::Cgroup);
             }
             libc::close(f);
+        }
+        // The caller's limits, OOM score and umask, not the agent's (still
+        // root: a hard limit above the agent's, or an OOM score below it,
+        // needs it).
+        for (resource, limit) in plan.limits {
+            if libc::syscall(
+                libc::SYS_prlimit64,
+                0,
+                *resource,
+                std::ptr::from_ref(limit),
+                std::ptr::null_mut::<libc::rlimit64>(),
+            ) != 0
+            {
+                fail(Step::Attributes);
+            }
+        }
+        if let Some((text, len)) = plan.oom {
+            let f = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if f < 0 || libc::write(f, text.cast(), len) != len as isize {
+                fail(Step::Attributes);
+            }
+            libc::close(f);
+        }
+        if let Some(mask) = plan.umask {
+            libc::umask(mask);
         }
         if let Some((uid, gid)) = plan.creds {
             // Raw system calls: they change this thread only, which is the whole
@@ -742,6 +838,71 @@ mod tests {
         assert!(text.contains("SigIgn:\t0000000000000000"), "{text}");
         assert!(text.contains("SigBlk:\t0000000000000000"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The attributes given are the child's, as the kernel shows them, not
+    /// this process's: a lower open-files and locked-memory limit, a higher OOM
+    /// score, another umask (each allowed without privileges); and
+    /// [`Attributes::of_process`] reads back what `getrlimit` says here.
+    #[test]
+    fn a_child_takes_the_given_limits_oom_score_and_umask() {
+        let me = std::process::id();
+        // SAFETY: getuid has no preconditions.
+        let mut a = Attributes::of_process(me, unsafe { libc::getuid() }).unwrap();
+        let mut nofile = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid rlimit to fill.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut nofile) };
+        let mine = a.limits.iter().find(|l| l.0 == libc::RLIMIT_NOFILE);
+        assert_eq!(
+            mine,
+            Some(&(libc::RLIMIT_NOFILE, nofile.rlim_cur, nofile.rlim_max))
+        );
+        for l in &mut a.limits {
+            if l.0 == libc::RLIMIT_NOFILE {
+                (l.1, l.2) = (200, 200);
+            }
+            if l.0 == libc::RLIMIT_MEMLOCK {
+                (l.1, l.2) = (65_536, 65_536);
+            }
+        }
+        a.oom_score_adj = 321;
+        a.umask = 0o027;
+        let dir = std::env::temp_dir().join(format!("keling-spawn-attr-{me}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let argv = argv(&[
+            "sh",
+            "-c",
+            "grep -E '^Max (open files|locked memory)' /proc/$$/limits > out; \
+             cat /proc/$$/oom_score_adj >> out; grep Umask /proc/$$/status >> out",
+        ]);
+        let opts = SpawnOptions {
+            cwd: Some(dir.clone()),
+            attributes: Some(a),
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
+        let pid = held.pid();
+        held.release_nowait().unwrap().wait().unwrap();
+        assert_eq!(reap(pid), 0);
+        let text = std::fs::read_to_string(dir.join("out")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let squeezed: Vec<String> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(
+            squeezed,
+            [
+                "Max open files 200 200 files",
+                "Max locked memory 65536 65536 bytes",
+                "321",
+                "Umask: 0027",
+            ],
+            "{text}"
+        );
     }
 
     #[test]

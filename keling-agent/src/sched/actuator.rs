@@ -20,6 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context;
 use keling_sched::ActionKind;
 
 use super::{
@@ -196,10 +197,10 @@ impl Actuator for CgroupActuator {
 
     fn watch(&self, kind: ActionKind) -> Box<dyn Watch> {
         match kind {
-            ActionKind::Freeze | ActionKind::Thaw => Box::new(FreezerWatch {
-                file: fs::File::open(self.cgroup.events_file()).ok(),
-                frozen: kind == ActionKind::Freeze,
-            }),
+            ActionKind::Freeze | ActionKind::Thaw => Box::new(FreezerWatch::new(
+                self.cgroup.events_file(),
+                kind == ActionKind::Freeze,
+            )),
             _ => Box::new(CgroupStopWatch {
                 cgroup: self.cgroup.clone(),
             }),
@@ -208,18 +209,59 @@ impl Actuator for CgroupActuator {
 }
 
 /// `frozen 1` (or `frozen 0`) in `cgroup.events`, read through the fd that is
-/// polled, as kernfs requires to re-arm the notification.
+/// polled, as kernfs requires to re-arm the notification. A cgroup that is gone
+/// (removed since, or before the watch began) holds nothing that runs: done. A
+/// file that could not be opened for another reason (out of fds) is read by
+/// its path at each look instead, never taken as an answer.
 struct FreezerWatch {
+    path: PathBuf,
     file: Option<fs::File>,
     frozen: bool,
+    gone: bool,
+}
+
+impl FreezerWatch {
+    fn new(path: PathBuf, frozen: bool) -> Self {
+        let (file, gone) = match fs::File::open(&path) {
+            Ok(f) => (Some(f), false),
+            Err(e) => (None, cgroup_gone(&e)),
+        };
+        FreezerWatch {
+            path,
+            file,
+            frozen,
+            gone,
+        }
+    }
+}
+
+/// Whether a failed open or read of a cgroup file says the cgroup is gone:
+/// its directory removed (`ENOENT`), or removed while the file was open
+/// (kernfs answers `ENODEV`, and its poll reports an error at once, every
+/// time: a watch that kept polling it would spin).
+fn cgroup_gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
 }
 
 impl Watch for FreezerWatch {
     fn done(&mut self) -> bool {
-        match &mut self.file {
-            // A cgroup that is gone holds nothing that runs.
-            None => true,
-            Some(f) => cgroup::read_events(f).is_ok_and(|e| e.frozen == self.frozen),
+        if self.gone {
+            return true;
+        }
+        let read = match &mut self.file {
+            Some(f) => cgroup::read_events(f),
+            None => fs::read_to_string(&self.path).map(|t| cgroup::parse_events(&t)),
+        };
+        match read {
+            Ok(e) => e.frozen == self.frozen,
+            Err(e) => {
+                self.gone = cgroup_gone(&e);
+                if self.gone {
+                    // Nothing left to poll.
+                    self.file = None;
+                }
+                self.gone
+            }
         }
     }
 
@@ -244,8 +286,7 @@ impl Watch for CgroupStopWatch {
 }
 
 fn stopped_or_gone(p: &Pidfd) -> bool {
-    p.read_proc(|pid| proc::stat(pid).ok().map(|s| matches!(s.state, 'T' | 't')))
-        .unwrap_or(true)
+    p.read_proc(proc::threads_stopped).unwrap_or(true)
 }
 
 /// The processes Keling stopped with SIGSTOP, mirrored in a file the fail-safe
@@ -254,13 +295,15 @@ fn stopped_or_gone(p: &Pidfd) -> bool {
 pub struct StoppedList(Arc<Mutex<BTreeSet<StoppedProcess>>>);
 
 impl StoppedList {
-    fn update(&self, f: impl FnOnce(&mut BTreeSet<StoppedProcess>)) {
+    /// Changes the list and writes it for the fail-safe; an error (logged
+    /// too) when the file could not be written.
+    fn update(&self, f: impl FnOnce(&mut BTreeSet<StoppedProcess>)) -> anyhow::Result<()> {
         let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut set);
         let list: Vec<StoppedProcess> = set.iter().copied().collect();
-        if let Err(e) = cgroup::write_stopped(&list) {
+        cgroup::write_stopped(&list).inspect_err(|e| {
             log::warn!("cannot record stopped processes for the fail-safe: {e:#}");
-        }
+        })
     }
 
     /// Takes a process that is gone off the list.
@@ -272,14 +315,14 @@ impl StoppedList {
             .iter()
             .any(|p| p.pid == pid);
         if listed {
-            self.update(|s| s.retain(|p| p.pid != pid));
+            let _ = self.update(|s| s.retain(|p| p.pid != pid));
         }
     }
 
     /// Empties the list (its processes were continued: at stop, or by the
     /// fail-safe, which consumed the file).
     pub fn clear(&self) {
-        self.update(BTreeSet::clear);
+        let _ = self.update(BTreeSet::clear);
     }
 }
 
@@ -312,16 +355,22 @@ impl SignalActuator {
 impl Actuator for SignalActuator {
     fn set_frozen(&self, frozen: bool) -> anyhow::Result<()> {
         if frozen {
-            // Listed before the stop, so the fail-safe can always undo it.
+            // Listed before the stop, so the fail-safe can always undo it: a
+            // process it could not be told of is not stopped (the freeze fails,
+            // and says why).
             let entry = self.entry();
-            self.stopped.update(|s| {
-                s.insert(entry);
-            });
+            self.stopped
+                .update(|s| {
+                    s.insert(entry);
+                })
+                .context("not stopped: the fail-safe could not be told of it")?;
             self.send(libc::SIGSTOP)
         } else {
             let r = self.send(libc::SIGCONT);
             let entry = self.entry();
-            self.stopped.update(|s| {
+            // Left on the file, it is continued again by the fail-safe (which
+            // checks it is the same process): harmless.
+            let _ = self.stopped.update(|s| {
                 s.remove(&entry);
             });
             r
@@ -352,7 +401,8 @@ impl Actuator for SignalActuator {
     }
 }
 
-/// The process's state in `/proc` (read while its pidfd says it is alive).
+/// The process's state in `/proc`, every thread's (read while its pidfd says
+/// it is alive).
 struct ProcessWatch {
     pidfd: Arc<Pidfd>,
     stopped: bool,
@@ -360,10 +410,7 @@ struct ProcessWatch {
 
 impl Watch for ProcessWatch {
     fn done(&mut self) -> bool {
-        match self
-            .pidfd
-            .read_proc(|pid| proc::stat(pid).ok().map(|s| matches!(s.state, 'T' | 't')))
-        {
+        match self.pidfd.read_proc(proc::threads_stopped) {
             Some(stopped) => stopped == self.stopped,
             None => true, // gone: it neither runs nor needs continuing
         }
@@ -621,5 +668,87 @@ mod tests {
         for &pid in &pids[..4] {
             let _ = fs::write(v1.join("cgroup.procs"), pid.to_string());
         }
+    }
+
+    /// As root, on a real cgroup: a freeze watch on a cgroup removed while it
+    /// watches is done, with nothing left to poll (kernfs fails the read with
+    /// ENODEV and reports an error on every poll: a watch that took that for
+    /// "not yet" spun the actuation thread until its deadline); one on a
+    /// cgroup already gone is done at once; one on a live, unfrozen cgroup is not.
+    #[test]
+    fn a_freeze_watch_on_a_cgroup_removed_meanwhile_is_done_and_polls_nothing() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: not root (needs a cgroup)");
+            return;
+        }
+        let Ok(mount) = cgroup2_mount() else {
+            eprintln!("skipping: no cgroup v2 hierarchy");
+            return;
+        };
+        let mut setup = Setup {
+            children: Vec::new(),
+            dirs: Vec::new(),
+            temp: None,
+        };
+        let dir = mount.join(format!("keling-unit-watch-{}", std::process::id()));
+        fs::create_dir(&dir).unwrap();
+        setup.dirs.push(dir.clone());
+        let mut watch = FreezerWatch::new(dir.join("cgroup.events"), true);
+        assert!(!watch.done(), "an empty cgroup that was never frozen");
+        assert!(watch.fd().is_some());
+        fs::remove_dir(&dir).unwrap();
+        assert!(watch.done(), "removed: nothing in it runs");
+        assert_eq!(watch.fd(), None, "nothing left to poll");
+        let mut gone = FreezerWatch::new(dir.join("cgroup.events"), false);
+        assert!(gone.done());
+        assert_eq!(gone.fd(), None);
+    }
+
+    /// A process whose main thread has exited (`pthread_exit`: its leader
+    /// shows `Z`) while another thread works is seen stopped by SIGSTOP and
+    /// running again after SIGCONT: every thread counts, not the leader's
+    /// state (which never showed `T`, so its freeze was never confirmed and
+    /// it stayed stopped, holding its place).
+    #[test]
+    fn a_process_whose_main_thread_exited_is_seen_stopped_and_continued() {
+        let script = "import ctypes, threading, time\n\
+                      threading.Thread(target=time.sleep, args=(60,)).start()\n\
+                      ctypes.CDLL(None).pthread_exit(None)\n";
+        let Ok(child) = Command::new("python3").args(["-c", script]).spawn() else {
+            eprintln!("skipping: no python3 to make a process whose main thread exits");
+            return;
+        };
+        let setup = Setup {
+            children: vec![child],
+            dirs: Vec::new(),
+            temp: None,
+        };
+        let pid = setup.children[0].id();
+        let leader_gone = || {
+            proc::stat(pid).is_ok_and(|s| s.state == 'Z') && proc::threads_stopped(pid).is_some()
+        };
+        let start = Instant::now();
+        while !leader_gone() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the main thread never exited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let act = SignalActuator {
+            pidfd: Arc::new(Pidfd::open(pid).unwrap()),
+            start_ticks: proc::start_ticks(pid).unwrap(),
+            stopped: StoppedList::default(),
+        };
+        // SAFETY: our own unreaped child.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        assert!(wait(act.watch(ActionKind::Freeze), Duration::from_secs(5)));
+        assert_eq!(proc::threads_stopped(pid), Some(true));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+        assert!(wait(act.watch(ActionKind::Thaw), Duration::from_secs(5)));
+        assert_eq!(proc::threads_stopped(pid), Some(false));
+        drop(setup);
     }
 }

@@ -345,7 +345,7 @@ pub fn poll_pri(file: &fs::File, timeout: Duration) {
     unsafe { libc::poll(&mut pfd, 1, ms) };
 }
 
-fn parse_events(text: &str) -> Events {
+pub fn parse_events(text: &str) -> Events {
     let mut e = Events::default();
     for l in text.lines() {
         match l.trim() {

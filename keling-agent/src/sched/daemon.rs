@@ -729,6 +729,9 @@ impl Daemon {
     /// Thaws every task and continues every process it stopped (the agent is
     /// stopping; the tasks run on).
     pub fn shutdown(&mut self) {
+        // A freeze still queued for the actuation thread would land after the
+        // thaws below (and with the fail-safe gone, stay).
+        self.host.stop_actuation();
         for (_, t) in self.members.tasks() {
             if let Err(e) = t.actuator.set_frozen(false) {
                 log::warn!("thawing pid {} at stop: {e:#}", t.pid);

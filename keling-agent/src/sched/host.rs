@@ -37,7 +37,7 @@ use crate::{
         monotonic_ns,
         pidfd::Pidfd,
         proc::{self, ProcessFacts},
-        spawn::{HeldChild, SpawnOptions, parse_env},
+        spawn::{Attributes, HeldChild, SpawnOptions, parse_env},
         users::Credentials,
     },
 };
@@ -79,6 +79,10 @@ pub struct Launch<'a> {
     pub stdio: &'a [OwnedFd],
     /// Whom it runs as: the client.
     pub creds: &'a Credentials,
+    /// The client's process (`SO_PEERCRED`), whose resource limits, OOM score
+    /// and umask the task takes; `None` where the kernel could not say (a
+    /// client in another pid namespace).
+    pub caller_pid: Option<u32>,
     pub env_gpu: EnvGpu,
 }
 
@@ -185,6 +189,10 @@ pub trait Host {
     /// Every process Keling stopped was continued (by the fail-safe, or at the
     /// agent's stop): the list the fail-safe reads is empty again.
     fn forget_stopped(&mut self);
+
+    /// The agent stops: actuations already submitted are carried out and no
+    /// more will be, so that nothing lands after the thaw of every task.
+    fn stop_actuation(&mut self) {}
 }
 
 /// What the real host keeps per task.
@@ -503,6 +511,10 @@ impl Host for RealHost {
     fn forget_stopped(&mut self) {
         self.stopped.clear();
     }
+
+    fn stop_actuation(&mut self) {
+        self.worker.stop();
+    }
 }
 
 /// Forks the task's process as its caller, tracks it, and holds it before exec.
@@ -511,14 +523,36 @@ fn start_held(
     cgroup: &TaskCgroup,
     track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<(Pidfd, HeldChild)> {
+    use anyhow::Context;
     let (req, stdio) = (launch.request, launch.stdio);
-    let fds: Option<[i32; 3]> = (stdio.len() == 3).then(|| {
-        [
-            stdio[0].as_raw_fd(),
-            stdio[1].as_raw_fd(),
-            stdio[2].as_raw_fd(),
-        ]
-    });
+    // Never the agent's own (root's terminal, or the service's journal
+    // stream): the caller's three, or /dev/null for a client that passed none.
+    let null;
+    let fds = match stdio {
+        [stdin, stdout, stderr] => [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()],
+        [] => {
+            null = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+                .context("open /dev/null for a launch that passed no stdio")?;
+            [null.as_raw_fd(); 3]
+        }
+        _ => anyhow::bail!(
+            "a launch passes the caller's stdin, stdout and stderr (3 file descriptors, \
+             SCM_RIGHTS, as `keling launch` does) or none (/dev/null); this one passed {}",
+            stdio.len()
+        ),
+    };
+    let fds = Some(fds);
+    // As if the caller had started it: its limits, not the agent's raised ones.
+    let caller = launch.caller_pid.context(
+        "the kernel did not say which process sent the launch (a client in another pid \
+         namespace?); a task takes its resource limits from it: run `keling launch` on the host",
+    )?;
+    let attributes = Attributes::of_process(caller, launch.creds.uid).with_context(|| {
+        format!("cannot read the resource limits of the process that asked (pid {caller})")
+    })?;
     let argv: Vec<OsString> = req.argv.iter().map(OsString::from).collect();
     let mut env = match &req.env {
         Some(entries) => parse_env(entries),
@@ -540,6 +574,7 @@ fn start_held(
         cwd: Some(req.cwd.clone()),
         credentials: Some(launch.creds.clone()),
         new_session: true,
+        attributes: Some(attributes),
     };
     let held = HeldChild::spawn_with(&argv, &opts)?;
     // Our child, not yet reaped: its pid is certainly its own.

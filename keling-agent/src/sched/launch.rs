@@ -132,6 +132,24 @@ pub fn terms(
             req.mem_quota_bytes.or(rule.mem_quota_bytes),
         )
         .map_err(|why| ReplyError::new(ErrorKind::Refused, why))?;
+    // The host's session limit (the rule's for this command, else the
+    // agent's) is a limit: a shorter one is anyone's to ask, a longer one
+    // root's only.
+    let limit_ms = rule
+        .max_duration_ms
+        .unwrap_or(sched.config().default_max_duration_ms);
+    if let Some(asked) = req.max_duration_ms
+        && asked > limit_ms
+        && creds.uid != 0
+    {
+        return Err(ReplyError::new(
+            ErrorKind::Refused,
+            format!(
+                "a session limit of {asked} ms is over this host's {limit_ms} ms for this \
+                 command: ask for {limit_ms} ms or less (or none), or ask its administrator"
+            ),
+        ));
+    }
     let late = sched.config().binding == Binding::Late;
     if let Some(g) = req.gpu.or(rule.gpu) {
         check_gpu_exists(g, sched)?;
@@ -185,7 +203,7 @@ impl Terms {
         TaskSpec {
             id,
             pid,
-            name: argv0.rsplit('/').next().unwrap_or_default().to_owned(),
+            name: super::task_name(argv0.rsplit('/').next().unwrap_or_default()),
             priority: self.priority,
             gpu: self.gpu,
             mem_quota_bytes: self.mem_quota_bytes,
@@ -224,6 +242,7 @@ pub fn start(
     req: &LaunchRequest,
     stdio: &[OwnedFd],
     creds: &Credentials,
+    caller_pid: Option<u32>,
     conn: u64,
     terms: &Terms,
     host: &mut dyn Host,
@@ -233,6 +252,7 @@ pub fn start(
         request: req,
         stdio,
         creds,
+        caller_pid,
         env_gpu: terms.env_gpu,
     };
     let started = host
@@ -423,5 +443,52 @@ mod tests {
         }
         let ok = request(None, Some(vec!["PATH=/bin", "EMPTY=", "X==y"]));
         assert!(terms_of(&ok).is_ok());
+    }
+
+    /// The host's session limit binds a launch: a user asking for a longer
+    /// one than the rule for the command gives (else `[defaults]`, else the
+    /// agent's) is refused with both figures; a shorter one, or none, is
+    /// theirs; root may ask for more. Before, `--max-duration-ms` bought any
+    /// session length on a host whose administrator fixed it at an hour.
+    #[test]
+    fn a_session_limit_over_the_hosts_is_refused_to_users() {
+        let config = Config::parse(
+            "[defaults]\nmax_duration_ms = 60000\n\
+             [[rule]]\nname = \"train\"\nexe = \"/usr/bin/train\"\nmax_duration_ms = 7200000\n",
+        )
+        .unwrap();
+        let sched = Scheduler::new(SchedConfig::default());
+        let who = |uid| Credentials {
+            uid,
+            gid: uid,
+            groups: Vec::new(),
+        };
+        let ask = |argv0: &str, ms: Option<u64>, uid: u32| {
+            let mut req = request(None, None);
+            req.argv = vec![argv0.into()];
+            req.max_duration_ms = ms;
+            terms(&req, &who(uid), &config, 8, &sched, 0)
+        };
+        let Err(e) = ask("/usr/bin/work", Some(120_000), 1000) else {
+            panic!("a session limit over the host's was accepted");
+        };
+        assert_eq!(e.kind, ErrorKind::Refused);
+        assert!(
+            e.message.contains("120000 ms") && e.message.contains("60000 ms"),
+            "{}",
+            e.message
+        );
+        assert!(ask("/usr/bin/work", Some(60_000), 1000).is_ok());
+        assert!(ask("/usr/bin/work", Some(1_000), 1000).is_ok());
+        assert!(ask("/usr/bin/work", None, 1000).is_ok());
+        assert!(
+            ask("/usr/bin/train", Some(120_000), 1000).is_ok(),
+            "the rule's limit"
+        );
+        assert!(ask("/usr/bin/train", Some(7_200_001), 1000).is_err());
+        assert!(
+            ask("/usr/bin/work", Some(120_000), 0).is_ok(),
+            "root's to ask"
+        );
     }
 }

@@ -325,7 +325,7 @@ impl Members {
         let spec = TaskSpec {
             id,
             pid,
-            name: facts.comm,
+            name: super::task_name(&facts.comm),
             priority: settings.priority.unwrap_or(default_priority),
             gpu: settings.gpu.or(device.gpu()),
             mem_quota_bytes: settings.mem_quota_bytes,

@@ -49,6 +49,11 @@ pub struct TaskRecord {
     pub cgroup: PathBuf,
     /// Its owner (who may signal it and attach to it).
     pub uid: u32,
+    /// The Slurm job step's task it is, for a task the Slurm plugin handed
+    /// over: taken back without it, its memory would count as held outside
+    /// Slurm's jobs (and drain the node) and its end would not reach the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<crate::control::SlurmRef>,
 }
 
 /// The file name of task `id`'s record.
@@ -232,6 +237,7 @@ pub fn read_all(dir: &Path, cgroup_root: &Path) -> Found {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::SlurmRef;
 
     fn record(id: u64, root: &Path) -> TaskRecord {
         TaskRecord {
@@ -251,6 +257,11 @@ mod tests {
             start_ticks: 77,
             cgroup: root.join(format!("task-{id}")),
             uid: 1000,
+            slurm: (id % 2 == 1).then_some(SlurmRef {
+                job: 12,
+                step: SlurmRef::BATCH_STEP,
+                task: 0,
+            }),
         }
     }
 

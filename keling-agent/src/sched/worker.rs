@@ -187,13 +187,22 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
-    fn drop(&mut self) {
+impl Worker {
+    /// Carries out the jobs already submitted, then ends the thread (jobs
+    /// submitted after are dropped). At the agent's stop this comes before
+    /// the thaw of every task: a freeze still queued would land after it.
+    pub fn stop(&mut self) {
         drop(self.jobs.take());
         self.kick();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

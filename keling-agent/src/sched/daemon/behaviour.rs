@@ -972,6 +972,11 @@ async fn a_task_taken_back_from_its_record_is_scheduled_and_only_its_owner_attac
         start_ticks: 77,
         cgroup: "/fake/keling/task-99-7".into(),
         uid: 1000,
+        slurm: Some(crate::control::SlurmRef {
+            job: 12,
+            step: 0,
+            task: 3,
+        }),
     };
     // The same pid started at another time: another process now.
     let mut stale = rec.clone();
@@ -1004,6 +1009,15 @@ async fn a_task_taken_back_from_its_record_is_scheduled_and_only_its_owner_attac
         ("RUNNING", Some(1), Some(1000), 9)
     );
     assert_eq!((t.mem_bytes, t.mem_unsure), (128 << 20, true));
+    // Still the Slurm job's task: its memory is inside Slurm's jobs.
+    assert_eq!(
+        a.daemon.members.get(7).and_then(|m| m.slurm),
+        Some(crate::control::SlurmRef {
+            job: 12,
+            step: 0,
+            task: 3
+        })
+    );
     // Another user may not attach; its owner may, and hears `accepted` at once.
     let attach = || {
         Request::Attach(AttachRequest {

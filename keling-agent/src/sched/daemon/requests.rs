@@ -146,7 +146,21 @@ impl Daemon {
         )?;
         let id = self.next_id;
         self.next_id += 1;
-        let started = launch::start(id, req, stdio, creds, conn, &terms, &mut *self.host, track)?;
+        let caller = peer
+            .pid
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|&p| p > 0);
+        let started = launch::start(
+            id,
+            req,
+            stdio,
+            creds,
+            caller,
+            conn,
+            &terms,
+            &mut *self.host,
+            track,
+        )?;
         let pid = started.task.pid;
         self.members.insert(id, started.task, None);
         self.launches.hold(id, terms.env_gpu);

@@ -193,6 +193,7 @@ impl Daemon {
             start_ticks,
             cgroup,
             uid: t.uid,
+            slurm: t.slurm,
         };
         if let Err(e) = records::write(dir, &rec) {
             log::warn!(
@@ -269,7 +270,7 @@ impl Daemon {
                     last_active_ns: 0,
                     exit_seen: None,
                     exited_ns: None,
-                    slurm: None,
+                    slurm: rec.slurm,
                 },
                 None,
             );
