@@ -211,13 +211,26 @@ fn task_init(sp: Spank, args: &[String]) -> c_int {
             error(&msg);
             -1
         }
-        Outcome::NoAgent(why) => {
-            let msg = crate::no_agent_message(&node, &why, args.refuse_without_agent);
-            if first_here || args.refuse_without_agent {
-                crate::tell(libc::STDERR_FILENO, &msg);
-            }
-            error(&msg);
-            if args.refuse_without_agent { -1 } else { 0 }
-        }
+        Outcome::NoAgent(why) => without_keling(
+            &crate::no_agent_message(&node, &why, args.refuse_without_agent),
+            first_here,
+            args.refuse_without_agent,
+        ),
+        Outcome::NotTaken(why) => without_keling(
+            &crate::not_taken_message(&node, &why, args.refuse_without_agent),
+            first_here,
+            args.refuse_without_agent,
+        ),
     }
+}
+
+/// The task goes on without Keling (`msg` says why), or with
+/// `refuse_without_agent` (`refuse`) fails; the first task of the node tells
+/// its output.
+fn without_keling(msg: &str, first_here: bool, refuse: bool) -> c_int {
+    if first_here || refuse {
+        crate::tell(libc::STDERR_FILENO, msg);
+    }
+    error(msg);
+    if refuse { -1 } else { 0 }
 }

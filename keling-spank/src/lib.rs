@@ -222,6 +222,9 @@ pub enum Outcome {
     Refused(String),
     /// No agent answered (why).
     NoAgent(String),
+    /// The agent does not take this task on where the host is set up so (why):
+    /// the job runs without Keling, as with no agent.
+    NotTaken(String),
 }
 
 /// Sends `req` to the agent at `socket` with `stderr` attached, and reads its
@@ -311,6 +314,7 @@ pub fn read_answer(line: &str) -> Outcome {
         return Outcome::Attached { task };
     }
     match v["error"]["message"].as_str() {
+        Some(m) if v["error"]["kind"] == "unsupported" => Outcome::NotTaken(m.to_owned()),
         Some(m) => Outcome::Refused(m.to_owned()),
         None => Outcome::NoAgent(format!("an unexpected reply: {}", line.trim())),
     }
@@ -357,6 +361,23 @@ pub fn no_agent_message(node: &str, why: &str, refused: bool) -> String {
         format!(
             "keling: the Keling agent of node {node} is not running ({why}); this job runs \
              without Keling: its GPU memory is neither counted nor enforced"
+        )
+    }
+}
+
+/// What the task hears when the agent does not take it on (`why`), with or
+/// without `refuse_without_agent` (`refused`).
+pub fn not_taken_message(node: &str, why: &str, refused: bool) -> String {
+    if refused {
+        format!(
+            "keling: the Keling agent of node {node} does not take this task on ({why}); this \
+             node refuses GPU jobs without it (plugin option refuse_without_agent): ask its \
+             administrator"
+        )
+    } else {
+        format!(
+            "keling: the Keling agent of node {node} does not take this task on ({why}); this \
+             job runs without Keling: its GPU memory is neither counted nor enforced"
         )
     }
 }
@@ -450,6 +471,18 @@ mod tests {
             Outcome::Refused("priority 1 is not allowed".into())
         );
         assert!(matches!(read_answer("garbage"), Outcome::NoAgent(_)));
+        let unsupported =
+            keling_agent::control::Reply::Error(keling_agent::control::ReplyError::new(
+                keling_agent::control::ErrorKind::Unsupported,
+                "in Slurm's own cgroup",
+            ));
+        let line = serde_json::to_string(&unsupported).unwrap();
+        assert_eq!(
+            read_answer(&line),
+            Outcome::NotTaken("in Slurm's own cgroup".into())
+        );
+        assert!(not_taken_message("n1", "why", false).contains("runs without Keling"));
+        assert!(not_taken_message("n1", "why", true).contains("refuse_without_agent"));
     }
 
     fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {

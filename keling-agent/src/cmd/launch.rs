@@ -305,7 +305,10 @@ pub fn launch(args: LaunchArgs) -> anyhow::Result<i32> {
                 }
                 ErrorKind::StartFailed => bail!("the task could not start: {err}"),
                 // It was accepted and queued, and ended before it started.
-                ErrorKind::NeverRan | ErrorKind::NotFound | ErrorKind::Internal => bail!("{err}"),
+                ErrorKind::NeverRan
+                | ErrorKind::NotFound
+                | ErrorKind::Internal
+                | ErrorKind::Unsupported => bail!("{err}"),
             },
             Some(Reply::Accepted(a)) => {
                 if let Some(l) = launched.as_ref().filter(|l| l.task == a.task) {

@@ -295,6 +295,9 @@ pub enum ErrorKind {
     /// The task ended, but how cannot be known: it was taken back after a
     /// restart (not the agent's child) and the trace lost its exit event.
     ExitUnknown,
+    /// The agent does not take the task on where the host is set up so (a Slurm
+    /// job step's task in Slurm's own cgroup): the task runs without Keling.
+    Unsupported,
 }
 
 /// A failure, as the control socket answers it: `{"error": {"kind", "message"}}`.

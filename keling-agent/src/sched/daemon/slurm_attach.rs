@@ -111,6 +111,7 @@ impl Daemon {
         track: &mut dyn FnMut(u32) -> anyhow::Result<()>,
     ) -> Result<(), ReplyError> {
         check(req, peer, fds.len())?;
+        check_cgroup(self.host.facts(req.pid).cgroup.as_deref(), req.slurm.job)?;
         let gpu = req.gpus[0];
         launch::check_gpu_exists(gpu, &self.sched)?;
         let owner = Credentials {
@@ -203,10 +204,64 @@ impl Daemon {
     }
 }
 
+/// Where the task's process is (`cgroup`, its cgroup v2 path) must not be a
+/// cgroup Slurm made for job `job`'s steps (its cgroup/v2 plugin:
+/// `.../job_<id>/step_<s>/user/task_<n>`). Taking the task into Keling's own
+/// cgroup would take it out of Slurm's: out of what proctrack/cgroup signals
+/// (scancel, the time limit, the step's end) and of what task/cgroup
+/// constrains (the GPUs it may open, its memory). So the agent does not take
+/// it on, and says why; the plugin lets the job run without Keling (or
+/// refuses it, with `refuse_without_agent`). With proctrack/linuxproc and
+/// task/none, the setup Slurm runs with on these machines, the task is in
+/// slurmd's cgroup, which is not Slurm's to track by.
+pub(super) fn check_cgroup(cgroup: Option<&str>, job: u32) -> Result<(), ReplyError> {
+    let Some(path) = cgroup else {
+        return Ok(());
+    };
+    let job_dir = format!("job_{job}");
+    let mut parts = path.split('/').skip_while(|p| *p != job_dir);
+    if parts.next().is_some() && parts.next().is_some_and(|p| p.starts_with("step_")) {
+        return Err(ReplyError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the task is in Slurm's own cgroup {path} (its cgroup plugins track, signal and \
+                 constrain it there); Keling would have to take it out of it, so it does not take \
+                 the task on"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::control::SlurmRef;
+
+    /// A task in Slurm's own step cgroup (cgroup/v2 plugin) is not taken out
+    /// of it; one in slurmd's cgroup (proctrack/linuxproc) or elsewhere is
+    /// taken on, as is one in another job's cgroup that merely names a step.
+    #[test]
+    fn a_task_in_slurms_own_step_cgroup_is_left_there() {
+        for path in [
+            "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0",
+            "/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0",
+            "/slurm/job_7/step_interactive",
+        ] {
+            let e = check_cgroup(Some(path), 7).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Unsupported);
+            assert!(e.message.contains(path), "{e}");
+        }
+        for path in [
+            "/system.slice/slurmd.service",
+            "/",
+            "/system.slice/slurmstepd.scope/job_70/step_0/user/task_0",
+            "/user.slice/job_7",
+        ] {
+            assert!(check_cgroup(Some(path), 7).is_ok(), "{path}");
+        }
+        assert!(check_cgroup(None, 7).is_ok());
+    }
 
     fn req() -> SlurmAttachRequest {
         SlurmAttachRequest {
