@@ -415,12 +415,8 @@ async fn serve(
     drop(replier);
     let (read_half, mut write_half) = stream.into_split();
     // A launch's connection also carries the client's forwarded signals.
-    let mut lines = follow_ups.map(|(peer, requests)| FollowUps {
-        reader: BufReader::new(read_half),
-        peer,
-        requests,
-        conn,
-    });
+    let mut lines =
+        follow_ups.map(|(peer, requests)| FollowUps::new(read_half, peer, requests, conn));
     loop {
         let reply = match &mut lines {
             Some(f) => {
@@ -616,45 +612,82 @@ async fn read_request(
 }
 
 /// The follow-up lines of a launch's connection.
+///
+/// [`FollowUps::next`] runs in a `select!` beside the replies, which may win
+/// at any await: what it has read of a line, and a line read but not yet
+/// handed on, stay here for the next call (a forwarded Ctrl-C that arrived
+/// with a notice was lost otherwise).
 struct FollowUps {
     reader: BufReader<OwnedReadHalf>,
     peer: Peer,
     requests: mpsc::Sender<Incoming>,
     conn: u64,
+    /// The line being read, so far.
+    partial: Vec<u8>,
+    /// A forward read in full, waiting for room in the loop's queue.
+    ready: Option<Request>,
 }
 
 impl FollowUps {
-    /// Reads and hands on one line; false once there will be no more.
+    fn new(reader: OwnedReadHalf, peer: Peer, requests: mpsc::Sender<Incoming>, conn: u64) -> Self {
+        FollowUps {
+            reader: BufReader::new(reader),
+            peer,
+            requests,
+            conn,
+            partial: Vec::new(),
+            ready: None,
+        }
+    }
+
+    /// Reads and hands on one line; false once there will be no more (the
+    /// client closed, or sent something that is not a `forward` line: its
+    /// connection is read no further, so a flood of bad lines costs one log
+    /// line, not one each).
     async fn next(&mut self) -> bool {
-        let mut line = Vec::new();
-        let mut limited = (&mut self.reader).take(MAX_FOLLOW_UP_BYTES as u64 + 1);
-        match limited.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return false,
-            Ok(_) => {}
+        if self.ready.is_none() {
+            let room = (MAX_FOLLOW_UP_BYTES + 1).saturating_sub(self.partial.len());
+            let mut limited = (&mut self.reader).take(room as u64);
+            match limited.read_until(b'\n', &mut self.partial).await {
+                Ok(0) | Err(_) => return false,
+                Ok(_) => {}
+            }
+            if self.partial.len() > MAX_FOLLOW_UP_BYTES {
+                log::warn!(
+                    "control socket: a follow-up line over {MAX_FOLLOW_UP_BYTES} bytes; \
+                     no more are read from this client"
+                );
+                return false;
+            }
+            if self.partial.last() != Some(&b'\n') {
+                return false; // closed in the middle of a line
+            }
+            let line = std::mem::take(&mut self.partial);
+            match serde_json::from_slice::<Request>(&line) {
+                Ok(request @ Request::Forward(_)) => self.ready = Some(request),
+                _ => {
+                    log::warn!(
+                        "control socket: a follow-up that is not `forward`; no more are read \
+                         from this client"
+                    );
+                    return false;
+                }
+            }
         }
-        if line.len() > MAX_FOLLOW_UP_BYTES {
-            log::warn!(
-                "control socket: a follow-up line over {MAX_FOLLOW_UP_BYTES} bytes; \
-                 no more are read from this client"
-            );
+        // Room first (cancelling the wait loses nothing), then the send.
+        let Ok(permit) = self.requests.reserve().await else {
             return false;
+        };
+        if let Some(request) = self.ready.take() {
+            permit.send(Incoming {
+                request,
+                fds: Vec::new(),
+                peer: self.peer.clone(),
+                reply: Replier::detached(),
+                conn: self.conn,
+            });
         }
-        match serde_json::from_slice::<Request>(&line) {
-            Ok(request @ Request::Forward(_)) => {
-                let incoming = Incoming {
-                    request,
-                    fds: Vec::new(),
-                    peer: self.peer.clone(),
-                    reply: Replier::detached(),
-                    conn: self.conn,
-                };
-                self.requests.send(incoming).await.is_ok()
-            }
-            _ => {
-                log::warn!("control socket: ignored a follow-up that is not `forward`");
-                true
-            }
-        }
+        true
     }
 }
 
@@ -927,5 +960,42 @@ mod tests {
         assert_eq!(got.fds.len(), 3, "12 fds held, over the cap of 6");
         drop((got, silent, client));
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    /// A forward whose line arrives in pieces, with the reading cancelled
+    /// between them (as `select!` does when a reply is ready first), is
+    /// handed on whole; a line that is not a forward ends the reading.
+    #[tokio::test]
+    async fn a_follow_up_read_in_pieces_across_a_cancel_is_not_lost() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let (read_half, _write_half) = server.into_split();
+        let (requests, mut incoming) = mpsc::channel(4);
+        let peer = Peer {
+            creds: Credentials {
+                uid: 0,
+                gid: 0,
+                groups: Vec::new(),
+            },
+            pid: None,
+        };
+        let mut f = FollowUps::new(read_half, peer, requests, 1);
+        let mut client = client;
+        client.write_all(b"{\"forw").await.unwrap();
+        // Nothing complete yet: the call is cancelled, as a reply would.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), f.next())
+                .await
+                .is_err()
+        );
+        client.write_all(b"ard\":2}\n").await.unwrap();
+        assert!(f.next().await);
+        let got = incoming.try_recv().expect("the forward was handed on");
+        assert_eq!(got.request, Request::Forward(2));
+        client
+            .write_all(b"garbage\n{\"forward\":15}\n")
+            .await
+            .unwrap();
+        assert!(!f.next().await, "a bad line ends the reading");
+        assert!(incoming.try_recv().is_err());
     }
 }
