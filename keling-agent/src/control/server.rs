@@ -85,6 +85,9 @@ struct ReplyQueues {
     replies: mpsc::UnboundedReceiver<Reply>,
     notices: mpsc::Receiver<Notice>,
     dropped: Arc<AtomicU64>,
+    /// A notice taken from the queue while a note of dropped ones was due:
+    /// written right after the note.
+    held: Option<Notice>,
 }
 
 impl Replier {
@@ -102,6 +105,7 @@ impl Replier {
                 replies: replies_rx,
                 notices: notices_rx,
                 dropped,
+                held: None,
             },
         )
     }
@@ -174,9 +178,20 @@ impl ReplyQueues {
         if let Some(note) = self.dropped_note() {
             return Some(note);
         }
+        if let Some(n) = self.held.take() {
+            return Some(Reply::Notice(n));
+        }
         tokio::select! {
             biased;
-            Some(n) = self.notices.recv() => Some(self.dropped_note().unwrap_or(Reply::Notice(n))),
+            Some(n) = self.notices.recv() => Some(match self.dropped_note() {
+                // Notices were dropped while this one waited: the note
+                // first, this one next.
+                Some(note) => {
+                    self.held = Some(n);
+                    note
+                }
+                None => Reply::Notice(n),
+            }),
             r = self.replies.recv() => match r {
                 Some(r) => Some(r),
                 // The replier is gone: what it queued last is all that is left.
@@ -190,6 +205,9 @@ impl ReplyQueues {
     fn try_next(&mut self) -> Option<Reply> {
         if let Some(note) = self.dropped_note() {
             return Some(note);
+        }
+        if let Some(n) = self.held.take() {
+            return Some(Reply::Notice(n));
         }
         if let Ok(n) = self.notices.try_recv() {
             return Some(Reply::Notice(n));
@@ -997,5 +1015,39 @@ mod tests {
             .unwrap();
         assert!(!f.next().await, "a bad line ends the reading");
         assert!(incoming.try_recv().is_err());
+    }
+
+    /// Notices dropped while the writer waited for the next one: the note
+    /// of how many comes first, then that notice (it was replaced by the
+    /// note), then the rest.
+    #[tokio::test]
+    async fn a_notice_received_with_a_note_due_is_written_after_it() {
+        let (replier, mut queues) = Replier::new();
+        let queued = |i: u64| Notice::Dropped { count: 1000 + i };
+        {
+            let first = queues.next();
+            tokio::pin!(first);
+            // Waiting, with nothing queued.
+            assert!(
+                tokio::time::timeout(Duration::ZERO, &mut first)
+                    .await
+                    .is_err()
+            );
+            for i in 0..=NOTICE_QUEUE as u64 {
+                replier.notify(queued(i)); // the last one is dropped
+            }
+            assert_eq!(
+                first.await,
+                Some(Reply::Notice(Notice::Dropped { count: 1 }))
+            );
+        }
+        for i in 0..NOTICE_QUEUE as u64 {
+            assert_eq!(
+                queues.try_next(),
+                Some(Reply::Notice(queued(i))),
+                "notice {i}"
+            );
+        }
+        assert_eq!(queues.try_next(), None);
     }
 }

@@ -120,7 +120,19 @@ impl Worker {
                     };
                 // SAFETY: gettid has no preconditions.
                 let _ = rt_tx.send((realtime, unsafe { libc::gettid() }));
-                run(&rx, thread_wake.as_raw_fd(), &confirmations);
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(&rx, thread_wake.as_raw_fd(), &confirmations);
+                }));
+                if ran.is_err() {
+                    // Without this thread every freeze and thaw is dropped
+                    // while the loop's heartbeats go on: end the agent, so
+                    // that the fail-safe thaws and continues every task.
+                    log::error!(
+                        "the actuation thread panicked: stopping the agent; the fail-safe \
+                         thaws and continues every task"
+                    );
+                    std::process::abort();
+                }
             })
             .context("start the actuation thread")?;
         let (realtime, tid) = rt_rx.recv().unwrap_or((false, 0));
