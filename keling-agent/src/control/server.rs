@@ -49,6 +49,10 @@ pub const MAX_READING: usize = 512;
 pub const MAX_READING_PER_UID: usize = 128;
 /// The longest follow-up line (`{"forward":N}`) on a launch's connection.
 const MAX_FOLLOW_UP_BYTES: usize = 1024;
+/// The most signals one launch's connection forwards in a second: each is a
+/// walk of the task's processes on the event loop. A person's Ctrl-Cs are a
+/// few; the excess of a flood is dropped.
+const MAX_FORWARDS_PER_S: u32 = 20;
 /// How much one read takes from the socket.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Notices queued per client before the excess is dropped (and counted).
@@ -644,6 +648,8 @@ struct FollowUps {
     partial: Vec<u8>,
     /// A forward read in full, waiting for room in the loop's queue.
     ready: Option<Request>,
+    /// The current second's start and the forwards handed on in it.
+    window: (tokio::time::Instant, u32),
 }
 
 impl FollowUps {
@@ -655,7 +661,25 @@ impl FollowUps {
             conn,
             partial: Vec::new(),
             ready: None,
+            window: (tokio::time::Instant::now(), 0),
         }
+    }
+
+    /// Whether one more forward fits in this second's allowance.
+    fn allowed(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if now.duration_since(self.window.0) >= Duration::from_secs(1) {
+            self.window = (now, 0);
+        }
+        self.window.1 += 1;
+        if self.window.1 == MAX_FORWARDS_PER_S + 1 {
+            log::warn!(
+                "control socket: over {MAX_FORWARDS_PER_S} forwarded signals in a second on \
+                 connection {}; the rest of this second's are dropped",
+                self.conn
+            );
+        }
+        self.window.1 <= MAX_FORWARDS_PER_S
     }
 
     /// Reads and hands on one line; false once there will be no more (the
@@ -682,6 +706,7 @@ impl FollowUps {
             }
             let line = std::mem::take(&mut self.partial);
             match serde_json::from_slice::<Request>(&line) {
+                Ok(Request::Forward(_)) if !self.allowed() => return true,
                 Ok(request @ Request::Forward(_)) => self.ready = Some(request),
                 _ => {
                     log::warn!(
@@ -1049,5 +1074,39 @@ mod tests {
             );
         }
         assert_eq!(queues.try_next(), None);
+    }
+
+    /// A flood of forwarded signals on one connection: the first
+    /// [`MAX_FORWARDS_PER_S`] of a second reach the loop, the rest of that
+    /// second do not; the next second has its own.
+    #[tokio::test(start_paused = true)]
+    async fn forwarded_signals_are_limited_per_second() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let (read_half, _write_half) = server.into_split();
+        let (requests, mut incoming) = mpsc::channel(256);
+        let peer = Peer {
+            creds: Credentials {
+                uid: 0,
+                gid: 0,
+                groups: Vec::new(),
+            },
+            pid: None,
+        };
+        let mut f = FollowUps::new(read_half, peer, requests, 1);
+        let mut client = client;
+        let flood = "{\"forward\":28}\n".repeat(50);
+        client.write_all(flood.as_bytes()).await.unwrap();
+        for _ in 0..50 {
+            assert!(f.next().await);
+        }
+        let mut got = 0;
+        while incoming.try_recv().is_ok() {
+            got += 1;
+        }
+        assert_eq!(got, MAX_FORWARDS_PER_S);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        client.write_all(b"{\"forward\":2}\n").await.unwrap();
+        assert!(f.next().await);
+        assert_eq!(incoming.try_recv().unwrap().request, Request::Forward(2));
     }
 }
