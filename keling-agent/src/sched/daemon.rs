@@ -352,16 +352,19 @@ impl Daemon {
                 self.latency.write_interval_log(&mut out, self.started_ns)?
             }
             ExportFormat::Json => self.latency.write_json(&mut out)?,
-            ExportFormat::Tune => {
-                let series: Vec<(u64, u64)> = self.series.iter().copied().collect();
-                out.extend(
-                    crate::latency::tune_report(&series)
-                        .to_string()
-                        .into_bytes(),
-                );
-            }
+            ExportFormat::Tune => out.extend(
+                crate::latency::tune_report(&self.latency_series())
+                    .to_string()
+                    .into_bytes(),
+            ),
         }
         Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// The window of decisions' end-to-end latencies the tune report replays:
+    /// `(decided_ns, end_to_end_ns)`, oldest first.
+    pub fn latency_series(&self) -> Vec<(u64, u64)> {
+        self.series.iter().copied().collect()
     }
 
     /// A confirmation came back: record its latency and tell the core.

@@ -9,7 +9,8 @@ use keling_sched::Input;
 
 use super::{Daemon, launch};
 use crate::control::{
-    ErrorKind, FORWARDED_SIGNALS, LaunchRequest, Reply, ReplyError, Request, SignalRequest,
+    ErrorKind, ExportFormat, FORWARDED_SIGNALS, LaunchRequest, Reply, ReplyError, Request,
+    SignalRequest,
     server::{Incoming, Peer, Replier},
 };
 
@@ -41,6 +42,19 @@ impl Daemon {
                     ),
                 )),
             }),
+            Request::Export(ExportFormat::Tune) => {
+                // Up to the window's decisions through every model: off the
+                // loop (on a runtime; inline where there is none, in tests).
+                let series = self.latency_series();
+                let answer = move || {
+                    let text = crate::latency::tune_report(&series).to_string();
+                    reply.send(Reply::Export(text));
+                };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => drop(rt.spawn_blocking(answer)),
+                    Err(_) => answer(),
+                }
+            }
             Request::Export(format) => reply.send(match self.export(format) {
                 Ok(text) => Reply::Export(text),
                 Err(e) => Reply::Error(ReplyError::new(ErrorKind::Internal, format!("{e:#}"))),
