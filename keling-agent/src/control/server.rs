@@ -1005,14 +1005,20 @@ mod tests {
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 
-    /// A forward whose line arrives in pieces, with the reading cancelled
-    /// between them (as `select!` does when a reply is ready first), is
-    /// handed on whole; a line that is not a forward ends the reading.
-    #[tokio::test]
-    async fn a_follow_up_read_in_pieces_across_a_cancel_is_not_lost() {
+    /// A launch connection's follow-up reader (as root) on one end of a socket
+    /// pair, the other end to write to, the loop's queue (of `cap`) it hands
+    /// forwards to, and the server's write half (kept open).
+    fn follow_ups(
+        cap: usize,
+    ) -> (
+        UnixStream,
+        FollowUps,
+        mpsc::Receiver<Incoming>,
+        tokio::net::unix::OwnedWriteHalf,
+    ) {
         let (client, server) = UnixStream::pair().unwrap();
-        let (read_half, _write_half) = server.into_split();
-        let (requests, mut incoming) = mpsc::channel(4);
+        let (read_half, write_half) = server.into_split();
+        let (requests, incoming) = mpsc::channel(cap);
         let peer = Peer {
             creds: Credentials {
                 uid: 0,
@@ -1021,8 +1027,16 @@ mod tests {
             },
             pid: None,
         };
-        let mut f = FollowUps::new(read_half, peer, requests, 1);
-        let mut client = client;
+        let f = FollowUps::new(read_half, peer, requests, 1);
+        (client, f, incoming, write_half)
+    }
+
+    /// A forward whose line arrives in pieces, with the reading cancelled
+    /// between them (as `select!` does when a reply is ready first), is
+    /// handed on whole; a line that is not a forward ends the reading.
+    #[tokio::test]
+    async fn a_follow_up_read_in_pieces_across_a_cancel_is_not_lost() {
+        let (mut client, mut f, mut incoming, _write_half) = follow_ups(4);
         client.write_all(b"{\"forw").await.unwrap();
         // Nothing complete yet: the call is cancelled, as a reply would.
         assert!(
@@ -1081,19 +1095,7 @@ mod tests {
     /// second do not; the next second has its own.
     #[tokio::test(start_paused = true)]
     async fn forwarded_signals_are_limited_per_second() {
-        let (client, server) = UnixStream::pair().unwrap();
-        let (read_half, _write_half) = server.into_split();
-        let (requests, mut incoming) = mpsc::channel(256);
-        let peer = Peer {
-            creds: Credentials {
-                uid: 0,
-                gid: 0,
-                groups: Vec::new(),
-            },
-            pid: None,
-        };
-        let mut f = FollowUps::new(read_half, peer, requests, 1);
-        let mut client = client;
+        let (mut client, mut f, mut incoming, _write_half) = follow_ups(256);
         let flood = "{\"forward\":28}\n".repeat(50);
         client.write_all(flood.as_bytes()).await.unwrap();
         for _ in 0..50 {

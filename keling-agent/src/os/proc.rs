@@ -65,44 +65,54 @@ pub fn uid(pid: u32) -> Option<u32> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// Every resource Linux limits (`getrlimit(2)`), RLIMIT_CPU to RLIMIT_RTTIME.
-const RESOURCES: [u32; 16] = [
-    libc::RLIMIT_CPU,
-    libc::RLIMIT_FSIZE,
-    libc::RLIMIT_DATA,
-    libc::RLIMIT_STACK,
-    libc::RLIMIT_CORE,
-    libc::RLIMIT_RSS,
-    libc::RLIMIT_NPROC,
-    libc::RLIMIT_NOFILE,
-    libc::RLIMIT_MEMLOCK,
-    libc::RLIMIT_AS,
-    libc::RLIMIT_LOCKS,
-    libc::RLIMIT_SIGPENDING,
-    libc::RLIMIT_MSGQUEUE,
-    libc::RLIMIT_NICE,
-    libc::RLIMIT_RTPRIO,
-    libc::RLIMIT_RTTIME,
+/// Every resource Linux limits (`getrlimit(2)`), RLIMIT_CPU to RLIMIT_RTTIME,
+/// with its name in `/proc/PID/limits`, which lists them in this order.
+const RESOURCES: [(u32, &str); 16] = [
+    (libc::RLIMIT_CPU, "Max cpu time"),
+    (libc::RLIMIT_FSIZE, "Max file size"),
+    (libc::RLIMIT_DATA, "Max data size"),
+    (libc::RLIMIT_STACK, "Max stack size"),
+    (libc::RLIMIT_CORE, "Max core file size"),
+    (libc::RLIMIT_RSS, "Max resident set"),
+    (libc::RLIMIT_NPROC, "Max processes"),
+    (libc::RLIMIT_NOFILE, "Max open files"),
+    (libc::RLIMIT_MEMLOCK, "Max locked memory"),
+    (libc::RLIMIT_AS, "Max address space"),
+    (libc::RLIMIT_LOCKS, "Max file locks"),
+    (libc::RLIMIT_SIGPENDING, "Max pending signals"),
+    (libc::RLIMIT_MSGQUEUE, "Max msgqueue size"),
+    (libc::RLIMIT_NICE, "Max nice priority"),
+    (libc::RLIMIT_RTPRIO, "Max realtime priority"),
+    (libc::RLIMIT_RTTIME, "Max realtime timeout"),
 ];
 
-/// Every resource limit of process `pid` as `(resource, soft, hard)`, read
-/// with `prlimit` (root reads any process's).
+/// Every resource limit of process `pid` as `(resource, soft, hard)`, from
+/// `/proc/PID/limits` (which anyone may read: `prlimit` on another user's
+/// process needs CAP_SYS_RESOURCE, which root lacks in some containers,
+/// these machines included).
 pub fn limits(pid: u32) -> anyhow::Result<Vec<(u32, u64, u64)>> {
-    let pid_t = libc::pid_t::try_from(pid).context("a pid out of range")?;
+    let text = fs::read_to_string(format!("/proc/{pid}/limits"))
+        .with_context(|| format!("no process {pid}"))?;
+    parse_limits(&text).with_context(|| format!("unreadable /proc/{pid}/limits"))
+}
+
+/// Parses the text of `/proc/PID/limits`: a header, then one line per
+/// resource in [`RESOURCES`]' order, "NAME SOFT HARD [UNITS]" with
+/// `unlimited` for RLIM_INFINITY.
+pub fn parse_limits(text: &str) -> Option<Vec<(u32, u64, u64)>> {
+    let value = |v: &str| match v {
+        "unlimited" => Some(libc::RLIM_INFINITY),
+        n => n.parse().ok(),
+    };
+    let mut lines = text.lines().skip(1);
     RESOURCES
         .iter()
-        .map(|&resource| {
-            let mut limit = libc::rlimit64 {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            // SAFETY: a valid rlimit64 to fill; no new limit is set.
-            let r = unsafe { libc::prlimit64(pid_t, resource, std::ptr::null(), &mut limit) };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error())
-                    .with_context(|| format!("the limits of process {pid}"));
-            }
-            Ok((resource, limit.rlim_cur, limit.rlim_max))
+        .map(|&(resource, name)| {
+            let rest = lines.next()?.strip_prefix(name)?;
+            let mut fields = rest.split_whitespace();
+            let soft = value(fields.next()?)?;
+            let hard = value(fields.next()?)?;
+            Some((resource, soft, hard))
         })
         .collect()
 }
@@ -303,6 +313,34 @@ fn parse_char_major(text: &str, name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `/proc/self/limits` read back is what `getrlimit` says, for every
+    /// resource; `unlimited` is RLIM_INFINITY; a line missing or out of
+    /// order is no answer.
+    #[test]
+    fn limits_read_from_proc_are_getrlimits() {
+        let read = limits(std::process::id()).unwrap();
+        assert_eq!(read.len(), 16);
+        for &(resource, soft, hard) in &read {
+            let mut l = libc::rlimit64 {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: a valid rlimit64 to fill, for this process.
+            assert_eq!(unsafe { libc::getrlimit64(resource, &mut l) }, 0);
+            assert_eq!(
+                (soft, hard),
+                (l.rlim_cur, l.rlim_max),
+                "resource {resource}"
+            );
+        }
+        let text = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.swap(1, 2);
+        assert_eq!(parse_limits(&lines.join("\n")), None, "out of order");
+        lines.truncate(10);
+        assert_eq!(parse_limits(&lines.join("\n")), None, "cut short");
+    }
 
     #[test]
     fn stat_survives_hostile_comm() {

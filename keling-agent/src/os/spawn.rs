@@ -632,17 +632,36 @@ unsafe fn child(plan: ChildPlan) -> ! {
             libc::close(f);
         }
         // The caller's limits, OOM score and umask, not the agent's (still
-        // root: a hard limit above the agent's, or an OOM score below it,
-        // needs it).
-        for (resource, limit) in plan.limits {
-            if libc::syscall(
-                libc::SYS_prlimit64,
-                0,
-                *resource,
-                std::ptr::from_ref(limit),
-                std::ptr::null_mut::<libc::rlimit64>(),
-            ) != 0
+        // root). Raising a hard limit above the agent's, or the OOM score below
+        // it, needs CAP_SYS_RESOURCE, which root lacks in some containers:
+        // there the task gets the caller's figures capped at the agent's hard
+        // limits, and keeps the agent's OOM score where the caller's is lower
+        // (never more than the agent itself may have).
+        let prlimit = |resource: u32, new: *const libc::rlimit64, old: *mut libc::rlimit64| {
+            libc::syscall(libc::SYS_prlimit64, 0, resource, new, old)
+        };
+        for &(resource, limit) in plan.limits {
+            if prlimit(resource, &raw const limit, std::ptr::null_mut()) == 0 {
+                continue;
+            }
+            let mut now = libc::rlimit64 {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            let capped = libc::rlimit64 {
+                rlim_cur: limit.rlim_cur.min(limit.rlim_max),
+                rlim_max: limit.rlim_max,
+            };
+            if *libc::__errno_location() != libc::EPERM
+                || prlimit(resource, std::ptr::null(), &raw mut now) != 0
             {
+                fail(Step::Attributes);
+            }
+            let capped = libc::rlimit64 {
+                rlim_cur: capped.rlim_cur.min(now.rlim_max),
+                rlim_max: capped.rlim_max.min(now.rlim_max),
+            };
+            if prlimit(resource, &raw const capped, std::ptr::null_mut()) != 0 {
                 fail(Step::Attributes);
             }
         }
@@ -651,9 +670,12 @@ unsafe fn child(plan: ChildPlan) -> ! {
                 c"/proc/self/oom_score_adj".as_ptr(),
                 libc::O_WRONLY | libc::O_CLOEXEC,
             );
-            if f < 0 || libc::write(f, text.cast(), len) != len as isize {
+            if f < 0 {
                 fail(Step::Attributes);
             }
+            // A refusal (EACCES: lower than the agent's without the capability)
+            // leaves the agent's, the higher.
+            libc::write(f, text.cast(), len);
             libc::close(f);
         }
         if let Some(mask) = plan.umask {
@@ -903,6 +925,53 @@ mod tests {
             ],
             "{text}"
         );
+    }
+
+    /// A caller's hard limit above this process's own, or an OOM score below
+    /// it, is taken where the kernel allows it (CAP_SYS_RESOURCE) and capped at
+    /// this process's figures where it does not (root in some containers,
+    /// these machines included): the start never fails for it.
+    #[test]
+    fn a_limit_above_the_agents_is_taken_or_capped_never_a_failure() {
+        let me = std::process::id();
+        // SAFETY: getuid has no preconditions.
+        let mut a = Attributes::of_process(me, unsafe { libc::getuid() }).unwrap();
+        let ours = a
+            .limits
+            .iter()
+            .find(|l| l.0 == libc::RLIMIT_NOFILE)
+            .copied()
+            .unwrap();
+        for l in &mut a.limits {
+            if l.0 == libc::RLIMIT_NOFILE {
+                (l.1, l.2) = (ours.2 + 1, ours.2 + 1);
+            }
+        }
+        a.oom_score_adj = -1000;
+        let dir = std::env::temp_dir().join(format!("keling-spawn-cap-{me}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let argv = argv(&[
+            "sh",
+            "-c",
+            "ulimit -Hn > out; cat /proc/$$/oom_score_adj >> out",
+        ]);
+        let opts = SpawnOptions {
+            cwd: Some(dir.clone()),
+            attributes: Some(a),
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
+        let pid = held.pid();
+        held.release_nowait().unwrap().wait().unwrap();
+        assert_eq!(reap(pid), 0);
+        let text = std::fs::read_to_string(dir.join("out")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut lines = text.lines();
+        let hard: u64 = lines.next().unwrap().parse().unwrap();
+        assert!(hard == ours.2 + 1 || hard == ours.2, "{text}");
+        let oom: i32 = lines.next().unwrap().parse().unwrap();
+        let own = super::super::proc::oom_score_adj(me).unwrap();
+        assert!(oom == -1000 || oom == own, "{text}");
     }
 
     #[test]

@@ -466,6 +466,30 @@ mod tests {
         }
     }
 
+    /// As root, where cgroup v2 is mounted: the mount, and a fresh cgroup
+    /// `keling-unit-NAME-PID` under it, removed with the returned [`Setup`]
+    /// (whatever else it is given). `None` (after saying why) where the test
+    /// cannot run; `also` is what else it needs root for.
+    fn cgroup_of_a_test(name: &str, also: &str) -> Option<(PathBuf, PathBuf, Setup)> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: not root (needs a cgroup and {also})");
+            return None;
+        }
+        let Ok(mount) = cgroup2_mount() else {
+            eprintln!("skipping: no cgroup v2 hierarchy");
+            return None;
+        };
+        let dir = mount.join(format!("keling-unit-{name}-{}", std::process::id()));
+        fs::create_dir(&dir).unwrap();
+        let setup = Setup {
+            children: Vec::new(),
+            dirs: vec![dir.clone()],
+            temp: None,
+        };
+        Some((mount, dir, setup))
+    }
+
     /// Every thread of the cgroup with its attributes, by thread id.
     fn snapshot(cg: &TaskCgroup) -> Vec<(u32, SchedAttr)> {
         let mut v: Vec<(u32, SchedAttr)> = fs::read_to_string(cg.dir.join("cgroup.threads"))
@@ -498,23 +522,10 @@ mod tests {
     /// no real-time runtime), the freeze goes on unboosted.
     #[test]
     fn a_boosted_freeze_puts_every_thread_back_as_it_was() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: not root (needs a cgroup and the real-time class)");
-            return;
-        }
-        let Ok(mount) = cgroup2_mount() else {
-            eprintln!("skipping: no cgroup v2 hierarchy");
+        let Some((mount, base, mut setup)) = cgroup_of_a_test("boost", "the real-time class")
+        else {
             return;
         };
-        let mut setup = Setup {
-            children: Vec::new(),
-            dirs: Vec::new(),
-            temp: None,
-        };
-        let base = mount.join(format!("keling-unit-boost-{}", std::process::id()));
-        fs::create_dir(&base).unwrap();
-        setup.dirs.push(base.clone());
         let root = CgroupRoot {
             mount,
             dir: base.clone(),
@@ -677,23 +688,9 @@ mod tests {
     /// cgroup already gone is done at once; one on a live, unfrozen cgroup is not.
     #[test]
     fn a_freeze_watch_on_a_cgroup_removed_meanwhile_is_done_and_polls_nothing() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: not root (needs a cgroup)");
-            return;
-        }
-        let Ok(mount) = cgroup2_mount() else {
-            eprintln!("skipping: no cgroup v2 hierarchy");
+        let Some((_, dir, _setup)) = cgroup_of_a_test("watch", "nothing else") else {
             return;
         };
-        let mut setup = Setup {
-            children: Vec::new(),
-            dirs: Vec::new(),
-            temp: None,
-        };
-        let dir = mount.join(format!("keling-unit-watch-{}", std::process::id()));
-        fs::create_dir(&dir).unwrap();
-        setup.dirs.push(dir.clone());
         let mut watch = FreezerWatch::new(dir.join("cgroup.events"), true);
         assert!(!watch.done(), "an empty cgroup that was never frozen");
         assert!(watch.fd().is_some());
