@@ -59,10 +59,21 @@ pub fn start_monotonic_ns(pid: u32) -> Option<u64> {
 
 /// The real uid of a process (None when it is gone).
 pub fn uid(pid: u32) -> Option<u32> {
+    uid_field(pid, 0)
+}
+
+/// The effective uid of a process (None when it is gone): what SO_PEERCRED
+/// reports of a socket's peer.
+pub fn effective_uid(pid: u32) -> Option<u32> {
+    uid_field(pid, 1)
+}
+
+/// Field `n` of `Uid:` in `/proc/PID/status` (real, effective, saved, fs).
+fn uid_field(pid: u32, n: usize) -> Option<u32> {
     let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .and_then(|v| v.split_whitespace().nth(n)?.parse().ok())
 }
 
 /// Every resource Linux limits (`getrlimit(2)`), RLIMIT_CPU to RLIMIT_RTTIME,

@@ -85,11 +85,11 @@ pub struct Attributes {
 }
 
 impl Attributes {
-    /// Those of live process `pid`, which must be `uid`'s (real uid) before
-    /// and after they are read: a pid reused meanwhile by another user's
-    /// process is refused, not copied.
+    /// Those of live process `pid`, which must be `uid`'s (its effective uid,
+    /// as SO_PEERCRED reports a peer's) before and after they are read: a pid
+    /// reused meanwhile by another user's process is refused, not copied.
     pub fn of_process(pid: u32, uid: u32) -> anyhow::Result<Self> {
-        let owned = || super::proc::uid(pid) == Some(uid);
+        let owned = || super::proc::effective_uid(pid) == Some(uid);
         if !owned() {
             bail!("process {pid} is gone or is not uid {uid}'s");
         }
@@ -869,8 +869,8 @@ mod tests {
     #[test]
     fn a_child_takes_the_given_limits_oom_score_and_umask() {
         let me = std::process::id();
-        // SAFETY: getuid has no preconditions.
-        let mut a = Attributes::of_process(me, unsafe { libc::getuid() }).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let mut a = Attributes::of_process(me, unsafe { libc::geteuid() }).unwrap();
         let mut nofile = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
@@ -934,8 +934,8 @@ mod tests {
     #[test]
     fn a_limit_above_the_agents_is_taken_or_capped_never_a_failure() {
         let me = std::process::id();
-        // SAFETY: getuid has no preconditions.
-        let mut a = Attributes::of_process(me, unsafe { libc::getuid() }).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let mut a = Attributes::of_process(me, unsafe { libc::geteuid() }).unwrap();
         let ours = a
             .limits
             .iter()
