@@ -208,7 +208,7 @@ fn task_init(sp: Spank, args: &[String]) -> c_int {
         Outcome::Refused(why) => {
             let msg = format!("keling: the agent of node {node} refused this task: {why}");
             crate::tell(libc::STDERR_FILENO, &msg);
-            error(&msg);
+            logged(&msg);
             -1
         }
         Outcome::NoAgent(why) => without_keling(
@@ -231,6 +231,14 @@ fn without_keling(msg: &str, first_here: bool, refuse: bool) -> c_int {
     if first_here || refuse {
         crate::tell(libc::STDERR_FILENO, msg);
     }
-    error(msg);
+    logged(msg);
     if refuse { -1 } else { 0 }
+}
+
+/// What the task's output was told, for slurmd's log too: at info level,
+/// since slurmstepd writes its own errors to the job's standard error as well
+/// (`slurmstepd-NODE: error: ...`, measured), which would tell the job twice,
+/// and each task of the step once more.
+fn logged(msg: &str) {
+    info(msg.strip_prefix("keling: ").unwrap_or(msg));
 }
