@@ -37,7 +37,7 @@ fn rule_for(config: &Config, cgroup: &str) -> (Option<String>, Option<u8>, bool)
         comm: "python3".into(),
         uid: Some(1000),
         cgroup: Some(cgroup.into()),
-        exe: None,
+        ..ProcessFacts::default()
     };
     let (settings, managed) = config.settings_for(&facts);
     (settings.rule, settings.priority, managed)

@@ -480,6 +480,48 @@ async fn kernel_events_adopt_a_process_and_its_exit_code_is_the_traces() {
     assert!(done.is_some(), "the script ran to its end");
 }
 
+/// A rule that names a process only by its `comm` (which its owner chooses)
+/// gives no more priority than the owner's `[access]` allows (3 by default for
+/// a user); one that names the uid gives what it says; root's process is not
+/// capped. Before, naming a process `rt` bought the real-time class.
+#[tokio::test(start_paused = true)]
+async fn a_rule_matched_by_comm_alone_gives_no_more_than_the_owners_access() {
+    let rules = "[[rule]]\nname = \"by-uid\"\ncomm = \"rt\"\nuid = 1001\npriority = 1\n\
+                 [[rule]]\nname = \"by-comm\"\ncomm = \"rt\"\npriority = 0\n";
+    let (mut w, agent) = world(rules, 1000);
+    for (pid, uid) in [(4242, 1000), (4243, 1001), (4244, 0)] {
+        w.host.add_process(
+            pid,
+            Process {
+                facts: ProcessFacts {
+                    comm: "rt".into(),
+                    uid: Some(uid),
+                    gid: Some(uid),
+                    ..ProcessFacts::default()
+                },
+                uid,
+                start_ticks: 77,
+                started_ns: 0,
+            },
+        );
+    }
+    let (result, done) = play(agent, async {
+        let mut got = Vec::new();
+        for pid in [4242, 4243, 4244] {
+            w.event(gpu_open(pid)).await;
+            let id = match w.host.calls().last() {
+                Some(Call::Adopt { id, pid: p }) if *p == pid => *id,
+                other => panic!("{other:?}"),
+            };
+            got.push(w.task(id).await.priority);
+        }
+        assert_eq!(got, vec![3, 1, 0], "by comm for uid 1000; by uid; root's");
+    })
+    .await;
+    assert_eq!(result.unwrap(), 0);
+    assert!(done.is_some(), "the script ran to its end");
+}
+
 /// A launch is traced from its start, frozen for a higher priority once the
 /// actuation thread confirms it, and the stop thaws it, closes the fail-safe
 /// after the daemon, and returns 0.

@@ -224,6 +224,10 @@ pub struct ProcessFacts {
     /// The cgroup v2 path (`0::` line of `/proc/PID/cgroup`).
     pub cgroup: Option<String>,
     pub exe: Option<String>,
+    /// Real gid and supplementary groups (`Gid:`, `Groups:`): whose `[[grant]]`
+    /// applies to it.
+    pub gid: Option<u32>,
+    pub groups: Vec<u32>,
 }
 
 impl ProcessFacts {
@@ -231,10 +235,24 @@ impl ProcessFacts {
     pub fn of_pid(pid: u32) -> Self {
         let read =
             |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
-        let uid = read("status")
+        let status = read("status");
+        let first = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        };
+        let uid = first("Uid:");
+        let gid = first("Gid:");
+        let groups = status
             .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok());
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .map(|v| {
+                v.split_whitespace()
+                    .filter_map(|g| g.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
         let cgroup = read("cgroup")
             .lines()
             .find_map(|l| l.strip_prefix("0::").map(str::to_owned));
@@ -246,6 +264,8 @@ impl ProcessFacts {
             uid,
             cgroup,
             exe,
+            gid,
+            groups,
         }
     }
 }

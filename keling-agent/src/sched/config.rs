@@ -159,6 +159,10 @@ pub struct Rule {
 pub struct Settings {
     pub rule: Option<String>,
     pub priority: Option<u8>,
+    /// Whether what matched is the process owner's to choose: no rule, or a
+    /// rule that names neither a uid nor a cgroup (a `comm` or an `exe` any
+    /// user can take). Such a priority is capped by the owner's `[access]`.
+    pub owner_chosen: bool,
     pub gpu: Option<u32>,
     pub mem_quota_bytes: Option<u64>,
     pub max_duration_ms: Option<u64>,
@@ -325,6 +329,7 @@ impl Config {
             if ok {
                 let settings = Settings {
                     rule: Some(r.name.clone()),
+                    owner_chosen: r.uid.is_none() && r.cgroup.is_none(),
                     priority: r
                         .priority
                         .as_ref()
@@ -342,6 +347,7 @@ impl Config {
         let d = &self.defaults;
         let settings = Settings {
             rule: None,
+            owner_chosen: true,
             priority: self.default_priority(),
             gpu: None,
             mem_quota_bytes: d.mem_quota_bytes,
@@ -388,7 +394,7 @@ priority = 12
             comm: comm.into(),
             uid: Some(uid),
             cgroup: Some(cgroup.into()),
-            exe: None,
+            ..ProcessFacts::default()
         }
     }
 

@@ -120,6 +120,8 @@ pub fn terms(
         uid: Some(creds.uid),
         cgroup: None,
         exe: argv0.starts_with('/').then(|| argv0.to_owned()),
+        gid: Some(creds.gid),
+        groups: creds.groups.clone(),
     };
     let (rule, _) = config.settings_for(&facts);
     let (priority, mem_quota_bytes) = config

@@ -25,7 +25,10 @@ use std::{
 use keling_sched::{TaskId, TaskSpec};
 
 use super::{actuator::Actuator, config::Config, host::Host};
-use crate::event::decode::{DeviceFile, ExitStatus};
+use crate::{
+    event::decode::{DeviceFile, ExitStatus},
+    os::users::Credentials,
+};
 
 /// What the agent keeps about a task beside the core's view.
 pub struct TaskRuntime {
@@ -322,11 +325,31 @@ impl Members {
             },
             Some(adopted.start_ticks),
         );
+        let mut priority = settings.priority.unwrap_or(default_priority);
+        if settings.owner_chosen {
+            // A comm or exe is the owner's to choose: what it gives is capped as
+            // a launch's rule priority is, by the owner's `[access]`.
+            let owner = Credentials {
+                uid: adopted.uid,
+                gid: facts.gid.unwrap_or(adopted.uid),
+                groups: facts.groups.clone(),
+            };
+            let floor = config.access_policy.limits(&owner).min_priority;
+            if priority < floor {
+                log::info!(
+                    "pid {pid}: rule {:?} gives priority {priority}, above what uid {} may use: \
+                     {floor} (match it by uid or cgroup to give more)",
+                    settings.rule,
+                    adopted.uid
+                );
+                priority = floor;
+            }
+        }
         let spec = TaskSpec {
             id,
             pid,
             name: super::task_name(&facts.comm),
-            priority: settings.priority.unwrap_or(default_priority),
+            priority,
             gpu: settings.gpu.or(device.gpu()),
             mem_quota_bytes: settings.mem_quota_bytes,
             max_duration_ms: settings.max_duration_ms,
