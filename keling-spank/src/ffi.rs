@@ -33,6 +33,8 @@ pub const S_JOB_ID: c_int = 2;
 pub const S_JOB_STEPID: c_int = 3;
 pub const S_TASK_ID: c_int = 11;
 pub const S_TASK_GLOBAL_ID: c_int = 12;
+/// `gid_t **` and `int *`: the job's supplementary groups.
+pub const S_JOB_SUPPLEMENTARY_GIDS: c_int = 19;
 
 // `enum spank_context`.
 pub const S_CTX_REMOTE: c_int = 2;

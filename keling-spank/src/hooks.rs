@@ -111,6 +111,27 @@ fn getenv(sp: Spank, name: &str) -> Option<String> {
     Some(s.to_string_lossy().into_owned())
 }
 
+/// The job's supplementary groups (empty when Slurm does not say).
+fn supplementary_groups(sp: Spank) -> Vec<u32> {
+    let mut gids: *mut libc::gid_t = std::ptr::null_mut();
+    let mut n: c_int = 0;
+    // SAFETY: the item takes a `gid_t **` and an `int *`; Slurm keeps the array.
+    let r = unsafe {
+        ffi::spank_get_item(
+            sp,
+            ffi::S_JOB_SUPPLEMENTARY_GIDS,
+            &mut gids as *mut *mut libc::gid_t,
+            &mut n as *mut c_int,
+        )
+    };
+    let n = usize::try_from(n).unwrap_or(0).min(65_536);
+    if r != ffi::SUCCESS || gids.is_null() || n == 0 {
+        return Vec::new();
+    }
+    // SAFETY: Slurm's array of `n` gids, read before anything can change it.
+    unsafe { std::slice::from_raw_parts(gids, n) }.to_vec()
+}
+
 fn item_u32(sp: Spank, item: c_int) -> Option<u32> {
     let mut v: u32 = 0;
     // SAFETY: the items read here take a pointer to a 32-bit value.
@@ -195,6 +216,7 @@ fn task_init(sp: Spank, args: &[String]) -> c_int {
         mem_budget_bytes: gpus.budget_bytes,
         priority: priority_of(sp),
         notify_preempt: notify_of(sp),
+        groups: supplementary_groups(sp),
     };
     let first_here = item_u32(sp, ffi::S_TASK_ID).unwrap_or(0) == 0;
     match crate::attach(&socket, &req, libc::STDERR_FILENO) {

@@ -123,6 +123,10 @@ pub struct Attach {
     pub priority: Option<u8>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub notify_preempt: bool,
+    /// The owner's supplementary groups in the job (Slurm's
+    /// `S_JOB_SUPPLEMENTARY_GIDS`): a `[[grant]] group=` applies to them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -431,6 +435,7 @@ mod tests {
             mem_budget_bytes: Some(3 * SHARD_BYTES),
             priority: Some(2),
             notify_preempt: true,
+            groups: vec![100, 27],
         };
         let line = serde_json::to_string(&serde_json::json!({ "slurm_attach": &req })).unwrap();
         let parsed: keling_agent::control::Request = serde_json::from_str(&line).unwrap();
@@ -450,6 +455,7 @@ mod tests {
         );
         assert_eq!(a.mem_budget_bytes, Some(3 << 30));
         assert_eq!((a.priority, a.notify_preempt), (Some(2), true));
+        assert_eq!(a.groups, vec![100, 27]);
     }
 
     #[test]

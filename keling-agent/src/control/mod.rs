@@ -149,6 +149,10 @@ pub struct SlurmAttachRequest {
     /// Also tell it each freeze and resume (`--gpu-notify-preempt`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub notify_preempt: bool,
+    /// The owner's supplementary groups in the job (whose `[[grant]] group=`
+    /// applies); empty from a plugin that does not send them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
 }
 
 /// A signal for a task (its owner or root may send one).

@@ -26,6 +26,8 @@ use crate::{
 
 /// The most GPUs an attach may name (Slurm's GPU list of one node).
 const MAX_GPUS: usize = 64;
+/// The most supplementary groups an attach may name (Linux's NGROUPS_MAX).
+const MAX_GROUPS: usize = 65_536;
 
 /// Checks what an attach asks for before anything is done about it.
 pub(super) fn check(req: &SlurmAttachRequest, peer: &Peer, fds: usize) -> Result<(), ReplyError> {
@@ -44,6 +46,15 @@ pub(super) fn check(req: &SlurmAttachRequest, peer: &Peer, fds: usize) -> Result
             format!(
                 "pid {} is not the caller's (the caller is pid {:?}): a process attaches only itself",
                 req.pid, peer.pid
+            ),
+        ));
+    }
+    if req.groups.len() > MAX_GROUPS {
+        return Err(ReplyError::new(
+            ErrorKind::Invalid,
+            format!(
+                "an attach names at most {MAX_GROUPS} supplementary groups (it named {})",
+                req.groups.len()
             ),
         ));
     }
@@ -117,7 +128,7 @@ impl Daemon {
         let owner = Credentials {
             uid: req.uid,
             gid: req.gid,
-            groups: Vec::new(),
+            groups: req.groups.clone(),
         };
         let (priority, mem_quota_bytes) = self
             .config
@@ -277,6 +288,7 @@ mod tests {
             mem_budget_bytes: Some(2 << 30),
             priority: Some(3),
             notify_preempt: false,
+            groups: vec![100, 500],
         }
     }
 
@@ -323,6 +335,12 @@ mod tests {
         );
         assert_eq!(
             check(&req(), &peer(0, 4242), 2).unwrap_err().kind,
+            ErrorKind::Invalid
+        );
+        let mut r = req();
+        r.groups = vec![7; MAX_GROUPS + 1];
+        assert_eq!(
+            check(&r, &peer(0, 4242), 1).unwrap_err().kind,
             ErrorKind::Invalid
         );
     }
