@@ -862,6 +862,25 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Runs `sh -c SCRIPT` with `attributes` in a fresh directory of its own
+    /// (`keling-spawn-NAME-PID`) and returns what it wrote to `out` there.
+    fn run_with(name: &str, attributes: Attributes, script: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("keling-spawn-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = SpawnOptions {
+            cwd: Some(dir.clone()),
+            attributes: Some(attributes),
+            ..SpawnOptions::default()
+        };
+        let held = HeldChild::spawn_with(&argv(&["sh", "-c", script]), &opts).unwrap();
+        let pid = held.pid();
+        held.release_nowait().unwrap().wait().unwrap();
+        assert_eq!(reap(pid), 0);
+        let text = std::fs::read_to_string(dir.join("out")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        text
+    }
+
     /// The attributes given are the child's, as the kernel shows them, not
     /// this process's: a lower open-files and locked-memory limit, a higher OOM
     /// score, another umask (each allowed without privileges); and
@@ -892,25 +911,12 @@ mod tests {
         }
         a.oom_score_adj = 321;
         a.umask = 0o027;
-        let dir = std::env::temp_dir().join(format!("keling-spawn-attr-{me}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let argv = argv(&[
-            "sh",
-            "-c",
+        let text = run_with(
+            "attr",
+            a,
             "grep -E '^Max (open files|locked memory)' /proc/$$/limits > out; \
              cat /proc/$$/oom_score_adj >> out; grep Umask /proc/$$/status >> out",
-        ]);
-        let opts = SpawnOptions {
-            cwd: Some(dir.clone()),
-            attributes: Some(a),
-            ..SpawnOptions::default()
-        };
-        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
-        let pid = held.pid();
-        held.release_nowait().unwrap().wait().unwrap();
-        assert_eq!(reap(pid), 0);
-        let text = std::fs::read_to_string(dir.join("out")).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        );
         let squeezed: Vec<String> = text
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
@@ -948,24 +954,11 @@ mod tests {
             }
         }
         a.oom_score_adj = -1000;
-        let dir = std::env::temp_dir().join(format!("keling-spawn-cap-{me}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let argv = argv(&[
-            "sh",
-            "-c",
+        let text = run_with(
+            "cap",
+            a,
             "ulimit -Hn > out; cat /proc/$$/oom_score_adj >> out",
-        ]);
-        let opts = SpawnOptions {
-            cwd: Some(dir.clone()),
-            attributes: Some(a),
-            ..SpawnOptions::default()
-        };
-        let held = HeldChild::spawn_with(&argv, &opts).unwrap();
-        let pid = held.pid();
-        held.release_nowait().unwrap().wait().unwrap();
-        assert_eq!(reap(pid), 0);
-        let text = std::fs::read_to_string(dir.join("out")).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        );
         let mut lines = text.lines();
         let hard: u64 = lines.next().unwrap().parse().unwrap();
         assert!(hard == ours.2 + 1 || hard == ours.2, "{text}");
