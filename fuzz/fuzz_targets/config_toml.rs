@@ -18,6 +18,8 @@ fuzz_target!(|data: &[u8]| {
                     uid: Some(1000),
                     cgroup: Some("/user.slice/user-1000.slice".into()),
                     exe: Some("/usr/bin/python3".into()),
+                    gid: Some(1000),
+                    groups: vec![1000, 27],
                 },
             ] {
                 let _ = config.settings_for(&facts);
