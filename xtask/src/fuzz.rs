@@ -67,6 +67,23 @@ fn build() -> anyhow::Result<()> {
     crate::run(&mut c)
 }
 
+/// Type-checks the targets (nightly, no instrumentation): the fuzz crate is
+/// outside the workspace, so nothing else notices when a change to the parsers'
+/// types breaks a target (`cargo xtask test` runs this with its lints).
+pub fn check() -> anyhow::Result<()> {
+    eprintln!("xtask: the fuzz targets type-check (cargo check, nightly)");
+    let mut c = crate::cargo_nightly();
+    c.args(["check", "--bins", "--target", TRIPLE])
+        .arg("--manifest-path")
+        .arg(fuzz_dir().join("Cargo.toml"))
+        .env("RUSTFLAGS", "--cfg fuzzing")
+        .env("AYA_BUILD_SKIP", "1")
+        .env_remove("KELING_EBPF_OBJ")
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    crate::run(&mut c)
+}
+
 /// What one target's run came to.
 struct Outcome {
     target: &'static str,

@@ -43,7 +43,7 @@ enum Cmd {
     /// Run every test: unit, property and root integration tests with real eBPF,
     /// then rustfmt and clippy (both passes). Prints skipped tests and a total.
     Test {
-        /// Skip `cargo fmt --check` and clippy.
+        /// Skip `cargo fmt --check`, clippy and the fuzz targets' type-check.
         #[arg(long)]
         no_lint: bool,
         /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
@@ -342,6 +342,7 @@ fn cmd_test(no_lint: bool, extra: Vec<String>) -> anyhow::Result<()> {
         eprintln!("xtask: cargo fmt --check");
         run(cargo().args(["fmt", "--all", "--check"]))?;
         cmd_clippy()?;
+        fuzz::check()?;
     }
     Ok(())
 }
