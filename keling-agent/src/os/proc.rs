@@ -165,12 +165,18 @@ pub fn stopped_or_gone(pid: u32) -> bool {
     }
 }
 
-/// Whether every live thread of process `pid` is stopped (`T` or `t`);
-/// `None` when it has no live thread to read (gone). The leader's state alone
-/// is not the process's: a leader that called `pthread_exit` shows `Z` while
-/// its other threads run, and would never show `T`.
+/// Whether process `pid` is stopped (`T` or `t`); `None` when it has no live
+/// thread to read (gone). Its leader's state answers, as it always did, unless
+/// the leader is a zombie: a leader that called `pthread_exit` shows `Z` while
+/// its other threads run, and would never show `T`; then the live threads
+/// answer (all stopped, or one that is not). The actuation thread asks every
+/// 0.5 ms while a stop is unconfirmed, so the common case stays one read.
 pub fn threads_stopped(pid: u32) -> Option<bool> {
-    let (mut live, mut stopped) = (0usize, true);
+    let leader = stat(pid).ok()?;
+    if !matches!(leader.state, 'Z' | 'X') {
+        return Some(matches!(leader.state, 'T' | 't'));
+    }
+    let mut live = false;
     for tid in tids(pid).ok()? {
         let Some(s) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
             .ok()
@@ -180,14 +186,11 @@ pub fn threads_stopped(pid: u32) -> Option<bool> {
         };
         match s.state {
             'Z' | 'X' => {}
-            'T' | 't' => live += 1,
-            _ => {
-                live += 1;
-                stopped = false;
-            }
+            'T' | 't' => live = true,
+            _ => return Some(false),
         }
     }
-    (live > 0).then_some(stopped)
+    live.then_some(true)
 }
 
 /// Thread ids of a live process.
